@@ -1,0 +1,171 @@
+"""The ``voxrelay`` command. Thin: parse -> config -> call the library."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    help="Train TTS models on ephemeral GPUs with data and checkpoints in object storage.",
+)
+config_app = typer.Typer(no_args_is_help=True, help="Inspect configurations.")
+app.add_typer(config_app, name="config")
+out = Console()
+err = Console(stderr=True)
+
+OVERRIDES = typer.Argument(None, help="key.sub=value overrides, e.g. root=/tmp/vr train.max_steps=100")
+
+
+def _setup_logging() -> None:
+    from rich.logging import RichHandler
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=err, show_path=False)])
+    for noisy in ("httpx", "urllib3", "botocore", "s3fs", "gcsfs", "aiobotocore", "fsspec", "accelerate"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from voxrelay.checkpoint.manager import CheckpointError
+    from voxrelay.config import ConfigError
+    from voxrelay.data.prepare import PrepareError
+    from voxrelay.data.sources import SourceError
+    from voxrelay.inference import InferenceError
+    from voxrelay.storage import StorageError
+
+    return (ConfigError, PrepareError, SourceError, StorageError, CheckpointError, InferenceError)
+
+
+def demo_config_path() -> Path:
+    return Path(str(resources.files("voxrelay") / "examples" / "demo.yaml"))
+
+
+@config_app.command("show")
+def config_show(config: Path = typer.Argument(..., help="YAML config"), overrides: list[str] = OVERRIDES):
+    """Print the resolved config (file + overrides + defaults)."""
+    from voxrelay.config import load_config
+
+    out.print(load_config(config, overrides or []).to_yaml(), end="", highlight=False)
+
+
+@app.command("prepare")
+def prepare_cmd(
+    config: Path = typer.Argument(..., help="YAML config"),
+    overrides: list[str] = OVERRIDES,
+    strict: bool = typer.Option(False, "--strict", help="Fail on the first bad row instead of skipping it"),
+):
+    """Validate + encode the sources into Parquet shards at <root>/prepared/<data.name>/."""
+    from voxrelay.config import load_config
+    from voxrelay.data.prepare import prepare
+
+    report = prepare(load_config(config, overrides or []), strict=strict)
+    print_prepare_report(report)
+
+
+def print_prepare_report(report) -> None:
+    if not report.counts:  # a non-zero rank: rank 0 reports
+        return
+    if report.rejects:
+        table = Table(title=f"{len(report.rejects)} rejected rows (all in rejects.jsonl)")
+        for col in ("where", "id", "reason"):
+            table.add_column(col)
+        for r in report.rejects[:30]:
+            table.add_row(r["where"], str(r["id"]), r["reason"])
+        err.print(table)
+    c = report.counts
+    out.print(
+        f"prepared {c['train']} train + {c['eval']} eval utterances ({report.hours:.2f} h), "
+        f"{c['rejected']} rejected, shards written {report.written_shards}, reused {report.skipped_shards} "
+        f"-> {report.prepared_uri}",
+        highlight=False,
+    )
+
+
+@app.command("train")
+def train_cmd(
+    config: Path = typer.Argument(..., help="YAML config"),
+    overrides: list[str] = OVERRIDES,
+    fresh: bool = typer.Option(False, "--fresh", help="Ignore existing checkpoints of this run and start over"),
+):
+    """Train (resuming from the run's latest valid checkpoint, if any)."""
+    from voxrelay.config import load_config
+    from voxrelay.train.build import build_run
+    from voxrelay.train.loop import train
+
+    run = build_run(load_config(config, overrides or []), fresh=fresh)
+    if run.resumed_from is not None:
+        err.print(f"resuming {run.cfg.run_uri} from step {run.resumed_from}")
+    step = train(run)
+    out.print(f"trained to step {step}; run folder {run.cfg.run_uri}", highlight=False)
+
+
+@app.command("synthesize")
+def synthesize_cmd(
+    run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>) or an export folder"),
+    text: str = typer.Argument(..., help="Text to speak"),
+    output: Path = typer.Option(..., "-o", "--output", help="Output .wav"),
+    voice: str = typer.Option(None, "--voice", help="Speaker/voice name (see `voxrelay synthesize --help`)"),
+    step: int = typer.Option(None, "--step", help="Checkpoint step (default: latest valid)"),
+    seed: int = typer.Option(0, "--seed"),
+    temperature: float = typer.Option(0.8, "--temperature"),
+):
+    """Speak TEXT with a trained model into a wav file."""
+    from voxrelay.inference import load_any, synthesize
+
+    model, codec, what = load_any(run, step)
+    seconds = synthesize(model, codec, text, output, speaker=voice, temperature=temperature, seed=seed)
+    err.print(f"{what}: {seconds:.2f} s of audio")
+    out.print(str(output), highlight=False)
+
+
+@app.command("export")
+def export_cmd(
+    run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>)"),
+    output: Path = typer.Option(..., "-o", "--output", help="Output folder"),
+    step: int = typer.Option(None, "--step", help="Checkpoint step (default: latest valid)"),
+):
+    """Write model.safetensors + config (+ codec) that synthesize and transformers can load."""
+    from voxrelay.inference import export, load_from_run
+
+    model, codec, at = load_from_run(run, step)
+    export(model, codec, output)
+    out.print(f"exported step {at} to {output}", highlight=False)
+
+
+@app.command("demo")
+def demo_cmd(
+    root: str = typer.Option("./voxrelay-data", "--root", help="Storage root (local folder, gs://, s3://)"),
+    steps: int = typer.Option(None, "--steps", help="Training steps (default: the demo config's)"),
+):
+    """Demo corpus -> prepare -> train -> synthesize, on CPU; prints the wav path last."""
+    from voxrelay.config import load_config
+    from voxrelay.data.prepare import prepare
+    from voxrelay.inference import load_from_run, synthesize
+    from voxrelay.train.build import build_run, local_run_dir
+    from voxrelay.train.loop import train
+
+    overrides = [f"root={root}"] + ([f"train.max_steps={steps}"] if steps else [])
+    cfg = load_config(demo_config_path(), overrides)
+    print_prepare_report(prepare(cfg))
+    train(build_run(cfg))
+    model, codec, _ = load_from_run(cfg.run_uri)
+    wav = local_run_dir(cfg.run_uri) / "demo.wav"
+    synthesize(model, codec, "The quiet river carries seven small boats to the old town.", wav)
+    out.print(str(wav.resolve()), highlight=False)
+
+
+def main() -> None:
+    _setup_logging()
+    try:
+        app()
+    except _user_errors() as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        sys.exit(2)

@@ -1,0 +1,60 @@
+"""The AudioCodec protocol and the registry of codec implementations.
+
+A codec turns mono audio into discrete codes and back:
+
+    codes = codec.encode(wav)   # wav: float32 [N] at codec.sample_rate -> codes: int64 [K, T]
+    wav = codec.decode(codes)   # codes: int [K, T] -> float32 [N] at codec.sample_rate
+
+K is ``num_codebooks`` and T = ceil-ish(N / sample_rate * frame_rate). Every codebook holds
+``codebook_size`` entries, so a code is in ``[0, codebook_size)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class AudioCodec(Protocol):
+    """What the rest of voxrelay needs from a codec."""
+
+    name: str
+    sample_rate: int
+    frame_rate: float
+    num_codebooks: int
+    codebook_size: int
+
+    def encode(self, wav: np.ndarray) -> np.ndarray:
+        """wav: float32 [N] mono at ``sample_rate`` -> codes int64 [K, T]."""
+        ...
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """codes: int [K, T] -> wav float32 [N] at ``sample_rate``."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-serialisable description (type + parameters) stored in the prepared ``index.json``."""
+        ...
+
+
+@runtime_checkable
+class FittableCodec(AudioCodec, Protocol):
+    """A codec whose parameters are fitted on the corpus during ``prepare`` (the built-in one).
+
+    Its fitted state travels as bytes (safetensors) next to the prepared shards.
+    """
+
+    def fit(self, wavs: list[np.ndarray], seed: int = 0) -> None:
+        """Fit on a list of float32 [N] mono clips at ``sample_rate``."""
+        ...
+
+    @property
+    def is_fitted(self) -> bool: ...
+
+    def state_bytes(self) -> bytes:
+        """Serialised fitted state (safetensors bytes)."""
+        ...
+
+    def load_state_bytes(self, data: bytes) -> None: ...

@@ -1,0 +1,285 @@
+"""The typed run configuration: one YAML file + ``key.sub=value`` overrides.
+
+Every field has a description; a bad value raises :class:`ConfigError` that names the key, the
+value and the fix. ``voxrelay config show CONFIG [overrides]`` prints the resolved config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key, the bad value and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+_DURATION_RE = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")
+
+
+def parse_duration(value: str | float | int | None) -> float | None:
+    """``"23h30m"``, ``"90s"``, ``"15m"`` or a number of seconds -> seconds (float)."""
+    if value is None or isinstance(value, int | float):
+        return None if value is None else float(value)
+    m = _DURATION_RE.match(value)
+    if not m or not any(m.groups()):
+        raise ValueError(f"{value!r} is not a duration; write e.g. '23h30m', '15m', '90s' or seconds as a number")
+    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + s
+
+
+class SourceConfig(_Section):
+    """One input of ``prepare``."""
+
+    type: Literal["folder", "ljspeech", "jsonl", "hf", "demo"] = Field(
+        description="folder: metadata.csv + wav/txt; ljspeech: metadata.csv with '|' + wavs/; "
+        "jsonl: one JSON object per line (audio, text, optional speaker, description); "
+        "hf: a HF datasets dataset with an Audio column; demo: a generated eSpeak NG corpus"
+    )
+    path: str | None = Field(
+        None, description="Folder (folder, ljspeech), .jsonl file (jsonl), or load_from_disk folder (hf)"
+    )
+    hub_id: str | None = Field(None, description="hf only: a hub dataset id, used when `path` is not set")
+    hub_config: str | None = Field(None, description="hf only: dataset config name")
+    split: str = Field("train", description="hf only: split to read")
+    audio_column: str = Field("audio", description="hf/jsonl: column holding the audio")
+    text_column: str = Field("text", description="hf/jsonl: column holding the transcript")
+    speaker_column: str | None = Field("speaker", description="hf/jsonl: column holding the speaker name")
+    description_column: str | None = Field("description", description="hf/jsonl: column with a description")
+    minutes: float = Field(20.0, gt=0, description="demo only: minutes of audio to generate")
+    voices: list[str] = Field(
+        default_factory=lambda: ["en-us", "en-gb+f3", "en-us+m3", "en-gb-scotland+f2"],
+        description="demo only: eSpeak NG voices (voice+variant), one speaker each",
+    )
+    seed: int = Field(0, description="demo only: seed of the sentence generator")
+
+    @model_validator(mode="after")
+    def _needs_location(self) -> SourceConfig:
+        if self.type in ("folder", "ljspeech", "jsonl") and not self.path:
+            raise ValueError(f"source type '{self.type}' needs `path` (a local folder or file)")
+        if self.type == "hf" and not (self.path or self.hub_id):
+            raise ValueError("source type 'hf' needs `path` (a load_from_disk folder) or `hub_id`")
+        return self
+
+
+class DataConfig(_Section):
+    name: str = Field("demo", description="Prepared data lives at <root>/prepared/<name>/")
+    sources: list[SourceConfig] = Field(
+        default_factory=lambda: [SourceConfig(type="demo")], description="Inputs of prepare"
+    )
+    min_duration: float = Field(0.3, ge=0, description="Seconds; shorter clips are rejected")
+    max_duration: float = Field(20.0, gt=0, description="Seconds; longer clips are rejected")
+    eval_size: int = Field(24, ge=0, description="Number of utterances held out for evaluation")
+    shard_size: int = Field(256, gt=0, description="Utterances per Parquet shard")
+
+    @model_validator(mode="after")
+    def _durations(self) -> DataConfig:
+        if self.min_duration >= self.max_duration:
+            raise ValueError(
+                f"min_duration ({self.min_duration}) must be below max_duration ({self.max_duration})"
+            )
+        return self
+
+
+class CodecConfig(_Section):
+    type: Literal["mel_kmeans", "snac", "dac"] = Field(
+        "mel_kmeans", description="mel_kmeans: built-in, no download; snac / dac: pretrained neural codecs"
+    )
+    path: str | None = Field(None, description="snac/dac: local folder or hub id of the pretrained codec")
+    sample_rate: int = Field(16000, gt=0, description="mel_kmeans: sample rate (Hz)")
+    n_fft: int = Field(1024, gt=0, description="mel_kmeans: FFT size")
+    hop_length: int = Field(256, gt=0, description="mel_kmeans: hop in samples (frame rate = sr / hop)")
+    n_mels: int = Field(80, gt=0, description="mel_kmeans: mel bands")
+    num_codebooks: int = Field(4, gt=0, description="mel_kmeans: residual k-means stages")
+    codebook_size: int = Field(256, gt=1, description="mel_kmeans: centroids per stage")
+    fit_max_frames: int = Field(200_000, gt=0, description="mel_kmeans: frames sampled to fit k-means")
+    griffin_lim_iters: int = Field(32, gt=0, description="mel_kmeans: Griffin-Lim iterations when decoding")
+
+
+class ModelConfig(_Section):
+    family: Literal["codec_lm"] = Field("codec_lm", description="Model family (models/<family>/)")
+    tokenizer: str = Field("bytes", description="'bytes' (UTF-8 bytes) or a HF tokenizer name/path")
+    init_from: str | None = Field(
+        None, description="Pretrained weights: local folder or hub id (None = random init)"
+    )
+    hidden_size: int = Field(256, gt=0, description="Transformer width")
+    num_layers: int = Field(4, gt=0, description="Transformer layers")
+    num_heads: int = Field(4, gt=0, description="Attention heads")
+    intermediate_size: int = Field(768, gt=0, description="MLP width")
+    max_seq_len: int = Field(2048, gt=0, description="Longest token sequence (text + audio codes)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Attention dropout")
+
+    @model_validator(mode="after")
+    def _heads(self) -> ModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
+            )
+        return self
+
+
+class TrainConfig(_Section):
+    seed: int = Field(0, description="Seed of init, batch order and sampling")
+    max_steps: int = Field(300, gt=0, description="Optimizer steps of the run")
+    batch_seconds: float | None = Field(
+        None, gt=0, description="Budget per batch in seconds of audio (set this or batch_tokens)"
+    )
+    batch_tokens: int | None = Field(
+        6000, gt=0, description="Budget per batch in tokens incl. padding (set this or batch_seconds)"
+    )
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr as a fraction of lr")
+    schedule: Literal["cosine", "constant"] = Field("cosine", description="LR schedule after warmup")
+    warmup_steps: int = Field(20, ge=0, description="Linear warmup steps")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    precision: Literal["no", "bf16", "fp16"] = Field("no", description="Mixed precision (accelerate)")
+    grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step")
+    clip_norm: float | None = Field(1.0, gt=0, description="Gradient clipping max norm (None = off)")
+    eval_every: int = Field(100, gt=0, description="Steps between evaluations")
+    eval_synth: int = Field(4, ge=0, description="Held-out texts synthesised and scored (MCD-DTW) per eval")
+    log_every: int = Field(10, gt=0, description="Steps between metric lines")
+    time_limit: str | None = Field(None, description="Stop cleanly before this wall time, e.g. '23h30m'")
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_limit(cls, v: str | None) -> str | None:
+        parse_duration(v)
+        return v
+
+    @model_validator(mode="after")
+    def _budget(self) -> TrainConfig:
+        if (self.batch_seconds is None) == (self.batch_tokens is None):
+            raise ValueError(
+                "set exactly one of batch_seconds or batch_tokens (the other to null), "
+                f"got batch_seconds={self.batch_seconds}, batch_tokens={self.batch_tokens}"
+            )
+        return self
+
+
+class CheckpointConfig(_Section):
+    every_steps: int | None = Field(100, gt=0, description="Save every N steps (None = off)")
+    every_minutes: float | None = Field(None, gt=0, description="Save every N minutes (None = off)")
+    keep_last: int = Field(2, ge=2, description="Committed checkpoints kept (>= 2: never delete the only one)")
+
+
+class MonitorConfig(_Section):
+    tensorboard: bool = Field(True, description="Write TensorBoard events to the run folder")
+    wandb: bool = Field(False, description="Log to Weights & Biases (needs `pip install wandb`)")
+    wandb_project: str = Field("voxrelay", description="wandb project name")
+
+
+class RunConfig(_Section):
+    name: str = Field("demo", description="Run name; the run lives at <root>/runs/<name>/")
+    root: str = Field(
+        "./voxrelay-data", description="Storage root: a local folder, file://, gs://bucket/path or s3://bucket/path"
+    )
+    data: DataConfig = Field(default_factory=DataConfig)
+    codec: CodecConfig = Field(default_factory=CodecConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
+            raise ValueError(f"{v!r} is not a usable run name; use letters, digits, '.', '_' or '-'")
+        return v
+
+    @property
+    def prepared_uri(self) -> str:
+        from voxrelay import storage
+
+        return storage.join(self.root, "prepared", self.data.name)
+
+    @property
+    def run_uri(self) -> str:
+        from voxrelay import storage
+
+        return storage.join(self.root, "runs", self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _parse_value(raw: str) -> Any:
+    """Parse an override value as YAML (so 1e-4, true, null, [a, b] work), keeping strings as is."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` strings to a nested dict (in place) and return it."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value; write e.g. train.max_steps=100")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            if not isinstance(node.get(part, {}), dict):
+                raise ConfigError(f"override {key!r}: {part!r} is a value, not a section")
+            node = node.setdefault(part, {})
+        value = _parse_value(raw)
+        if parts[-1] in ("name", "root", "path", "hub_id", "tokenizer", "init_from") and value is not None:
+            value = str(raw)  # names and paths are strings even when they look like numbers
+        node[parts[-1]] = value
+    return data
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; check the spelling (`voxrelay config show` lists every key)"
+        got = e.get("input")
+        got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  {key}: {msg}{got_s}")
+    return "\n".join(lines)
+
+
+def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML config (None = all defaults), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a YAML file")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections (name, root, data, ...)")
+        source = str(p)
+    apply_overrides(data, overrides or [])
+    return build_config(data, source)

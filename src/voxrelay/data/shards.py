@@ -1,0 +1,108 @@
+"""Parquet shard format of prepared data and the ``index.json`` that commits it.
+
+Layout of ``<root>/prepared/<data.name>/``::
+
+    codec.safetensors          fitted codec state (built-in codec only)
+    shards/train-00000.parquet one row per utterance (columns below)
+    shards/train-00000.done    JSON marker written after the shard: rows, rejects, seconds
+    rejects.jsonl              every rejected row with its reason
+    index.json                 written LAST: shards, counts, hours, codec; no index, no dataset
+
+Columns: id, text, speaker, description (str), duration (float32, seconds), num_frames (int32),
+codes (binary: int16 [K, T] row-major, K = index["num_codebooks"]), ref_audio (binary: int16 PCM
+at the codec's sample rate; eval split only, empty for train: the reference MCD-DTW scores against).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from voxrelay import storage
+
+INDEX_FILE = "index.json"
+CODEC_STATE_FILE = "codec.safetensors"
+REJECTS_FILE = "rejects.jsonl"
+SHARD_DIR = "shards"
+FORMAT_VERSION = 1
+
+SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("text", pa.string()),
+        ("speaker", pa.string()),
+        ("description", pa.string()),
+        ("duration", pa.float32()),
+        ("num_frames", pa.int32()),
+        ("codes", pa.binary()),
+        ("ref_audio", pa.binary()),
+    ]
+)
+
+
+@dataclass
+class EncodedUtterance:
+    id: str
+    text: str
+    speaker: str | None
+    description: str | None
+    duration: float
+    codes: np.ndarray  # int16 [K, T]
+    ref_audio: np.ndarray | None = None  # float32 [N] at the codec rate (eval split only)
+
+
+def shard_uri(prepared: str, name: str) -> str:
+    return storage.join(prepared, SHARD_DIR, f"{name}.parquet")
+
+
+def marker_uri(prepared: str, name: str) -> str:
+    return storage.join(prepared, SHARD_DIR, f"{name}.done")
+
+
+def encode_table(rows: list[EncodedUtterance]) -> bytes:
+    """Rows -> Parquet file bytes."""
+    cols = {
+        "id": [r.id for r in rows],
+        "text": [r.text for r in rows],
+        "speaker": [r.speaker for r in rows],
+        "description": [r.description for r in rows],
+        "duration": [r.duration for r in rows],
+        "num_frames": [int(r.codes.shape[1]) for r in rows],
+        "codes": [np.ascontiguousarray(r.codes, dtype=np.int16).tobytes() for r in rows],
+        "ref_audio": [b"" if r.ref_audio is None else _pcm16(r.ref_audio) for r in rows],
+    }
+    buf = io.BytesIO()
+    pq.write_table(pa.table(cols, schema=SCHEMA), buf, compression="zstd")
+    return buf.getvalue()
+
+
+def _pcm16(wav: np.ndarray) -> bytes:
+    return (np.clip(wav, -1.0, 1.0) * 32767).astype(np.int16).tobytes()
+
+
+def decode_table(data: bytes, num_codebooks: int) -> list[EncodedUtterance]:
+    """Parquet file bytes -> rows (codes as int16 [K, T])."""
+    table = pq.read_table(io.BytesIO(data)).to_pydict()
+    out = []
+    for i in range(len(table["id"])):
+        codes = np.frombuffer(table["codes"][i], dtype=np.int16).reshape(num_codebooks, -1)
+        out.append(
+            EncodedUtterance(
+                id=table["id"][i],
+                text=table["text"][i],
+                speaker=table["speaker"][i],
+                description=table["description"][i],
+                duration=float(table["duration"][i]),
+                codes=codes,
+                ref_audio=_from_pcm16(table["ref_audio"][i]) if table.get("ref_audio") else None,
+            )
+        )
+    return out
+
+
+def _from_pcm16(data: bytes) -> np.ndarray | None:
+    return np.frombuffer(data, dtype=np.int16).astype(np.float32) / 32767 if data else None

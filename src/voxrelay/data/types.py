@@ -1,0 +1,34 @@
+"""Records that flow from the source readers into ``prepare``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Utterance:
+    """One row of a source, before validation.
+
+    Either ``audio_path`` (a local file) or ``audio`` + ``sample_rate`` (decoded samples) is set.
+    ``where`` names the row for error messages, e.g. ``"data/metadata.csv row 12"``.
+    ``problem`` is set by a reader when the row is already known to be bad (empty text, a path
+    that escapes the dataset folder, a missing text file...); prepare rejects it with that reason.
+    """
+
+    id: str
+    text: str
+    where: str
+    audio_path: str | None = None
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
+    speaker: str | None = None
+    description: str | None = None
+    num_speakers: int | None = None
+    problem: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class RowError(ValueError):
+    """A row that cannot be used; the message says why and how to fix it."""

@@ -1,0 +1,60 @@
+"""The progress line: step, loss, throughput (audio-seconds/s, tokens/s) and ETA.
+
+A live rich bar on a terminal; a plain line every ``log_every`` steps otherwise (logs, CI).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+
+class ProgressLine:
+    def __init__(self, total: int, start: int, enabled: bool = True):
+        self.total = total
+        self.start = start
+        self.enabled = enabled
+        self.console = Console(stderr=True)
+        self.live = enabled and sys.stderr.isatty()
+        self.progress: Progress | None = None
+        self.task = None
+        self.t0 = time.time()
+        self.text = ""
+
+    def __enter__(self) -> ProgressLine:
+        if self.live:
+            self.progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                TextColumn("{task.description}"), console=self.console, transient=False,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("", total=self.total, completed=self.start)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def update(self, step: int, metrics: dict[str, float], force_print: bool = False) -> None:
+        parts = [f"loss {metrics['loss']:.3f}"] if "loss" in metrics else []
+        if "audio_sec_per_sec" in metrics:
+            parts.append(f"{metrics['audio_sec_per_sec']:.1f} audio-s/s")
+        if "tokens_per_sec" in metrics:
+            parts.append(f"{metrics['tokens_per_sec']:.0f} tok/s")
+        if "durable_step" in metrics:
+            parts.append(f"durable @{int(metrics['durable_step'])}")
+        self.text = " | ".join(parts) or self.text
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step, description=self.text)
+        elif self.enabled and force_print:
+            done = step - self.start
+            rate = done / max(time.time() - self.t0, 1e-9)
+            eta = (self.total - step) / rate if rate > 0 else float("nan")
+            self.console.print(f"step {step}/{self.total} | {self.text} | ETA {eta:.0f}s", highlight=False)
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            self.console.print(message, highlight=False)

@@ -1,0 +1,131 @@
+"""Metric sinks: JSONL (always), TensorBoard (default), wandb (optional).
+
+Sinks write into a local run folder (the run folder itself when the root is local, else a cache
+folder) and ``sync()`` copies the files to the run folder in storage (at checkpoints and the end).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from voxrelay import storage
+
+log = logging.getLogger(__name__)
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tensorboard"
+
+
+class MetricSink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+    def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """One JSON object per line: {"step", "time", **metrics}."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, "time": round(time.time(), 3), **metrics}) + "\n")
+
+    def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardSink:
+    def __init__(self, logdir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(logdir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None:
+        self.writer.add_audio(tag, np.clip(wav, -1, 1)[None, :], step, sample_rate=sample_rate)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    def __init__(self, project: str, name: str, config: dict):
+        try:
+            import wandb
+        except ImportError:
+            msg = "monitor.wandb is true but wandb is not installed: pip install 'voxrelay[wandb]'"
+            raise RuntimeError(msg) from None
+        self.wandb = wandb
+        self.run = wandb.init(project=project, name=name, config=config, resume="allow")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None:
+        self.run.log({tag: self.wandb.Audio(wav, sample_rate=sample_rate)}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class Monitor:
+    """Fans metrics out to the sinks; only rank 0 has sinks."""
+
+    def __init__(self, sinks: list[MetricSink], local_dir: Path | None, run_uri: str):
+        self.sinks = sinks
+        self.local_dir = local_dir
+        self.run_uri = run_uri
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None:
+        for sink in self.sinks:
+            sink.log_audio(step, tag, wav, sample_rate)
+
+    def sync(self) -> None:
+        """Copy the local metric files to a remote run folder (no-op for a local root)."""
+        if self.local_dir is None or storage.is_local(self.run_uri):
+            return
+        for path in sorted(self.local_dir.rglob("*")):
+            if path.is_file():
+                rel = path.relative_to(self.local_dir).as_posix()
+                storage.put_file(path, storage.join(self.run_uri, rel))
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.sync()
+
+
+def build_monitor(cfg, run_uri: str, local_dir: Path, is_main: bool) -> Monitor:
+    """Sinks for the main process; a remote run's metrics.jsonl is first fetched so it continues."""
+    if not is_main:
+        return Monitor([], None, run_uri)
+    local_dir.mkdir(parents=True, exist_ok=True)
+    metrics = local_dir / METRICS_FILE
+    remote = storage.join(run_uri, METRICS_FILE)
+    if not storage.is_local(run_uri) and not metrics.exists() and storage.exists(remote):
+        storage.get_file(remote, metrics)
+    sinks: list[MetricSink] = [JsonlSink(metrics)]
+    if cfg.monitor.tensorboard:
+        sinks.append(TensorBoardSink(local_dir / TB_DIR))
+    if cfg.monitor.wandb:
+        sinks.append(WandbSink(cfg.monitor.wandb_project, cfg.name, cfg.to_dict()))
+    return Monitor(sinks, local_dir, run_uri)

@@ -1,0 +1,52 @@
+"""Storage over fsspec: local paths, file://, gs://, s3:// and memory:// with plain-string URIs.
+
+This package is the only code that imports fsspec, gcsfs or s3fs. Writes are atomic per object:
+local files are written to a temporary name and renamed; object stores commit a single PUT.
+Multi-file artefacts (prepared shards, checkpoints) are committed by a marker file written last.
+
+Endpoints and credentials come from the usual places: AWS_* variables / ~/.aws for s3
+(``AWS_ENDPOINT_URL`` for S3-compatible servers), Application Default Credentials for gs
+(``STORAGE_EMULATOR_HOST`` for a test server).
+"""
+
+from voxrelay.storage.core import (
+    TRANSIENT_ERRORS,
+    StorageError,
+    delete,
+    exists,
+    get_file,
+    is_local,
+    join,
+    listdir,
+    local_path,
+    put_file,
+    read_bytes,
+    read_json,
+    read_text,
+    retry,
+    size,
+    write_bytes,
+    write_json,
+    write_text,
+)
+
+__all__ = [
+    "TRANSIENT_ERRORS",
+    "StorageError",
+    "delete",
+    "exists",
+    "get_file",
+    "is_local",
+    "join",
+    "listdir",
+    "local_path",
+    "put_file",
+    "read_bytes",
+    "read_json",
+    "read_text",
+    "retry",
+    "size",
+    "write_bytes",
+    "write_json",
+    "write_text",
+]

@@ -1,0 +1,153 @@
+"""Builds everything a run needs before the loop starts: data, model, optimizer, schedule,
+accelerator, checkpoint manager and monitor, and restores the latest checkpoint.
+
+The loop then receives built objects (:class:`Run`) and never mentions a backend or family.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+from voxrelay import storage
+from voxrelay.checkpoint.manager import CheckpointManager
+from voxrelay.codecs.base import AudioCodec
+from voxrelay.config import RunConfig, TrainConfig
+from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset
+from voxrelay.data.prepare import load_index, load_prepared_codec
+from voxrelay.models.codec_lm.model import CodecLM
+from voxrelay.monitor.sinks import Monitor, build_monitor
+from voxrelay.paths import cache_dir, uri_key
+from voxrelay.train import state as st
+
+log = logging.getLogger(__name__)
+CONFIG_SNAPSHOT = "config.yaml"
+
+
+@dataclass
+class Run:
+    cfg: RunConfig
+    accelerator: Accelerator
+    model: CodecLM
+    module: torch.nn.Module  # model.module, wrapped by accelerate (DDP, precision)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    stream: BatchStream
+    eval_rows: list
+    codec: AudioCodec
+    checkpoints: CheckpointManager
+    monitor: Monitor
+    loop: st.LoopState
+    local_dir: Path
+    resumed_from: int | None = None
+
+    def train_state(self) -> dict:
+        return {
+            st.K_LOOP: self.loop.state_dict(),
+            st.K_OPTIMIZER: self.optimizer.state_dict(),
+            st.K_SCHEDULER: self.scheduler.state_dict(),
+            st.K_DATA: self.stream.state_dict(),
+            st.K_RNG: st.rng_state(),
+            st.K_CONFIG_HASH: self.cfg.hash(),
+        }
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return self.accelerator.unwrap_model(self.module).state_dict()
+
+
+def lr_lambda(tc: TrainConfig):
+    """Linear warmup to 1, then cosine down to ``min_lr_ratio`` at max_steps (or constant)."""
+
+    def f(step: int) -> float:
+        if step < tc.warmup_steps:
+            return (step + 1) / (tc.warmup_steps + 1)
+        if tc.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - tc.warmup_steps) / max(1, tc.max_steps - tc.warmup_steps))
+        return tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def _example_lengths(model: CodecLM, rows: list) -> tuple[list[int], list[int]]:
+    """Token length of every row; rows longer than model.max_seq_len are left out (with a warning)."""
+    keep, lengths = [], []
+    for i, r in enumerate(rows):
+        try:
+            lengths.append(model.sequence_length(r.text, r.codes.shape[1], r.speaker))
+            keep.append(i)
+        except ValueError as err:
+            log.warning("left out of training: %s", err)
+    return keep, lengths
+
+
+def build_stream(model: CodecLM, rows: list, cfg: RunConfig, rank: int, world: int) -> BatchStream:
+    keep, lengths = _example_lengths(model, rows)
+    if not keep:
+        raise ValueError(f"no training row fits model.max_seq_len={cfg.model.max_seq_len}; raise it")
+    plan = BatchPlan(
+        lengths, [rows[i].duration for i in keep], cfg.train.seed,
+        batch_tokens=cfg.train.batch_tokens, batch_seconds=cfg.train.batch_seconds,
+    )
+
+    def make_batch(ids: list[int]) -> dict:
+        picked = [rows[keep[i]] for i in ids]
+        batch = model.collate([model.encode_example(r.text, r.codes, r.speaker) for r in picked])
+        batch["audio_seconds"] = sum(r.duration for r in picked)
+        return batch
+
+    return BatchStream(plan, make_batch, rank, world)
+
+
+def local_run_dir(run_uri: str) -> Path:
+    """Where metrics are written locally: the run folder itself for a local root."""
+    if storage.is_local(run_uri):
+        path = Path(storage.local_path(run_uri))
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return cache_dir("runs", uri_key(run_uri))
+
+
+def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
+    accelerator = Accelerator(mixed_precision=cfg.train.precision)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    index = load_index(cfg.prepared_uri)
+    codec = load_prepared_codec(cfg.prepared_uri, index)
+    train_rows = PreparedDataset.open(cfg.prepared_uri, "train").rows
+    eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval").rows, key=lambda r: r.id)
+    st.seed_everything(cfg.train.seed)
+    model = CodecLM.build(cfg.model, index["num_codebooks"], codec.codebook_size, index["speakers"], cfg.train.seed)
+    checkpoints = CheckpointManager(cfg.run_uri, cfg.checkpoint.keep_last)
+    found = None if fresh else checkpoints.load_latest()
+    if found is not None:
+        model.module.load_state_dict(found[1])
+    optimizer = torch.optim.AdamW(
+        model.module.parameters(), lr=cfg.train.lr, betas=(0.9, 0.95), weight_decay=cfg.train.weight_decay
+    )
+    module, optimizer = accelerator.prepare(model.module, optimizer)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.train))
+    stream = build_stream(model, train_rows, cfg, rank, world)
+    run_dir = local_run_dir(cfg.run_uri)
+    run = Run(
+        cfg, accelerator, model, module, optimizer, scheduler, stream, eval_rows, codec, checkpoints,
+        build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process), st.LoopState(), run_dir,
+    )
+    if found is not None:
+        _restore(run, found[2])
+        run.resumed_from = found[0].step
+    if accelerator.is_main_process:
+        storage.write_text(storage.join(cfg.run_uri, CONFIG_SNAPSHOT), cfg.to_yaml())
+    return run
+
+
+def _restore(run: Run, state: dict) -> None:
+    run.loop.load_state_dict(state[st.K_LOOP])
+    run.optimizer.load_state_dict(state[st.K_OPTIMIZER])
+    run.scheduler.load_state_dict(state[st.K_SCHEDULER])
+    run.stream.load_state_dict(state[st.K_DATA])
+    st.set_rng_state(state[st.K_RNG])

@@ -1,0 +1,66 @@
+"""Everything a run must carry across a kill, besides the weights: counters and RNG state.
+
+All values are tensors or plain Python containers so ``torch.load(weights_only=True)`` reads them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+# keys of the train_state.pt dict
+K_LOOP = "loop"
+K_OPTIMIZER = "optimizer"
+K_SCHEDULER = "scheduler"
+K_DATA = "data"
+K_RNG = "rng"
+K_CONFIG_HASH = "config_hash"
+
+
+@dataclass
+class LoopState:
+    """Loop counters; ``wall_time`` is seconds of training done across all sessions."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    audio_seconds_seen: float = 0.0
+    wall_time: float = 0.0
+    best_eval_loss: float = float("inf")
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+def rng_state() -> dict:
+    """Python, numpy and torch (+ CUDA when present) RNG state of this process."""
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, keys.numpy(), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
