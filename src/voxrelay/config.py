@@ -222,9 +222,15 @@ class RunConfig(_Section):
 def _parse_value(raw: str) -> Any:
     """Parse an override value as YAML (so 1e-4, true, null, [a, b] work), keeping strings as is."""
     try:
-        return yaml.safe_load(raw)
+        value = yaml.safe_load(raw)
     except yaml.YAMLError:
         return raw
+    if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

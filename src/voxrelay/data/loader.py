@@ -14,7 +14,6 @@ import numpy as np
 
 from voxrelay import storage
 from voxrelay.data import shards as sh
-from voxrelay.data.prepare import load_index
 from voxrelay.paths import cache_dir, uri_key
 
 log = logging.getLogger(__name__)
@@ -31,7 +30,7 @@ class PreparedDataset:
     @classmethod
     def open(cls, prepared_uri: str, split: str) -> PreparedDataset:
         """Load a split; remote shards are cached locally (reused when the size matches)."""
-        index = load_index(prepared_uri)
+        index = sh.load_index(prepared_uri)
         local = cache_dir("prepared", uri_key(prepared_uri))
         rows: list[sh.EncodedUtterance] = []
         for shard in index["shards"]:

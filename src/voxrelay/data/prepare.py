@@ -24,6 +24,7 @@ from voxrelay.codecs.registry import build_codec, codec_from_description
 from voxrelay.config import RunConfig
 from voxrelay.data import shards as sh
 from voxrelay.data.audio import load_utterance_audio
+from voxrelay.data.shards import PrepareError, load_index
 from voxrelay.data.sources import read_source
 from voxrelay.data.types import RowError, Utterance
 from voxrelay.paths import cache_dir, rank_world
@@ -31,10 +32,6 @@ from voxrelay.paths import cache_dir, rank_world
 log = logging.getLogger(__name__)
 FIT_CLIPS = 1500
 WAIT_TIMEOUT_S = 6 * 3600
-
-
-class PrepareError(RuntimeError):
-    """prepare cannot go on; the message names the row or file and the fix."""
 
 
 @dataclass
@@ -220,14 +217,6 @@ def prepare(cfg: RunConfig, strict: bool = False) -> PrepareReport:
         _wait_for(sh.marker_uri(prepared, name), f"shard {name} from another process")
     index, rejects = _write_index(cfg, codec, plan, early_rejects)
     return PrepareReport(prepared, index["counts"], index["hours"], rejects, skipped, written)
-
-
-def load_index(prepared_uri: str) -> dict:
-    """The committed index of prepared data, or a clear error telling to run prepare."""
-    uri = storage.join(prepared_uri, sh.INDEX_FILE)
-    if not storage.exists(uri):
-        raise PrepareError(f"no prepared data at {prepared_uri} (no index.json); run `voxrelay prepare CONFIG` first")
-    return storage.read_json(uri)
 
 
 def load_prepared_codec(prepared_uri: str, index: dict | None = None) -> AudioCodec:

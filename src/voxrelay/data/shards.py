@@ -44,6 +44,18 @@ SCHEMA = pa.schema(
 )
 
 
+class PrepareError(RuntimeError):
+    """prepare cannot go on, or prepared data is missing; the message names the row/file and the fix."""
+
+
+def load_index(prepared_uri: str) -> dict:
+    """The committed index of prepared data, or a clear error telling to run prepare."""
+    uri = storage.join(prepared_uri, INDEX_FILE)
+    if not storage.exists(uri):
+        raise PrepareError(f"no prepared data at {prepared_uri} (no index.json); run `voxrelay prepare CONFIG` first")
+    return storage.read_json(uri)
+
+
 @dataclass
 class EncodedUtterance:
     id: str

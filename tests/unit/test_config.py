@@ -1,0 +1,79 @@
+import pytest
+
+from voxrelay.config import ConfigError, RunConfig, apply_overrides, load_config, parse_duration
+from voxrelay.cli import demo_config_path
+
+
+def test_defaults_are_valid_and_paths_follow_layout():
+    cfg = RunConfig()
+    assert cfg.prepared_uri.endswith("/prepared/demo")
+    assert cfg.run_uri.endswith("/runs/demo")
+
+
+def test_public_override_keys(tmp_path):
+    cfg = load_config(
+        demo_config_path(),
+        ["root=s3://bucket/x", "name=exp1", "train.max_steps=7", "train.seed=3", "checkpoint.every_steps=2"],
+    )
+    assert (cfg.root, cfg.name, cfg.train.max_steps, cfg.train.seed, cfg.checkpoint.every_steps) == (
+        "s3://bucket/x", "exp1", 7, 3, 2)
+    assert cfg.run_uri == "s3://bucket/x/runs/exp1"
+    assert cfg.prepared_uri == "s3://bucket/x/prepared/demo"
+
+
+def test_override_values_are_typed():
+    data = apply_overrides({}, ["train.lr=1e-4", "monitor.tensorboard=false", "name=123", "train.clip_norm=null"])
+    assert data == {"train": {"lr": 1e-4, "clip_norm": None}, "monitor": {"tensorboard": False}, "name": "123"}
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("train.max_steps=-5", "train.max_steps"),
+        ("train.lr=fast", "train.lr"),
+        ("train.precision=fp8", "train.precision"),
+        ("trian.max_steps=5", "unknown key"),
+        ("model.hidden_size=130", "divisible by num_heads"),
+        ("checkpoint.keep_last=1", "checkpoint.keep_last"),
+        ("train.time_limit=soon", "not a duration"),
+    ],
+)
+def test_bad_values_name_key_value_and_fix(override, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    msg = str(info.value)
+    assert expected in msg
+    assert override.split("=")[1] in msg or "unknown key" in msg
+
+
+def test_both_batch_budgets_is_an_error():
+    with pytest.raises(ConfigError, match="exactly one of batch_seconds or batch_tokens"):
+        load_config(None, ["train.batch_seconds=30"])
+    assert load_config(None, ["train.batch_seconds=30", "train.batch_tokens=null"]).train.batch_seconds == 30
+
+
+def test_source_needs_path():
+    with pytest.raises(ConfigError, match="needs `path`"):
+        load_config(None, ["data.sources=[{type: folder}]"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="not key=value"):
+        load_config(None, ["train.max_steps"])
+
+
+def test_durations():
+    assert parse_duration("23h30m") == 23 * 3600 + 1800
+    assert parse_duration("90s") == 90
+    assert parse_duration(12) == 12.0
+
+
+def test_hash_changes_with_content():
+    assert RunConfig().hash() == RunConfig().hash()
+    assert RunConfig().hash() != load_config(None, ["train.lr=0.5"]).hash()
