@@ -76,13 +76,17 @@ def lr_lambda(tc: TrainConfig):
 
 def _example_lengths(model: CodecLM, rows: list) -> tuple[list[int], list[int]]:
     """Token length of every row; rows longer than model.max_seq_len are left out (with a warning)."""
-    keep, lengths = [], []
+    keep, lengths, dropped = [], [], []
     for i, r in enumerate(rows):
-        try:
-            lengths.append(model.sequence_length(r.text, r.codes.shape[1], r.speaker))
-            keep.append(i)
-        except ValueError as err:
-            log.warning("left out of training: %s", err)
+        n = model.sequence_length(r.text, r.codes.shape[1], r.speaker)
+        if n > model.max_seq_len:
+            dropped.append(f"{r.id} ({n} tokens)")
+            continue
+        keep.append(i)
+        lengths.append(n)
+    if dropped:
+        log.warning("%d rows longer than model.max_seq_len=%d are left out of training (raise it to keep them): %s",
+                    len(dropped), model.max_seq_len, ", ".join(dropped[:5]))
     return keep, lengths
 
 
@@ -122,6 +126,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval").rows, key=lambda r: r.id)
     st.seed_everything(cfg.train.seed)
     model = CodecLM.build(cfg.model, index["num_codebooks"], codec.codebook_size, index["speakers"], cfg.train.seed)
+    eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
     checkpoints = CheckpointManager(cfg.run_uri, cfg.checkpoint.keep_last)
     found = None if fresh else checkpoints.load_latest()
     if found is not None:

@@ -1,0 +1,3 @@
+from voxrelay.cli import main
+
+main()

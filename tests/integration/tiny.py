@@ -1,0 +1,27 @@
+"""A tiny run configuration for integration tests: seconds of CPU, every stage exercised."""
+
+from __future__ import annotations
+
+TINY = [
+    "data.sources=[{type: demo, minutes: 0.6, seed: 1, voices: [en-us, en-gb+f3]}]",
+    "data.eval_size=3",
+    "data.shard_size=8",
+    "codec.num_codebooks=2",
+    "codec.codebook_size=32",
+    "codec.griffin_lim_iters=4",
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "train.max_steps=6",
+    "train.batch_tokens=3000",
+    "train.warmup_steps=2",
+    "train.eval_every=3",
+    "train.eval_synth=1",
+    "train.log_every=2",
+    "checkpoint.every_steps=2",
+]
+
+
+def tiny(root: str, *extra: str) -> list[str]:
+    return [f"root={root}", *TINY, *extra]
