@@ -47,30 +47,28 @@ class PrepareReport:
         return Counter(r["reason"].split(":")[0] for r in self.rejects)
 
 
-def collect_rows(cfg: RunConfig) -> tuple[list[Utterance], list[dict]]:
-    """All source rows in a stable order; duplicate ids and rows a reader flagged are rejects."""
-    rows, rejects, seen = [], [], {}
+def collect_rows(cfg: RunConfig) -> list[Utterance]:
+    """All source rows in a stable order; a duplicate id gets its ``problem`` set like any bad row,
+    so every reject is reported in one place (the shard that holds it)."""
+    rows, seen = [], {}
     workdir = str(cache_dir("sources"))
     for src in cfg.data.sources:
         for utt in read_source(src, workdir):
             if utt.problem is None and utt.id in seen:
                 utt.problem = f"duplicate id {utt.id!r} (first seen at {seen[utt.id]}); ids must be unique"
-            if utt.problem is not None:
-                rejects.append({"id": utt.id, "where": utt.where, "reason": utt.problem})
-                continue
-            seen[utt.id] = utt.where
+            seen.setdefault(utt.id, utt.where)
             rows.append(utt)
-    return rows, rejects
+    return rows
 
 
 def plan_shards(rows: list[Utterance], eval_size: int, shard_size: int) -> dict[str, list[Utterance]]:
     """Split rows into named shards. The eval split is the ``eval_size`` rows with the smallest
     hash of their id: stable when rows are added, and independent of row order."""
-    by_hash = sorted(rows, key=lambda u: hashlib.sha1(u.id.encode()).hexdigest())
-    eval_ids = {u.id for u in by_hash[:eval_size]}
+    by_hash = sorted((u for u in rows if u.problem is None), key=lambda u: hashlib.sha1(u.id.encode()).hexdigest())
+    eval_ids = {id(u) for u in by_hash[:eval_size]}
     plan: dict[str, list[Utterance]] = {}
     for split in ("train", "eval"):
-        part = [u for u in rows if (u.id in eval_ids) == (split == "eval")]
+        part = [u for u in rows if (id(u) in eval_ids) == (split == "eval")]
         for i in range(0, len(part), shard_size):
             plan[f"{split}-{i // shard_size:05d}"] = part[i : i + shard_size]
     return plan
@@ -93,6 +91,8 @@ def _load_codec(cfg: RunConfig, rows: list[Utterance], rank: int) -> AudioCodec:
         pick = rng.permutation(len(rows))[:FIT_CLIPS]
         wavs = []
         for i in sorted(pick):
+            if rows[i].problem is not None:
+                continue
             try:
                 wavs.append(
                     load_utterance_audio(rows[i], codec.sample_rate, cfg.data.min_duration, cfg.data.max_duration)
@@ -123,6 +123,9 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
     reference recording too (eval split: MCD-DTW is scored against it)."""
     good, rejects = [], []
     for utt in utts:
+        if utt.problem is not None:
+            rejects.append(_reject(utt, utt.problem, strict))
+            continue
         try:
             wav = load_utterance_audio(utt, codec.sample_rate, cfg.data.min_duration, cfg.data.max_duration)
         except RowError as err:
@@ -134,18 +137,22 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
             continue
         good.append(
             sh.EncodedUtterance(
-                id=utt.id, text=utt.text, speaker=utt.speaker, description=utt.description,
-                duration=len(wav) / codec.sample_rate, codes=codes.astype(np.int16),
+                id=utt.id,
+                text=utt.text,
+                speaker=utt.speaker,
+                description=utt.description,
+                duration=len(wav) / codec.sample_rate,
+                codes=codes.astype(np.int16),
                 ref_audio=wav if keep_audio else None,
             )
         )
     return good, rejects
 
 
-def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utterance]], early: list[dict]):
+def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utterance]]):
     """Merge the shard markers into rejects.jsonl and write index.json (the commit marker) last."""
     prepared = cfg.prepared_uri
-    shard_infos, rejects, counts, seconds, speakers = [], list(early), Counter(), 0.0, set()
+    shard_infos, rejects, counts, seconds, speakers = [], [], Counter(), 0.0, set()
     for name in plan:
         marker = storage.read_json(sh.marker_uri(prepared, name))
         rejects += marker["rejects"]
@@ -186,11 +193,8 @@ def prepare(cfg: RunConfig, strict: bool = False) -> PrepareReport:
     """Run prepare for this process's share of the shards; rank 0 also writes the index."""
     rank, world = rank_world()
     prepared = cfg.prepared_uri
-    rows, early_rejects = collect_rows(cfg)
-    if strict and early_rejects:
-        r = early_rejects[0]
-        raise PrepareError(f"{r['where']} (id {r['id']!r}): {r['reason']} (run without --strict to skip bad rows)")
-    if not rows:
+    rows = collect_rows(cfg)
+    if not any(u.problem is None for u in rows):
         raise PrepareError("the sources yielded no usable rows; check data.sources paths (see rejects above)")
     codec = _load_codec(cfg, rows, rank)
     plan = plan_shards(rows, cfg.data.eval_size, cfg.data.shard_size)
@@ -205,8 +209,11 @@ def prepare(cfg: RunConfig, strict: bool = False) -> PrepareReport:
         good, rejects = encode_shard(utts, codec, cfg, strict, keep_audio=name.startswith("eval"))
         storage.write_bytes(sh.shard_uri(prepared, name), sh.encode_table(good))
         marker = {
-            "rows": len(good), "rejects": rejects, "seconds": sum(g.duration for g in good),
-            "speakers": sorted({g.speaker for g in good if g.speaker}), "ids_sha1": ids_sha,
+            "rows": len(good),
+            "rejects": rejects,
+            "seconds": sum(g.duration for g in good),
+            "speakers": sorted({g.speaker for g in good if g.speaker}),
+            "ids_sha1": ids_sha,
         }
         storage.write_json(sh.marker_uri(prepared, name), marker)  # the shard's commit
         written += 1
@@ -215,7 +222,7 @@ def prepare(cfg: RunConfig, strict: bool = False) -> PrepareReport:
         return PrepareReport(prepared, {}, 0.0, [], skipped, written)
     for name in plan:
         _wait_for(sh.marker_uri(prepared, name), f"shard {name} from another process")
-    index, rejects = _write_index(cfg, codec, plan, early_rejects)
+    index, rejects = _write_index(cfg, codec, plan)
     return PrepareReport(prepared, index["counts"], index["hours"], rejects, skipped, written)
 
 

@@ -1,0 +1,413 @@
+"""A generated multi-speaker corpus so that ``voxrelay`` runs end to end with no download.
+
+Sentences come from a small grammar and word lists of our own (below); speech comes from
+eSpeak NG, one voice (voice+variant, e.g. ``"en-gb+f3"``) per speaker. The corpus folder holds
+``metadata.csv`` (``id,audio_path,text,speaker``), ``wavs/*.wav`` (16-bit mono) and ``DONE``,
+written last. The same arguments give the same files, byte for byte.
+
+Backends, tried in order: the ``espeakng-loader`` wheel (libespeak-ng driven through ctypes),
+then an ``espeak-ng`` binary on PATH.
+"""
+
+from __future__ import annotations
+
+import csv
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from voxrelay.data.audio import load_audio, resample, trim_silence, write_wav
+
+DEFAULT_VOICES = ["en-us", "en-gb+f3", "en-us+m3", "en-gb-scotland+f2"]
+DONE_MARKER = "DONE"
+METADATA = "metadata.csv"
+_BASE_RATE = 165  # eSpeak words per minute; its default is 175, a little slower is easier to learn
+
+_INSTALL_HINT = "install it with `pip install espeakng-loader` or `apt-get install espeak-ng`"
+
+# --- sentence grammar: our own word lists; every noun takes a regular plural ---------------------
+_NAMES = "Mara Tobias Ines Oskar Lena Felix Nadia Arlo Wren Jonah Priya Emil".split()
+_PEOPLE = """baker pilot captain gardener teacher fisherman painter doctor neighbour farmer
+librarian tailor""".split()
+_NOUNS = """lantern bicycle ladder kettle window letter violin basket blanket ticket mirror engine
+candle notebook bridge teapot umbrella pebble scarf map bucket drum jacket wagon""".split()
+_ADJECTIVES = """quiet yellow heavy narrow cheerful broken ancient tiny crooked gentle muddy silver
+sleepy bright dusty clever curious stubborn wooden frozen""".split()
+# (past, base) forms of transitive verbs
+_VERBS = [("painted", "paint"), ("carried", "carry"), ("repaired", "repair"), ("found", "find"),
+          ("borrowed", "borrow"), ("dropped", "drop"), ("cleaned", "clean"), ("measured", "measure"),
+          ("opened", "open"), ("wrapped", "wrap"), ("counted", "count"), ("hid", "hide"),
+          ("sold", "sell"), ("polished", "polish"), ("lifted", "lift"), ("forgot", "forget")]  # fmt: skip
+_INTRANSITIVE = "laughed waited whistled wandered slept sang shivered hurried paused danced".split()
+_ADVERBS = "slowly carefully quickly proudly quietly suddenly happily nervously".split()
+_PLACES = ["near the station", "behind the library", "at the market", "under the bridge",
+           "beside the lake", "in the kitchen", "on the roof", "across the valley",
+           "inside the museum", "along the coast"]  # fmt: skip
+_TIMES = ["this morning", "last winter", "before dinner", "after midnight", "on Tuesday",
+          "every evening", "at dawn", "yesterday", "in April", "during the storm"]  # fmt: skip
+_TEMPLATES = [
+    "{subj} {past} the {adj} {noun} {place}.",
+    "{subj} {past} {num} {adj} {nouns} {time}.",
+    "Did {subj} {base} the {noun} {place}?",
+    "Why did {subj} {base} the {adj} {noun} {time}?",
+    "{Time}, {subj} {intr} {adv} {place}.",
+    "Where is the {adj} {noun} that {subj} {past}?",
+    "The {noun} was {adj}, so {subj} {intr}.",
+    "How many {nouns} did {subj} {base} {time}?",
+    "{subj} said the {noun} costs {num} coins.",
+    "{subj} and {subj2} {past} the {noun}.",
+]
+_ONES = """zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen
+fifteen sixteen seventeen eighteen nineteen""".split()
+_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def spell_number(n: int) -> str:
+    """0 <= n < 1000 in English words, e.g. 342 -> 'three hundred and forty two'."""
+    if not 0 <= n < 1000:
+        raise ValueError(f"spell_number handles 0..999, got {n}")
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + ("" if n % 10 == 0 else " " + _ONES[n % 10])
+    rest = n % 100
+    return _ONES[n // 100] + " hundred" + ("" if rest == 0 else " and " + spell_number(rest))
+
+
+class SentenceMaker:
+    """Random sentences of 4-14 words from the grammar above, driven by a numpy Generator."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def _pick(self, items: list):
+        return items[int(self.rng.integers(len(items)))]
+
+    def _subject(self) -> str:
+        if self.rng.random() < 0.5:
+            return self._pick(_NAMES)
+        adj = self._pick(_ADJECTIVES) + " " if self.rng.random() < 0.3 else ""
+        return f"the {adj}{self._pick(_PEOPLE)}"
+
+    def sentence(self) -> str:
+        while True:
+            past, base = self._pick(_VERBS)
+            noun = self._pick(_NOUNS)
+            n = int(self.rng.integers(2, 1000)) if self.rng.random() < 0.4 else int(self.rng.integers(2, 20))
+            words = {
+                "subj": self._subject(), "subj2": self._subject(), "past": past, "base": base,
+                "noun": noun, "nouns": noun + "s", "adj": self._pick(_ADJECTIVES), "num": spell_number(n),
+                "place": self._pick(_PLACES), "time": self._pick(_TIMES), "Time": self._pick(_TIMES),
+                "intr": self._pick(_INTRANSITIVE), "adv": self._pick(_ADVERBS),
+            }  # fmt: skip
+            text = self._pick(_TEMPLATES).format(**words)
+            if 4 <= len(text.split()) <= 14:
+                return text[0].upper() + text[1:]
+
+
+class SynthesisError(RuntimeError):
+    """eSpeak NG is unavailable or rejected a voice; the message says how to fix it."""
+
+
+class Synthesizer(Protocol):
+    name: str
+
+    def synth(self, text: str, voice: str, rate: int, seed: int) -> tuple[np.ndarray, int]:
+        """Speak ``text`` at ``rate`` words/min -> (int16 samples ``[N]``, sample rate in Hz)."""
+        ...
+
+
+class _EspeakVoice(ctypes.Structure):
+    # espeak_VOICE from speak_lib.h
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("languages", ctypes.c_char_p),
+        ("identifier", ctypes.c_char_p),
+        ("gender", ctypes.c_ubyte),
+        ("age", ctypes.c_ubyte),
+        ("variant", ctypes.c_ubyte),
+        ("xx1", ctypes.c_ubyte),
+        ("score", ctypes.c_int),
+        ("spare", ctypes.c_void_p),
+    ]
+
+
+_SYNTH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_INITIALIZE_DONT_EXIT = 0x8000
+_POS_CHARACTER = 1
+_CHARS_UTF8 = 1
+_PARAM_RATE = 1
+
+# libespeak-ng keeps global state (one voice, one callback): one lock and one instance per process.
+_LIB_LOCK = threading.Lock()
+_LIB_INSTANCE: _EspeakLibrary | None = None
+
+
+class _EspeakLibrary:
+    """libespeak-ng from the ``espeakng-loader`` wheel, in synchronous (retrieval) mode."""
+
+    name = "espeakng-loader"
+
+    def __init__(self, lib: ctypes.CDLL, sample_rate: int) -> None:
+        self.lib = lib
+        self.sample_rate = sample_rate
+        self.chunks: list[np.ndarray] = []
+        self.callback = _SYNTH_CALLBACK(self._collect)  # kept referenced: the C side calls it
+
+    @classmethod
+    def instance(cls) -> _EspeakLibrary:
+        """Load and initialise the library once per process (raises OSError/RuntimeError/ImportError)."""
+        global _LIB_INSTANCE
+        with _LIB_LOCK:
+            if _LIB_INSTANCE is None:
+                import espeakng_loader
+
+                lib = ctypes.CDLL(espeakng_loader.get_library_path())
+                lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+                lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+                lib.espeak_SetVoiceByProperties.argtypes = [ctypes.POINTER(_EspeakVoice)]
+                lib.espeak_GetCurrentVoice.restype = ctypes.POINTER(_EspeakVoice)
+                lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+                lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
+                lib.espeak_Synth.argtypes = [
+                    ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
+                    ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+                ]  # fmt: skip
+                data = espeakng_loader.get_data_path().encode()
+                sr = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data, _INITIALIZE_DONT_EXIT)
+                if sr <= 0:
+                    raise RuntimeError(f"espeak_Initialize failed (returned {sr}) with data at {data.decode()}")
+                inst = cls(lib, sr)
+                lib.espeak_SetSynthCallback(inst.callback)
+                _LIB_INSTANCE = inst
+            return _LIB_INSTANCE
+
+    def _collect(self, wav, num_samples, events) -> int:  # noqa: ANN001 (ctypes callback)
+        if wav and num_samples > 0:
+            self.chunks.append(np.ctypeslib.as_array(wav, shape=(num_samples,)).copy())
+        return 0  # 0 = continue synthesis
+
+    def _select_voice(self, voice: str) -> None:
+        if self.lib.espeak_SetVoiceByName(voice.encode()) == 0:
+            return
+        # Language tags such as "en-gb" are not voice names in espeak-ng 1.52 (the CLI falls back to
+        # a language lookup); do the same, then re-attach the variant to the found voice identifier.
+        language, _, variant = voice.partition("+")
+        query = _EspeakVoice(languages=language.encode())
+        if self.lib.espeak_SetVoiceByProperties(ctypes.byref(query)) == 0:
+            identifier = self.lib.espeak_GetCurrentVoice().contents.identifier
+            name = identifier.decode() + (f"+{variant}" if variant else "")
+            if identifier and self.lib.espeak_SetVoiceByName(name.encode()) == 0:
+                return
+        raise SynthesisError(
+            f"eSpeak NG has no voice {voice!r}; use a language with an optional variant, "
+            "e.g. 'en-us', 'en-gb+f3', 'en-us+m3', 'en-gb-scotland+f2'"
+        )
+
+    def synth(self, text: str, voice: str, rate: int, seed: int) -> tuple[np.ndarray, int]:
+        with _LIB_LOCK:
+            self._select_voice(voice)
+            self.lib.espeak_SetParameter(_PARAM_RATE, int(rate), 0)
+            # breathy variants (+f2, +f3...) add noise from an RNG seeded differently per process
+            self.lib.espeak_ng_SetRandSeed(int(seed))
+            self.chunks = []
+            data = text.encode("utf-8")
+            err = self.lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
+            if err != 0:
+                raise SynthesisError(f"espeak_Synth failed with code {err} for text {text!r}")
+            chunks, self.chunks = self.chunks, []
+        wav = np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
+        return wav.astype(np.int16, copy=False), self.sample_rate
+
+
+class _EspeakBinary:
+    """An ``espeak-ng`` (or ``espeak``) executable on PATH; one process per sentence."""
+
+    name = "espeak-ng binary"
+
+    def __init__(self, exe: str) -> None:
+        self.exe = exe
+
+    def synth(self, text: str, voice: str, rate: int, seed: int) -> tuple[np.ndarray, int]:
+        # the binary cannot be seeded: breathy variants (+f2, +f3...) differ from run to run
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "out.wav"
+            proc = subprocess.run(
+                [self.exe, "-v", voice, "-s", str(int(rate)), "-w", str(out), text],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            if proc.returncode != 0 or not out.is_file():
+                raise SynthesisError(
+                    f"{self.exe} -v {voice} failed ({proc.stderr.strip()[:200]}); "
+                    "check the voice name with `espeak-ng --voices`"
+                )
+            wav, sr = load_audio(out)
+        return (np.clip(wav, -1.0, 1.0) * 32767.0).round().astype(np.int16), sr
+
+
+def load_synthesizer() -> Synthesizer:
+    """The first working eSpeak NG backend; raises :class:`SynthesisError` when there is none."""
+    reasons = []
+    try:
+        return _EspeakLibrary.instance()
+    except (ImportError, OSError, RuntimeError, AttributeError) as e:
+        reasons.append(f"espeakng-loader: {e}")
+    for exe in ("espeak-ng", "espeak"):
+        path = shutil.which(exe)
+        if path:
+            return _EspeakBinary(path)
+    reasons.append("no espeak-ng binary on PATH")
+    raise SynthesisError(f"eSpeak NG is not available ({'; '.join(reasons)}); {_INSTALL_HINT}")
+
+
+def _params(minutes: float, voices: list[str], seed: int, sample_rate: int) -> dict:
+    return {
+        "minutes": float(minutes),
+        "voices": list(voices),
+        "seed": int(seed),
+        "sample_rate": int(sample_rate),
+    }
+
+
+def _write_corpus(folder: Path, params: dict) -> dict:
+    """Synthesise sentences round-robin over the voices until ``minutes`` of audio exist in ``folder``."""
+    synth = load_synthesizer()
+    voices, sr_out = params["voices"], params["sample_rate"]
+    rng = np.random.default_rng(params["seed"])
+    maker = SentenceMaker(np.random.default_rng([params["seed"], 1]))
+    base_rates = {v: _BASE_RATE + int(rng.integers(-10, 11)) for v in voices}  # a per-seed speaking style
+    target_s, total_s, rows = params["minutes"] * 60.0, 0.0, []
+    while total_s < target_s:
+        i = len(rows)
+        voice = voices[i % len(voices)]  # round-robin: every speaker present even in a tiny corpus
+        text = maker.sentence()
+        rate = base_rates[voice] + int(rng.integers(-8, 9))
+        pcm, sr = synth.synth(text, voice, rate, seed=int(rng.integers(2**31)))
+        wav = trim_silence(pcm.astype(np.float32) / 32768.0, sr)
+        if wav.size == 0:
+            raise SynthesisError(f"{synth.name} returned no audio for voice {voice!r}; try another voice")
+        wav = resample(wav, sr, sr_out)
+        utt_id = f"demo-{i:05d}"
+        write_wav(folder / "wavs" / f"{utt_id}.wav", wav, sr_out)
+        rows.append((utt_id, f"wavs/{utt_id}.wav", text, voice))
+        total_s += wav.shape[0] / sr_out
+    with open(folder / METADATA, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["id", "audio_path", "text", "speaker"])
+        writer.writerows(rows)
+    summary = {**params, "utterances": len(rows), "seconds": round(total_s, 3), "backend": synth.name}
+    (folder / DONE_MARKER).write_text(json.dumps(summary, indent=1) + "\n")  # the commit marker: last
+    return summary
+
+
+_SYNTHESIS_FAILED = 3  # exit code of the child for a SynthesisError (its message is on stderr)
+
+
+def _write_corpus_in_child(folder: Path, params: dict) -> None:
+    """Run :func:`_write_corpus` in a fresh interpreter.
+
+    A subprocess rather than multiprocessing: "spawn" re-imports the caller's main script, which
+    recurses when a user script calls this at top level without an ``if __name__`` guard.
+    """
+    code = "import sys; from voxrelay.data.demo_corpus import _child_main; sys.exit(_child_main(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(folder), json.dumps(params)], capture_output=True, text=True, env=env
+    )
+    if proc.returncode == _SYNTHESIS_FAILED:
+        raise SynthesisError(proc.stderr.strip().splitlines()[-1])
+    if proc.returncode != 0:
+        raise RuntimeError(f"demo corpus generation failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _child_main(argv: list[str]) -> int:
+    folder, params = Path(argv[0]), json.loads(argv[1])
+    try:
+        _write_corpus(folder, params)
+    except SynthesisError as e:
+        print(str(e).replace("\n", " "), file=sys.stderr)
+        return _SYNTHESIS_FAILED
+    return 0
+
+
+def _read_done(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / DONE_MARKER).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _check_reusable(folder: Path, done: dict, params: dict) -> Path:
+    made_with = {k: done.get(k) for k in params}
+    if made_with != params:
+        raise ValueError(
+            f"{folder} holds a demo corpus made with {made_with}, not {params}; "
+            "pass another out_dir or delete that folder"
+        )
+    return folder
+
+
+def _remove_incomplete(folder: Path) -> None:
+    """Delete a corpus folder left without its marker, but never a folder holding anything else."""
+    foreign = [p.name for p in folder.iterdir() if p.name not in (METADATA, "wavs", DONE_MARKER)]
+    if foreign:
+        raise ValueError(
+            f"out_dir {str(folder)!r} exists and is not a demo corpus (it holds {sorted(foreign)[:5]}); "
+            "pass a new or empty folder"
+        )
+    shutil.rmtree(folder)  # a stale, incomplete corpus from a killed run
+
+
+def generate_demo_corpus(
+    out_dir: str | Path,
+    minutes: float = 20.0,
+    voices: list[str] | None = None,
+    seed: int = 0,
+    sample_rate: int = 22050,
+) -> Path:
+    """Write (or reuse) a demo corpus of about ``minutes`` of speech in ``out_dir``; returns its path.
+
+    ``voices`` defaults to :data:`DEFAULT_VOICES`; each becomes the ``speaker`` of its rows.
+    Idempotent: a folder with a ``DONE`` marker for the same arguments is reused as is.
+    Synthesis runs in a fresh child process because libespeak-ng carries state from one sentence
+    to the next (the same text comes out a few samples different on a second call, even after
+    espeak_Terminate + espeak_Initialize): a fresh process makes the bytes depend on the arguments only.
+    """
+    if minutes <= 0:
+        raise ValueError(f"minutes must be positive, got {minutes}")
+    voices = list(voices or DEFAULT_VOICES)
+    folder = Path(out_dir)
+    params = _params(minutes, voices, seed, sample_rate)
+    done = _read_done(folder)
+    if done is not None:
+        return _check_reusable(folder, done, params)
+    # Build beside the target and rename: a killed run leaves no half corpus under the final
+    # name, and two ranks generating at once both end up with one complete folder.
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        _write_corpus_in_child(staging, params)
+        if folder.exists() and _read_done(folder) is None:
+            _remove_incomplete(folder)
+        try:
+            staging.rename(folder)
+        except OSError:
+            done = _read_done(folder)  # another process finished first: use its corpus
+            if done is None:
+                raise
+            return _check_reusable(folder, done, params)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder

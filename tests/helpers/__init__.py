@@ -1,0 +1,1 @@
+"""Reusable builders of test data."""
