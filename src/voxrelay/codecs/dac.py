@@ -1,0 +1,98 @@
+"""Adapter over transformers' ``DacModel`` (Descript Audio Codec: 16, 24 or 44.1 kHz checkpoints).
+
+DAC is a plain residual VQ at one rate, so codes are simply int64 [n_codebooks, T] with
+``frame_rate = sampling_rate / hop_length`` (hop = prod(downsampling_ratios): 50 Hz for
+``descript/dac_16khz``, 75 Hz for ``descript/dac_24khz``). Input is zero-padded to a multiple of
+the hop, which is all DAC's feature extractor does for one mono clip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from transformers import DacModel
+
+
+def load_dac_model(path: str) -> DacModel:
+    """A DacModel in eval mode from a local ``save_pretrained`` folder or a hub id (owner/name)."""
+    from transformers import DacModel
+
+    local = Path(path).expanduser()
+    if not local.is_dir() and (path.startswith((".", "/", "~")) or path.count("/") != 1):
+        raise FileNotFoundError(
+            f"DAC codec folder {path!r} does not exist; set codec.path to a folder written by "
+            "DacModel.save_pretrained, or to a hub id such as 'descript/dac_16khz'"
+        )
+    source = str(local) if local.is_dir() else path
+    try:
+        model = DacModel.from_pretrained(source)
+    except OSError as e:
+        raise FileNotFoundError(
+            f"could not load DAC codec {path!r} ({e}); set codec.path to a local folder written by "
+            "DacModel.save_pretrained (hub ids need network access or a warm HF cache)"
+        ) from e
+    return model.eval()
+
+
+class DacCodec:
+    """DAC as an :class:`~voxrelay.codecs.base.AudioCodec`; codes int64 [n_codebooks, ceil(N / hop)]."""
+
+    name = "dac"
+
+    def __init__(self, model: DacModel, path: str | None = None) -> None:
+        self.model = model
+        self.path = path
+        self.sample_rate = int(model.config.sampling_rate)
+        self.hop_length = int(np.prod(model.config.downsampling_ratios))
+        self.frame_rate = self.sample_rate / self.hop_length
+        self.num_codebooks = int(model.config.n_codebooks)
+        self.codebook_size = int(model.config.codebook_size)
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> DacCodec:
+        """Load from a local folder (``save_pretrained``) or a hub id."""
+        return cls(load_dac_model(path), path=path)
+
+    @classmethod
+    def from_model(cls, model: DacModel) -> DacCodec:
+        """Wrap an already built DacModel (put in eval mode)."""
+        return cls(model.eval(), path=None)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "type": self.name,
+            "path": self.path,
+            "sample_rate": self.sample_rate,
+            "frame_rate": self.frame_rate,
+            "num_codebooks": self.num_codebooks,
+            "codebook_size": self.codebook_size,
+            "hop_length": self.hop_length,
+        }
+
+    def encode(self, wav: np.ndarray) -> np.ndarray:
+        """wav float32 [N] at ``sample_rate`` -> codes int64 [n_codebooks, ceil(N / hop_length)]."""
+        wav = np.asarray(wav, dtype=np.float32)
+        if wav.ndim != 1 or wav.size == 0:
+            raise ValueError(f"dac: expected mono audio float32 [N] with N > 0, got shape {wav.shape}")
+        pad = -wav.size % self.hop_length
+        x = torch.from_numpy(np.pad(wav, (0, pad)))[None, None, :]
+        with torch.inference_mode():
+            codes = self.model.encode(x, return_dict=True).audio_codes  # [1, n_codebooks, T]
+        return codes[0].to(torch.int64).numpy()
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """codes int [n_codebooks, T] -> wav float32 [T * hop_length] (deterministic)."""
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[0] != self.num_codebooks:
+            raise ValueError(f"dac: codes must be int [{self.num_codebooks}, T], got shape {codes.shape}")
+        if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
+            raise ValueError(f"dac: codes must lie in [0, {self.codebook_size}), got [{codes.min()}, {codes.max()}]")
+        x = torch.from_numpy(codes.astype(np.int64))[None]
+        with torch.inference_mode():
+            wav = self.model.decode(audio_codes=x, return_dict=True).audio_values  # [1, N]
+        return wav.reshape(-1).float().numpy()

@@ -1,0 +1,131 @@
+"""Build codecs by name: from the run config (``build_codec``) or from a prepared dataset's
+``index.json`` description (``codec_from_description``).
+
+Implementations live in a dict keyed by ``codec.type``; the SDKs behind the pretrained codecs
+(``snac``, ``transformers``) are imported only when such a codec is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from voxrelay.codecs.base import AudioCodec, FittableCodec
+
+if TYPE_CHECKING:
+    from voxrelay.config import CodecConfig
+
+# Parameters of MelKMeansCodec.__init__, all present in its describe() dict.
+_MEL_KMEANS_PARAMS = (
+    "sample_rate",
+    "n_fft",
+    "hop_length",
+    "n_mels",
+    "num_codebooks",
+    "codebook_size",
+    "fit_max_frames",
+    "griffin_lim_iters",
+)
+# Fields of a pretrained codec's description that must still hold when it is loaded again:
+# codes prepared with one model are meaningless to another.
+_PRETRAINED_CHECKED = ("sample_rate", "num_codebooks", "codebook_size")
+
+
+def _import_sdk(module: str, package: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(
+            f"codec needs the {package!r} package, which failed to import ({e}); "
+            f"install it with `pip install {package}`"
+        ) from e
+
+
+def _mel_kmeans(params: dict[str, Any]) -> AudioCodec:
+    from voxrelay.codecs.mel_kmeans import MelKMeansCodec
+
+    return MelKMeansCodec(**params)
+
+
+def _snac(path: str) -> AudioCodec:
+    _import_sdk("snac", "snac")
+    from voxrelay.codecs.snac import SnacCodec
+
+    return SnacCodec.from_pretrained(path)
+
+
+def _dac(path: str) -> AudioCodec:
+    _import_sdk("transformers", "transformers")
+    from voxrelay.codecs.dac import DacCodec
+
+    return DacCodec.from_pretrained(path)
+
+
+# codec.type -> loader of a pretrained codec from a local folder or hub id.
+PRETRAINED_CODECS: dict[str, Callable[[str], AudioCodec]] = {"snac": _snac, "dac": _dac}
+# codec.type -> builder of a codec fitted on the corpus, from its parameters.
+FITTABLE_CODECS: dict[str, Callable[[dict[str, Any]], AudioCodec]] = {"mel_kmeans": _mel_kmeans}
+
+
+def codec_types() -> list[str]:
+    """Every known ``codec.type``."""
+    return sorted([*FITTABLE_CODECS, *PRETRAINED_CODECS])
+
+
+def _unknown(kind: Any) -> ValueError:
+    return ValueError(f"unknown codec type {kind!r}; use one of {codec_types()}")
+
+
+def build_codec(cfg: CodecConfig) -> AudioCodec:
+    """The codec a run config asks for. mel_kmeans comes back unfitted (``prepare`` fits it)."""
+    if cfg.type in FITTABLE_CODECS:
+        return FITTABLE_CODECS[cfg.type]({k: getattr(cfg, k) for k in _MEL_KMEANS_PARAMS})
+    if cfg.type in PRETRAINED_CODECS:
+        if not cfg.path:
+            raise ValueError(
+                f"codec.type '{cfg.type}' needs codec.path: a local folder or hub id of the pretrained "
+                "codec (e.g. codec.path=hubertsiuzdak/snac_24khz or codec.path=descript/dac_16khz)"
+            )
+        return PRETRAINED_CODECS[cfg.type](cfg.path)
+    raise _unknown(cfg.type)
+
+
+def codec_from_description(desc: dict[str, Any], state: bytes | None = None) -> AudioCodec:
+    """Rebuild the codec described by ``codec.describe()`` (as stored in a prepared ``index.json``).
+
+    ``state``: the fitted state bytes of a fittable codec (``state_bytes()``); without it a
+    fittable codec comes back unfitted. Pretrained codecs are reloaded from ``desc["path"]`` and
+    checked against the description.
+    """
+    kind = desc.get("type")
+    if kind in FITTABLE_CODECS:
+        missing = [k for k in _MEL_KMEANS_PARAMS if k not in desc]
+        if missing:
+            raise ValueError(f"codec description {desc} lacks {missing}; it was not written by describe()")
+        codec = FITTABLE_CODECS[kind]({k: desc[k] for k in _MEL_KMEANS_PARAMS})
+        if state is not None:
+            assert isinstance(codec, FittableCodec)
+            codec.load_state_bytes(state)
+        return codec
+    if kind in PRETRAINED_CODECS:
+        if state is not None:
+            raise ValueError(f"codec type {kind!r} is pretrained and takes no fitted state; pass state=None")
+        if not desc.get("path"):
+            raise ValueError(
+                f"codec description {desc} has no path (the codec was wrapped from an in-memory model); "
+                "load that model yourself and wrap it with from_model(), or prepare with codec.path set"
+            )
+        codec = PRETRAINED_CODECS[kind](desc["path"])
+        _check_same(desc, codec.describe())
+        return codec
+    raise _unknown(kind)
+
+
+def _check_same(saved: dict[str, Any], loaded: dict[str, Any]) -> None:
+    diff = {k: (saved[k], loaded[k]) for k in _PRETRAINED_CHECKED if k in saved and saved[k] != loaded[k]}
+    if diff:
+        raise ValueError(
+            f"codec at {saved['path']!r} no longer matches the one the data was prepared with "
+            f"(field: (prepared, now) = {diff}); restore that codec or prepare the data again"
+        )

@@ -1,0 +1,96 @@
+"""DacCodec over a tiny random-init DacModel saved with save_pretrained and loaded back by path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import DacConfig, DacModel
+
+from voxrelay.codecs.base import AudioCodec
+from voxrelay.codecs.dac import DacCodec
+
+TINY = dict(
+    encoder_hidden_size=8,
+    downsampling_ratios=[2, 4],
+    decoder_hidden_size=32,
+    n_codebooks=3,
+    codebook_size=16,
+    codebook_dim=4,
+    sampling_rate=16000,
+)
+HOP = 8
+
+
+def save_tiny_dac(folder: Path) -> DacModel:
+    torch.manual_seed(0)
+    model = DacModel(DacConfig(**TINY)).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[DacModel, DacCodec]:
+    folder = tmp_path_factory.mktemp("dac")
+    model = save_tiny_dac(folder)
+    return model, DacCodec.from_pretrained(str(folder))
+
+
+def tone(n: int) -> np.ndarray:
+    t = np.arange(n) / 16000
+    return (0.3 * np.sin(2 * np.pi * 330 * t) + 0.05 * np.sin(2 * np.pi * 2100 * t)).astype(np.float32)
+
+
+def test_attributes_and_describe(tiny: tuple[DacModel, DacCodec]) -> None:
+    _, codec = tiny
+    assert isinstance(codec, AudioCodec)
+    assert (codec.sample_rate, codec.num_codebooks, codec.codebook_size) == (16000, 3, 16)
+    assert codec.frame_rate == 16000 / HOP
+    desc = codec.describe()
+    assert desc["type"] == "dac" and desc["hop_length"] == HOP
+    assert json.loads(json.dumps(desc)) == desc
+    assert not codec.model.training
+
+
+@pytest.mark.parametrize("n", [800, 1003, 5])
+def test_codes_shape_dtype_range(tiny: tuple[DacModel, DacCodec], n: int) -> None:
+    _, codec = tiny
+    codes = codec.encode(tone(n))
+    assert codes.dtype == np.int64
+    assert codes.shape == (3, -(-n // HOP))
+    assert codes.min() >= 0 and codes.max() < 16
+
+
+def test_codes_match_the_model_and_weights_survive_the_round_trip(tiny: tuple[DacModel, DacCodec]) -> None:
+    model, codec = tiny
+    wav = tone(800)
+    with torch.inference_mode():
+        expected = model.encode(torch.from_numpy(wav)[None, None]).audio_codes[0].numpy()
+    np.testing.assert_array_equal(codec.encode(wav), expected)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(codec.model.state_dict()[key], value, rtol=0, atol=0)
+
+
+def test_decode_length_and_determinism(tiny: tuple[DacModel, DacCodec]) -> None:
+    _, codec = tiny
+    codes = codec.encode(tone(1000))
+    a, b = codec.decode(codes), codec.decode(codes)
+    assert a.dtype == np.float32 and a.shape == (codes.shape[1] * HOP,)
+    np.testing.assert_array_equal(a, b)
+    assert np.isfinite(a).all()
+
+
+def test_decode_rejects_bad_codes(tiny: tuple[DacModel, DacCodec]) -> None:
+    _, codec = tiny
+    with pytest.raises(ValueError, match=r"\[3, T\]"):
+        codec.decode(np.zeros((9, 4), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"\[0, 16\)"):
+        codec.decode(np.full((3, 4), -1))
+
+
+def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        DacCodec.from_pretrained(str(tmp_path / "no" / "such" / "dac"))
