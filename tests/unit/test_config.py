@@ -1,7 +1,7 @@
 import pytest
 
-from voxrelay.config import ConfigError, RunConfig, apply_overrides, load_config, parse_duration
 from voxrelay.cli import demo_config_path
+from voxrelay.config import ConfigError, RunConfig, apply_overrides, load_config, parse_duration
 
 
 def test_defaults_are_valid_and_paths_follow_layout():
