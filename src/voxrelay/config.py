@@ -289,3 +289,32 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         source = str(p)
     apply_overrides(data, overrides or [])
     return build_config(data, source)
+
+
+def reference_markdown() -> str:
+    """The configuration reference (every key, default, description) as Markdown tables."""
+    lines: list[str] = []
+
+    def section(model: type[BaseModel], prefix: str) -> None:
+        rows, subs = [], []
+        for name, field in model.model_fields.items():
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                subs.append((ann, f"{prefix}{name}."))
+                continue
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, list) and default and isinstance(default[0], BaseModel):
+                default = [d.model_dump(exclude_defaults=True) for d in default]
+            rows.append(f"| `{prefix}{name}` | `{json.dumps(default)}` | {field.description or ''} |")
+        if rows:
+            lines.extend([f"**{prefix.rstrip('.') or 'top level'}**", "", "| key | default | meaning |",
+                          "|---|---|---|", *rows, ""])
+        for sub, sub_prefix in subs:
+            section(sub, sub_prefix)
+
+    section(RunConfig, "")
+    lines.extend(["**data.sources[]** (each source)", "", "| key | default | meaning |", "|---|---|---|"])
+    for name, field in SourceConfig.model_fields.items():
+        default = "required" if field.is_required() else json.dumps(field.get_default(call_default_factory=True))
+        lines.append(f"| `{name}` | `{default}` | {field.description or ''} |")
+    return "\n".join(lines) + "\n"

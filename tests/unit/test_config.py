@@ -77,3 +77,15 @@ def test_durations():
 def test_hash_changes_with_content():
     assert RunConfig().hash() == RunConfig().hash()
     assert RunConfig().hash() != load_config(None, ["train.lr=0.5"]).hash()
+
+
+def test_readme_config_reference_is_current():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    spec = importlib.util.spec_from_file_location("update_readme", root / "scripts" / "update_readme.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    readme = (root / "README.md").read_text()
+    assert mod.render(readme) == readme, "run: .venv/bin/python scripts/update_readme.py"
