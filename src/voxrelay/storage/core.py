@@ -60,15 +60,42 @@ def _is_transient(err: BaseException) -> bool:
     return not (isinstance(code, int) and code < 500 and code != 429)
 
 
-def retry(fn: Callable[[], T], what: str, attempts: int = 5, base_delay: float = 0.5) -> T:
-    """Call ``fn``; on a named transient error wait (exponential backoff + jitter) and retry."""
+RETRY_ATTEMPTS_ENV = "VOXRELAY_RETRY_ATTEMPTS"
+RETRY_BASE_DELAY_ENV = "VOXRELAY_RETRY_BASE_DELAY"
+_MAX_DELAY_S = 30.0
+
+
+def _env_number(name: str, default: float, kind: type[int] | type[float], minimum: float) -> Any:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return kind(default)
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        what = "a whole number" if kind is int else "a number"
+        raise StorageError(f"{name}={raw!r} is invalid; set it to {what} >= {minimum} or unset it")
+    return value
+
+
+def retry(fn: Callable[[], T], what: str, attempts: int | None = None, base_delay: float | None = None) -> T:
+    """Call ``fn``; on a named transient error wait (exponential backoff + jitter) and retry.
+
+    ``attempts`` (calls in all) and ``base_delay`` (seconds before the first retry, doubled each time,
+    capped at 30 s) default to $VOXRELAY_RETRY_ATTEMPTS (5) and $VOXRELAY_RETRY_BASE_DELAY (0.5).
+    """
+    if attempts is None:
+        attempts = _env_number(RETRY_ATTEMPTS_ENV, 5, int, 1)
+    if base_delay is None:
+        base_delay = _env_number(RETRY_BASE_DELAY_ENV, 0.5, float, 0.0)
     for attempt in range(1, attempts + 1):
         try:
             return fn()
         except Exception as err:
             if not _is_transient(err) or attempt == attempts:
                 raise
-            delay = base_delay * 2 ** (attempt - 1) * (0.5 + random.random())
+            delay = min(base_delay * 2 ** (attempt - 1), _MAX_DELAY_S) * (0.5 + random.random())
             log.warning("%s failed (%s: %s); retry %d/%d in %.1fs", what, type(err).__name__, err,
                         attempt, attempts - 1, delay)
             time.sleep(delay)
@@ -112,10 +139,14 @@ def _fs(proto: str) -> fsspec.AbstractFileSystem:
             kw: dict[str, Any] = {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
             return fsspec.filesystem("s3", **kw)
         if proto == "gcs":
-            os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+            from gcsfs.core import GCSFileSystem
+
             emulator = os.environ.get("STORAGE_EMULATOR_HOST")
             if emulator:
-                return fsspec.filesystem("gcs", endpoint_url=emulator, token="anon", project="voxrelay")
+                # The plain class, not fsspec's "gcs": gcsfs chooses that one when it is first imported
+                # (this module imports it early) from GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT, default on, and the
+                # extended class probes each bucket over gRPC, a 60 s timeout per bucket on an emulator.
+                return GCSFileSystem(endpoint_url=emulator, token="anon", project="voxrelay")
             return fsspec.filesystem("gcs")
         return fsspec.filesystem(proto)
     except ImportError as err:
@@ -130,6 +161,13 @@ def _fs_path(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return _fs(proto), path
 
 
+def _fresh(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """Drop cached listings of ``path`` and its parents: s3fs/gcsfs answer exists/size/cat from a listing
+    cached by an earlier ls, so objects written or deleted since by another process would be missed."""
+    fs.invalidate_cache(path)
+    return path
+
+
 def join(base: str, *parts: str) -> str:
     out = base.rstrip("/")
     for p in parts:
@@ -139,12 +177,12 @@ def join(base: str, *parts: str) -> str:
 
 def exists(uri: str) -> bool:
     fs, path = _fs_path(uri)
-    return retry(lambda: fs.exists(path), f"exists {uri}")
+    return retry(lambda: fs.exists(_fresh(fs, path)), f"exists {uri}")
 
 
 def size(uri: str) -> int:
     fs, path = _fs_path(uri)
-    return int(retry(lambda: fs.size(path), f"size {uri}"))
+    return int(retry(lambda: fs.size(_fresh(fs, path)), f"size {uri}"))
 
 
 def listdir(uri: str) -> list[str]:
@@ -153,8 +191,7 @@ def listdir(uri: str) -> list[str]:
 
     def _ls() -> list[str]:
         try:
-            fs.invalidate_cache(path)
-            entries = fs.ls(path, detail=False)
+            entries = fs.ls(_fresh(fs, path), detail=False)
         except FileNotFoundError:
             return []
         return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != path.rstrip("/")})
@@ -164,7 +201,7 @@ def listdir(uri: str) -> list[str]:
 
 def read_bytes(uri: str) -> bytes:
     fs, path = _fs_path(uri)
-    return retry(lambda: fs.cat_file(path), f"read {uri}")
+    return retry(lambda: fs.cat_file(_fresh(fs, path)), f"read {uri}")
 
 
 def read_text(uri: str) -> str:
@@ -208,8 +245,11 @@ def put_file(local: str | Path, uri: str) -> None:
     if "file" in fs.protocol:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
-        shutil.copyfile(local, tmp)
-        os.replace(tmp, path)
+        try:
+            shutil.copyfile(local, tmp)
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
         return
     retry(lambda: fs.put_file(str(local), path), f"upload {local} -> {uri}")
 
@@ -219,8 +259,11 @@ def get_file(uri: str, local: str | Path) -> None:
     fs, path = _fs_path(uri)
     Path(local).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{local}.part-{os.getpid()}"
-    retry(lambda: fs.get_file(path, tmp), f"download {uri}")
-    os.replace(tmp, local)
+    try:
+        retry(lambda: fs.get_file(_fresh(fs, path), tmp), f"download {uri}")
+        os.replace(tmp, local)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def delete(uri: str, recursive: bool = False) -> None:

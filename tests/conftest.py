@@ -1,0 +1,66 @@
+"""Shared fixtures. Object-storage tests run against real servers on 127.0.0.1 (tests/helpers/servers.py)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.helpers.servers import GCSServer, S3Server, ServerUnavailable, apply_env, reset_storage_cache
+
+
+def _server(cls: type[S3Server] | type[GCSServer]) -> Iterator[S3Server | GCSServer]:
+    try:
+        cls.check_available()
+    except ServerUnavailable as err:  # only a missing package skips; a server that fails to start fails
+        pytest.skip(str(err))
+    with cls() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto S3 server for the whole session: ``.endpoint``, ``.bucket``, ``.env()``, ``.stop()``, ``.start()``."""
+    yield from _server(S3Server)  # type: ignore[misc]
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[GCSServer]:
+    """fake-gcs-server for the whole session, same interface as ``s3_server``."""
+    yield from _server(GCSServer)  # type: ignore[misc]
+
+
+def _unique(request: pytest.FixtureRequest) -> str:
+    return f"{re.sub(r'[^A-Za-z0-9_-]+', '-', request.node.name).strip('-')[:60]}-{uuid.uuid4().hex[:8]}"
+
+
+def _root(server: S3Server | GCSServer, scheme: str, request, monkeypatch) -> Iterator[str]:
+    if not server.running:  # an earlier test stopped it and failed before restarting it
+        server.start()
+    apply_env(server.env(), monkeypatch)
+    yield f"{scheme}://{server.bucket}/{_unique(request)}"
+    reset_storage_cache()  # monkeypatch restores the environment after this
+
+
+@pytest.fixture
+def s3_root(s3_server: S3Server, request, monkeypatch) -> Iterator[str]:
+    """A fresh ``s3://<bucket>/<test-name>-<uuid>`` with the environment pointing voxrelay at ``s3_server``."""
+    yield from _root(s3_server, "s3", request, monkeypatch)
+
+
+@pytest.fixture
+def gcs_root(gcs_server: GCSServer, request, monkeypatch) -> Iterator[str]:
+    """A fresh ``gs://<bucket>/<test-name>-<uuid>`` with the environment pointing voxrelay at ``gcs_server``."""
+    yield from _root(gcs_server, "gs", request, monkeypatch)
+
+
+@pytest.fixture
+def memory_root() -> Iterator[str]:
+    """A fresh ``memory://<uuid>`` (fsspec's in-process store), deleted afterwards."""
+    from voxrelay import storage
+
+    root = f"memory://{uuid.uuid4().hex}"
+    yield root
+    storage.delete(root, recursive=True)
