@@ -103,8 +103,10 @@ def train_cmd(
     run = build_run(load_config(config, overrides or []), fresh=fresh)
     if run.resumed_from is not None:
         err.print(f"resuming {run.cfg.run_uri} from step {run.resumed_from}")
-    step = train(run)
-    out.print(f"trained to step {step}; run folder {run.cfg.run_uri}", highlight=False)
+    result = train(run)
+    if run.accelerator.is_main_process:
+        out.print(f"trained to step {result.step}; run folder {run.cfg.run_uri}", highlight=False)
+    raise typer.Exit(result.exit_code)
 
 
 @app.command("synthesize")
@@ -155,7 +157,9 @@ def demo_cmd(
     overrides = [f"root={root}"] + ([f"train.max_steps={steps}"] if steps else [])
     cfg = load_config(demo_config_path(), overrides)
     print_prepare_report(prepare(cfg))
-    train(build_run(cfg))
+    result = train(build_run(cfg))
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
     model, codec, _ = load_from_run(cfg.run_uri)
     wav = local_run_dir(cfg.run_uri) / "demo.wav"
     synthesize(model, codec, "The quiet river carries seven small boats to the old town.", wav)

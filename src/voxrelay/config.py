@@ -148,7 +148,12 @@ class TrainConfig(_Section):
     eval_every: int = Field(100, gt=0, description="Steps between evaluations")
     eval_synth: int = Field(4, ge=0, description="Held-out texts synthesised and scored (MCD-DTW) per eval")
     log_every: int = Field(10, gt=0, description="Steps between metric lines")
-    time_limit: str | None = Field(None, description="Stop cleanly before this wall time, e.g. '23h30m'")
+    time_limit: str | None = Field(
+        None, description="Save and exit before this much training time (all sessions of the run), e.g. '23h30m'"
+    )
+    early_stopping_patience: int | None = Field(
+        None, gt=0, description="Stop when the eval loss has not improved for this many evaluations (None = off)"
+    )
 
     @field_validator("time_limit")
     @classmethod
@@ -169,7 +174,26 @@ class TrainConfig(_Section):
 class CheckpointConfig(_Section):
     every_steps: int | None = Field(100, gt=0, description="Save every N steps (None = off)")
     every_minutes: float | None = Field(None, gt=0, description="Save every N minutes (None = off)")
+    adaptive_mtbf: str | None = Field(
+        None,
+        description="Expected mean time between failures (e.g. '6h'); when set, the time interval is adaptive: "
+        "sqrt(2 x measured save cost x MTBF) (Young/Daly)",
+    )
     keep_last: int = Field(2, ge=2, description="Committed checkpoints kept (>= 2: never delete the only one)")
+    keep_every: int | None = Field(None, gt=0, description="Also keep every checkpoint whose step is a multiple of N")
+    keep_best: bool = Field(False, description="Also keep the checkpoint with the lowest eval loss")
+    max_staged: int = Field(3, ge=1, description="Staged checkpoints kept on local disk while uploads lag behind")
+    grace_seconds: float = Field(25.0, ge=0, description="On SIGTERM/SIGINT/SIGUSR1: wait this long for the upload")
+    preemption_poll: Literal["auto", "gcp", "aws", "off"] = Field(
+        "auto", description="Poll the cloud metadata server for a preemption notice (auto: when running on GCP/AWS)"
+    )
+    metadata_url: str | None = Field(None, description="Override the metadata server base URL (tests, proxies)")
+
+    @field_validator("adaptive_mtbf")
+    @classmethod
+    def _mtbf(cls, v: str | None) -> str | None:
+        parse_duration(v)
+        return v
 
 
 class MonitorConfig(_Section):
@@ -217,6 +241,31 @@ class RunConfig(_Section):
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+# Keys that may change when a run resumes; any other change makes the checkpoint incompatible
+# (the run would not continue as if uninterrupted). Prefixes end with a dot.
+RESUME_SAFE_KEYS = (
+    "root", "name", "train.max_steps", "train.eval_every", "train.eval_synth", "train.log_every",
+    "train.time_limit", "train.early_stopping_patience", "checkpoint.", "monitor.",
+)
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out |= _flatten(value, f"{prefix}{key}.")
+        return out
+    return {prefix.rstrip("."): data}
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Dotted keys that differ between two config dicts -> (allowed on resume, incompatible)."""
+    a, b = _flatten(old), _flatten(new)
+    changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    safe = [k for k in changed if any(k == s or (s.endswith(".") and k.startswith(s)) for s in RESUME_SAFE_KEYS)]
+    return safe, [k for k in changed if k not in safe]
 
 
 def _parse_value(raw: str) -> Any:

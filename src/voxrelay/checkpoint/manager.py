@@ -1,143 +1,156 @@
-"""Checkpoints in the run folder: files first, ``manifest.json`` LAST (no manifest, no checkpoint).
+"""CheckpointManager: save = stage locally + upload in the background; load = newest valid.
 
-Layout: ``<run>/checkpoints/step-00000100/{model.safetensors, train_state.pt, manifest.json}``.
-``model.safetensors`` holds the weights; ``train_state.pt`` holds optimizer, scheduler, RNG, data
-cursor and loop counters, saved with torch.save and loaded with ``weights_only=True`` (tensors and
-plain containers only, never arbitrary pickles). The manifest lists every file with its size and
-sha256; loading verifies them and falls back to the previous checkpoint, saying what was wrong.
-Retention deletes old checkpoints only after a newer one is committed, and keeps >= 2.
+Layout in the run folder: ``<run>/checkpoints/step-00000100/{model.safetensors, train_state.pt,
+manifest.json}``. ``model.safetensors`` holds the weights; ``train_state.pt`` holds optimizer,
+scheduler, RNG of every rank, data cursor, loop counters and the config; it is saved with
+torch.save and read with ``weights_only=True`` (tensors and plain containers, never arbitrary
+pickles). Loading considers committed checkpoints and staged ones not yet uploaded (a previous
+session on this machine), newest first; a damaged one is skipped with a warning naming the file.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import logging
-import time
-from dataclasses import dataclass
+import shutil
+from pathlib import Path
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from safetensors.torch import load_file, save_file
 
 from voxrelay import storage
+from voxrelay.checkpoint.staging import Staging, Uploader, Writer
+from voxrelay.checkpoint.store import (
+    Checkpoint,
+    CheckpointError,
+    CommittedStore,
+    step_name,
+    verify_folder,
+)
+from voxrelay.paths import cache_dir, uri_key
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "train_state.pt"
 CKPT_DIR = "checkpoints"
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing or damaged; the message says which file and what to do."""
+__all__ = ["CheckpointError", "CheckpointManager", "MODEL_FILE", "STATE_FILE", "model_writer", "state_writer"]
 
 
-@dataclass
-class Checkpoint:
-    step: int
-    uri: str
-    manifest: dict
+def model_writer(state: dict[str, torch.Tensor]) -> Writer:
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+    return lambda path: save_file(tensors, str(path))
 
 
-def _step_dir(step: int) -> str:
-    return f"step-{step:08d}"
+def state_writer(obj: dict) -> Writer:
+    return lambda path: torch.save(obj, path)
 
 
 class CheckpointManager:
-    def __init__(self, run_uri: str, keep_last: int = 2):
+    def __init__(
+        self,
+        run_uri: str,
+        keep_last: int = 2,
+        keep_every: int | None = None,
+        keep_best: bool = False,
+        max_staged: int = 3,
+        staging_dir: Path | None = None,
+    ):
         self.run_uri = run_uri
-        self.keep_last = keep_last
+        self.store = CommittedStore(storage.join(run_uri, CKPT_DIR), keep_last, keep_every, keep_best)
+        self.staging = Staging(staging_dir or cache_dir("staging", uri_key(run_uri)))
+        self.uploader = Uploader(self.store, self.staging, max_staged)
+        self.started = False
+
+    # ------------------------------------------------------------------ saving
+
+    def start(self) -> None:
+        """Start the upload thread; staged checkpoints newer than the newest committed one (a
+        previous session died before uploading them) are uploaded first."""
+        committed = self.store.list()
+        newest = committed[0].step if committed else -1
+        self.uploader.durable_step = newest if committed else None
+        for ckpt in reversed(self.staging.list()):
+            if ckpt.step <= newest:
+                self.staging.remove(ckpt.step)
+            else:
+                self.uploader.submit(ckpt)
+        self.uploader.start()
+        self.started = True
+
+    def save(self, step: int, writers: dict[str, Writer], extra: dict | None = None,
+             expected_bytes: int = 0) -> Checkpoint:
+        """Stage to local disk (the caller waits only for this), then upload in the background."""
+        if not self.started:
+            self.start()
+        ckpt = self.staging.stage(step, writers, extra or {}, expected_bytes)
+        self.uploader.submit(ckpt)
+        return ckpt
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every staged checkpoint is committed; False if ``timeout`` ran out."""
+        return self.uploader.wait(timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        return self.uploader.close(timeout) if self.started else True
 
     @property
-    def root(self) -> str:
-        return storage.join(self.run_uri, CKPT_DIR)
+    def durable_step(self) -> int | None:
+        return self.uploader.durable_step
 
-    def save(self, step: int, model_state: dict[str, torch.Tensor], train_state: dict) -> Checkpoint:
-        """Write one checkpoint and commit it with its manifest, then apply retention."""
-        uri = storage.join(self.root, _step_dir(step))
-        files = {
-            MODEL_FILE: st_save({k: v.detach().cpu().contiguous() for k, v in model_state.items()}),
-            STATE_FILE: _torch_bytes(train_state),
-        }
-        entries = {}
-        for name, data in files.items():
-            storage.write_bytes(storage.join(uri, name), data)
-            entries[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        manifest = {"step": step, "time": time.time(), "files": entries, "format_version": 1}
-        storage.write_json(storage.join(uri, MANIFEST), manifest)  # the commit
-        self._retain()
-        return Checkpoint(step, uri, manifest)
+    # ------------------------------------------------------------------ loading
 
-    def committed(self) -> list[Checkpoint]:
-        """Committed checkpoints (a manifest exists), newest first; not verified."""
-        out = []
-        for name in reversed(storage.listdir(self.root)):
-            if not name.startswith("step-"):
-                continue
-            uri = storage.join(self.root, name)
-            if storage.exists(storage.join(uri, MANIFEST)):
-                try:
-                    out.append(Checkpoint(int(name[5:]), uri, storage.read_json(storage.join(uri, MANIFEST))))
-                except (ValueError, KeyError) as err:
-                    log.warning("ignoring %s: unreadable manifest (%s)", uri, err)
-        return sorted(out, key=lambda c: c.step, reverse=True)
+    def candidates(self) -> list[Checkpoint]:
+        """Staged and committed checkpoints, newest first (staged preferred at equal step: local)."""
+        by_step: dict[int, Checkpoint] = {c.step: c for c in self.store.list()}
+        for c in self.staging.list():
+            by_step[c.step] = c
+        return [by_step[s] for s in sorted(by_step, reverse=True)]
 
-    def load_latest(self, step: int | None = None) -> tuple[Checkpoint, dict[str, torch.Tensor], dict] | None:
-        """(checkpoint, model tensors, train state) of the newest valid checkpoint (or of ``step``)."""
-        candidates = [c for c in self.committed() if step is None or c.step == step]
-        if step is not None and not candidates:
-            raise CheckpointError(f"no committed checkpoint at step {step} in {self.root}")
-        for ckpt in candidates:
+    def latest_valid(self, step: int | None = None) -> tuple[Checkpoint, Path] | None:
+        """(checkpoint, local folder with verified files) of the newest valid checkpoint or ``step``."""
+        found = [c for c in self.candidates() if step is None or c.step == step]
+        if step is not None and not found:
+            raise CheckpointError(f"no checkpoint at step {step} in {self.store.root_uri}")
+        for ckpt in found:
             try:
-                files = self._verified_files(ckpt)
-                model = st_load(files[MODEL_FILE])
-                state = torch.load(io.BytesIO(files[STATE_FILE]), weights_only=True)
-                return ckpt, model, state
+                return ckpt, self._local_copy(ckpt)
             except CheckpointError as err:
-                log.warning("checkpoint %s is damaged (%s); falling back to the previous one", ckpt.uri, err)
+                where = "committed" if ckpt.durable else "staged"
+                log.warning("%s checkpoint %s is damaged (%s); falling back to the previous one", where,
+                            ckpt.uri, err)
         if step is not None:
             raise CheckpointError(f"the checkpoint at step {step} is damaged; see the warnings above")
         return None
 
-    def load_model(self, step: int | None = None) -> tuple[Checkpoint, dict[str, torch.Tensor]]:
-        found = self.load_latest(step)
+    def _local_copy(self, ckpt: Checkpoint) -> Path:
+        if not ckpt.durable:
+            verify_folder(Path(ckpt.uri), ckpt.manifest)
+            return Path(ckpt.uri)
+        dest = self.staging.folder / "fetched" / step_name(ckpt.step)
+        try:
+            return self.store.fetch(ckpt, dest)
+        except CheckpointError:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+
+    def load(self, step: int | None = None,
+             map_location: str | torch.device = "cpu") -> tuple[Checkpoint, dict[str, torch.Tensor], dict] | None:
+        """(checkpoint, model tensors, train state) of the newest valid checkpoint, or None."""
+        found = self.latest_valid(step)
         if found is None:
-            raise CheckpointError(f"no valid checkpoint in {self.root}; train first (voxrelay train CONFIG)")
-        return found[0], found[1]
+            return None
+        ckpt, folder = found
+        return ckpt, load_file(str(folder / MODEL_FILE)), load_state(folder / STATE_FILE, map_location)
 
-    def _verified_files(self, ckpt: Checkpoint) -> dict[str, bytes]:
-        out = {}
-        for name, meta in ckpt.manifest["files"].items():
-            uri = storage.join(ckpt.uri, name)
-            if not storage.exists(uri):
-                raise CheckpointError(f"{name} is missing")
-            data = storage.read_bytes(uri)
-            if len(data) != meta["size"]:
-                raise CheckpointError(f"{name} has {len(data)} bytes, the manifest says {meta['size']}")
-            if hashlib.sha256(data).hexdigest() != meta["sha256"]:
-                raise CheckpointError(f"{name} does not match its sha256 in the manifest")
-            out[name] = data
-        return out
-
-    def _retain(self) -> None:
-        """Delete committed checkpoints beyond keep_last (oldest first) and uncommitted leftovers
-        older than the newest committed one (a save killed midway)."""
-        committed = self.committed()
-        for ckpt in committed[self.keep_last :]:
-            storage.delete(storage.join(ckpt.uri, MANIFEST))  # uncommit first: never a half checkpoint
-            storage.delete(ckpt.uri, recursive=True)
-        newest = committed[0].step if committed else -1
-        kept = {c.step for c in committed}
-        for name in storage.listdir(self.root):
-            if name.startswith("step-") and name[5:].isdigit():
-                s = int(name[5:])
-                if s < newest and s not in kept:
-                    storage.delete(storage.join(self.root, name), recursive=True)
+    def load_model(self, step: int | None = None) -> tuple[Checkpoint, dict[str, torch.Tensor]]:
+        found = self.latest_valid(step)
+        if found is None:
+            raise CheckpointError(f"no valid checkpoint in {self.store.root_uri}; train first (voxrelay train CONFIG)")
+        return found[0], load_file(str(found[1] / MODEL_FILE))
 
 
-def _torch_bytes(obj: dict) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict:
+    """train_state.pt, unpickling nothing but tensors and plain containers."""
+    return torch.load(path, map_location=map_location, weights_only=True)
+

@@ -12,6 +12,25 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 
+class Throughput:
+    """Tokens/s and audio-seconds/s over the window since the last report."""
+
+    def __init__(self):
+        self.tokens = 0
+        self.seconds = 0.0
+        self.t0 = time.perf_counter()
+
+    def add(self, tokens: int, audio_seconds: float) -> None:
+        self.tokens += tokens
+        self.seconds += audio_seconds
+
+    def report(self) -> dict[str, float]:
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        out = {"tokens_per_sec": self.tokens / dt, "audio_sec_per_sec": self.seconds / dt}
+        self.__init__()
+        return out
+
+
 class ProgressLine:
     def __init__(self, total: int, start: int, enabled: bool = True):
         self.total = total

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Protocol
@@ -90,6 +91,7 @@ class Monitor:
         self.sinks = sinks
         self.local_dir = local_dir
         self.run_uri = run_uri
+        self._sync_thread: threading.Thread | None = None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:
@@ -99,10 +101,27 @@ class Monitor:
         for sink in self.sinks:
             sink.log_audio(step, tag, wav, sample_rate)
 
-    def sync(self) -> None:
-        """Copy the local metric files to a remote run folder (no-op for a local root)."""
+    def sync(self, wait: bool = False) -> None:
+        """Copy the local metric files to a remote run folder in a background thread (no-op for a
+        local root); a sync already running is not started twice."""
         if self.local_dir is None or storage.is_local(self.run_uri):
             return
+        if self._sync_thread is not None and self._sync_thread.is_alive():
+            if not wait:
+                return
+            self._sync_thread.join()
+        self._sync_thread = threading.Thread(target=self._sync_files, name="voxrelay-metrics-sync", daemon=True)
+        self._sync_thread.start()
+        if wait:
+            self._sync_thread.join()
+
+    def _sync_files(self) -> None:
+        try:
+            self._copy_files()
+        except Exception as err:  # metrics are re-sent at the next sync; training must go on
+            log.warning("could not copy metrics to %s (%s); will retry at the next checkpoint", self.run_uri, err)
+
+    def _copy_files(self) -> None:
         for path in sorted(self.local_dir.rglob("*")):
             if path.is_file():
                 rel = path.relative_to(self.local_dir).as_posix()
@@ -111,7 +130,7 @@ class Monitor:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
-        self.sync()
+        self.sync(wait=True)
 
 
 def build_monitor(cfg, run_uri: str, local_dir: Path, is_main: bool) -> Monitor:

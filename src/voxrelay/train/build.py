@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,15 +16,17 @@ import torch
 from accelerate import Accelerator
 
 from voxrelay import storage
-from voxrelay.checkpoint.manager import CheckpointManager
+from voxrelay.checkpoint.manager import CKPT_DIR, CheckpointManager
 from voxrelay.codecs.base import AudioCodec
 from voxrelay.config import RunConfig, TrainConfig
 from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.models.codec_lm.model import CodecLM
-from voxrelay.monitor.sinks import Monitor, build_monitor
+from voxrelay.monitor.sinks import METRICS_FILE, TB_DIR, Monitor, build_monitor
 from voxrelay.paths import cache_dir, uri_key
 from voxrelay.train import state as st
+from voxrelay.train.evaluate import SAMPLES_DIR
+from voxrelay.train.resume import broadcast_step, data_fingerprint, restore
 
 log = logging.getLogger(__name__)
 CONFIG_SNAPSHOT = "config.yaml"
@@ -44,17 +47,8 @@ class Run:
     monitor: Monitor
     loop: st.LoopState
     local_dir: Path
+    data_fingerprint: str = ""
     resumed_from: int | None = None
-
-    def train_state(self) -> dict:
-        return {
-            st.K_LOOP: self.loop.state_dict(),
-            st.K_OPTIMIZER: self.optimizer.state_dict(),
-            st.K_SCHEDULER: self.scheduler.state_dict(),
-            st.K_DATA: self.stream.state_dict(),
-            st.K_RNG: st.rng_state(),
-            st.K_CONFIG_HASH: self.cfg.hash(),
-        }
 
     def model_state(self) -> dict[str, torch.Tensor]:
         return self.accelerator.unwrap_model(self.module).state_dict()
@@ -127,8 +121,12 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     st.seed_everything(cfg.train.seed)
     model = CodecLM.build(cfg.model, index["num_codebooks"], codec.codebook_size, index["speakers"], cfg.train.seed)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
-    checkpoints = CheckpointManager(cfg.run_uri, cfg.checkpoint.keep_last)
-    found = None if fresh else checkpoints.load_latest()
+    ck = cfg.checkpoint
+    checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged)
+    if fresh and accelerator.is_main_process:
+        start_over(cfg.run_uri, checkpoints)
+    accelerator.wait_for_everyone()
+    found = None if fresh else _load_latest(checkpoints, accelerator)
     if found is not None:
         model.module.load_state_dict(found[1])
     optimizer = torch.optim.AdamW(
@@ -141,18 +139,33 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     run = Run(
         cfg, accelerator, model, module, optimizer, scheduler, stream, eval_rows, codec, checkpoints,
         build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process), st.LoopState(), run_dir,
+        data_fingerprint(index),
     )
     if found is not None:
-        _restore(run, found[2])
+        restore(run, found[2])
         run.resumed_from = found[0].step
     if accelerator.is_main_process:
         storage.write_text(storage.join(cfg.run_uri, CONFIG_SNAPSHOT), cfg.to_yaml())
+        checkpoints.start()
     return run
 
 
-def _restore(run: Run, state: dict) -> None:
-    run.loop.load_state_dict(state[st.K_LOOP])
-    run.optimizer.load_state_dict(state[st.K_OPTIMIZER])
-    run.scheduler.load_state_dict(state[st.K_SCHEDULER])
-    run.stream.load_state_dict(state[st.K_DATA])
-    st.set_rng_state(state[st.K_RNG])
+def _load_latest(checkpoints: CheckpointManager, accelerator: Accelerator):
+    """Rank 0 picks the newest valid checkpoint; every rank loads that one."""
+    found = checkpoints.load() if accelerator.is_main_process else None
+    step = broadcast_step(found[0].step if found else None)
+    if step is None or accelerator.is_main_process:
+        return found
+    return checkpoints.load(step)
+
+
+def start_over(run_uri: str, checkpoints: CheckpointManager) -> None:
+    """--fresh: remove the run's checkpoints (committed and staged) and metrics."""
+    log.warning("--fresh: deleting the checkpoints and metrics of %s", run_uri)
+    for ckpt in checkpoints.staging.list():
+        checkpoints.staging.remove(ckpt.step)
+    for name in (CKPT_DIR, METRICS_FILE, TB_DIR, SAMPLES_DIR):
+        storage.delete(storage.join(run_uri, name), recursive=True)
+    local = local_run_dir(run_uri)
+    if not storage.is_local(run_uri):
+        shutil.rmtree(local, ignore_errors=True)

@@ -29,6 +29,20 @@ class LoopState:
     audio_seconds_seen: float = 0.0
     wall_time: float = 0.0
     best_eval_loss: float = float("inf")
+    evals_since_best: int = 0
+
+    def advance(self, tokens: int, audio_seconds: float, wall_time: float) -> None:
+        self.step += 1
+        self.tokens_seen += tokens
+        self.audio_seconds_seen += audio_seconds
+        self.wall_time = wall_time
+
+    def record_eval(self, loss: float) -> None:
+        """Early-stopping bookkeeping: best eval loss and evaluations since it improved."""
+        if loss < self.best_eval_loss:
+            self.best_eval_loss, self.evals_since_best = loss, 0
+        else:
+            self.evals_since_best += 1
 
     def state_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,181 @@
+"""Local staging of checkpoints and their background upload.
+
+Saving writes the checkpoint to local disk (fast: the training thread waits only for this), then
+an :class:`Uploader` thread copies it to the run folder and commits it with its manifest. When the
+bucket is unreachable the uploader keeps retrying with backoff while training goes on; staged
+checkpoints stay on disk (at most ``max_staged``; older ones are superseded by newer ones).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from voxrelay.checkpoint.store import (
+    MANIFEST,
+    Checkpoint,
+    CheckpointError,
+    CommittedStore,
+    make_manifest,
+    parse_step,
+    read_local_manifest,
+    step_name,
+)
+
+log = logging.getLogger(__name__)
+Writer = Callable[[Path], None]
+
+
+class Staging:
+    """Staged checkpoints in a local folder; a staged folder exists only once complete."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def stage(self, step: int, writers: dict[str, Writer], extra: dict, expected_bytes: int = 0) -> Checkpoint:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.folder).free
+        if expected_bytes and free < expected_bytes * 1.1 + (16 << 20):
+            raise CheckpointError(
+                f"not enough space to stage the checkpoint of step {step} in {self.folder}: "
+                f"{free / 2**20:.0f} MiB free, about {expected_bytes / 2**20:.0f} MiB needed. Free disk space or "
+                "point VOXRELAY_CACHE at a bigger disk; committed checkpoints are untouched"
+            )
+        tmp = self.folder / f".tmp-{step_name(step)}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            for name, write in writers.items():
+                write(tmp / name)
+            manifest = make_manifest(step, tmp, list(writers), extra)
+            (tmp / MANIFEST).write_text(_json(manifest))
+            final = self.folder / step_name(step)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)  # the staging commit
+        except OSError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if err.errno == errno.ENOSPC:
+                raise CheckpointError(
+                    f"the staging disk {self.folder} is full while saving step {step}; free space or point "
+                    "VOXRELAY_CACHE at a bigger disk. Committed checkpoints are untouched"
+                ) from None
+            raise
+        return Checkpoint(step, str(final), manifest, durable=False)
+
+    def list(self) -> list[Checkpoint]:
+        """Complete staged checkpoints, newest first; leftovers of a killed save are removed."""
+        if not self.folder.exists():
+            return []
+        out = []
+        for path in self.folder.iterdir():
+            if path.name.startswith(".tmp-"):
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            step = parse_step(path.name)
+            manifest = read_local_manifest(path) if step is not None else None
+            if manifest is not None:
+                out.append(Checkpoint(step, str(path), manifest, durable=False))
+        return sorted(out, key=lambda c: c.step, reverse=True)
+
+    def remove(self, step: int) -> None:
+        shutil.rmtree(self.folder / step_name(step), ignore_errors=True)
+
+
+class Uploader:
+    """Background thread: uploads the newest staged checkpoint, retrying until it is committed."""
+
+    def __init__(self, store: CommittedStore, staging: Staging, max_staged: int = 3, max_backoff: float = 30.0):
+        self.store = store
+        self.staging = staging
+        self.max_staged = max_staged
+        self.max_backoff = max_backoff
+        self.pending: list[Checkpoint] = []
+        self.durable_step: int | None = None
+        self.last_error: str | None = None
+        self._uploading: int | None = None
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="voxrelay-upload", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, ckpt: Checkpoint) -> None:
+        with self._cond:
+            self.pending.append(ckpt)
+            self.pending.sort(key=lambda c: c.step)
+            while len(self.pending) > self.max_staged and self.pending[0].step != self._uploading:
+                dropped = self.pending.pop(0)
+                log.warning("upload is behind (bucket unreachable?); dropping staged step %d, newer ones are kept",
+                            dropped.step)
+                self.staging.remove(dropped.step)
+            self._cond.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until everything submitted is committed; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self.pending:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        done = self.wait(timeout)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+        return done
+
+    def _run(self) -> None:
+        failures = 0
+        while True:
+            with self._cond:
+                while not self.pending and not self._closing:
+                    self._cond.wait()
+                if self._closing:
+                    return
+                ckpt = self.pending[-1]  # the newest: older pending ones are superseded by it
+                self._uploading = ckpt.step
+            try:
+                self.store.upload(Path(ckpt.uri), ckpt.manifest)
+            except Exception as err:  # keep training whatever the bucket does; report and retry
+                failures += 1
+                self.last_error = f"{type(err).__name__}: {err}"
+                delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 10))
+                log.warning("upload of step %d failed (%s); retrying in %.0fs, training goes on",
+                            ckpt.step, self.last_error, delay)
+                with self._cond:
+                    self._cond.wait_for(lambda: self._closing, timeout=delay)
+                continue
+            failures, self.last_error = 0, None
+            self._committed(ckpt)
+
+    def _committed(self, ckpt: Checkpoint) -> None:
+        with self._cond:
+            self.durable_step = ckpt.step
+            done = [c for c in self.pending if c.step <= ckpt.step]
+            self.pending = [c for c in self.pending if c.step > ckpt.step]
+            self._uploading = None
+            for c in done:
+                self.staging.remove(c.step)
+            self._cond.notify_all()
+        try:
+            self.store.retain()
+        except Exception as err:
+            log.warning("retention after step %d failed (%s); will retry after the next save", ckpt.step, err)
+
+
+def _json(obj: dict) -> str:
+    import json
+
+    return json.dumps(obj, indent=2, sort_keys=True)

@@ -1,0 +1,149 @@
+"""Checkpoint folders and their manifests, in the run folder (any storage) or on local staging disk.
+
+A checkpoint is a folder ``step-NNNNNNNN/`` with its files and ``manifest.json`` (step, time,
+files with size and sha256, metrics), written LAST: no manifest, no checkpoint. Verification
+re-hashes every file; a damaged checkpoint is skipped with a warning that names the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from voxrelay import storage
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing or damaged, or cannot be written; the message says which and what to do."""
+
+
+@dataclass
+class Checkpoint:
+    step: int
+    uri: str  # folder: a storage URI (committed) or a local path (staged)
+    manifest: dict
+    durable: bool  # True when committed in the run folder
+
+    @property
+    def metrics(self) -> dict:
+        return self.manifest.get("metrics", {})
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def parse_step(name: str) -> int | None:
+    return int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else None
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def make_manifest(step: int, folder: Path, names: list[str], extra: dict) -> dict:
+    files = {n: {"size": (folder / n).stat().st_size, "sha256": sha256_file(folder / n)} for n in names}
+    return {"format_version": FORMAT_VERSION, "step": step, "time": time.time(), "files": files, **extra}
+
+
+class CommittedStore:
+    """Committed checkpoints under ``<run>/checkpoints/`` in storage, with retention."""
+
+    def __init__(self, root_uri: str, keep_last: int = 2, keep_every: int | None = None, keep_best: bool = False):
+        self.root_uri = root_uri
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.keep_best = keep_best
+
+    def list(self) -> list[Checkpoint]:
+        """Committed checkpoints, newest first (manifests read, files not verified)."""
+        out = []
+        for name in storage.listdir(self.root_uri):
+            step = parse_step(name)
+            if step is None:
+                continue
+            uri = storage.join(self.root_uri, name)
+            try:
+                manifest = storage.read_json(storage.join(uri, MANIFEST))
+            except FileNotFoundError:
+                continue  # not committed (an upload cut short)
+            except (ValueError, KeyError) as err:
+                log.warning("ignoring %s: unreadable manifest (%s)", uri, err)
+                continue
+            out.append(Checkpoint(step, uri, manifest, durable=True))
+        return sorted(out, key=lambda c: c.step, reverse=True)
+
+    def upload(self, folder: Path, manifest: dict) -> Checkpoint:
+        """Copy a staged checkpoint folder's files, then its manifest (the commit)."""
+        uri = storage.join(self.root_uri, step_name(manifest["step"]))
+        for name in manifest["files"]:
+            storage.put_file(folder / name, storage.join(uri, name))
+        storage.write_json(storage.join(uri, MANIFEST), manifest)
+        return Checkpoint(manifest["step"], uri, manifest, durable=True)
+
+    def fetch(self, ckpt: Checkpoint, dest: Path) -> Path:
+        """Download and verify a committed checkpoint into ``dest``; raises CheckpointError if damaged."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for name, meta in ckpt.manifest["files"].items():
+            local = dest / name
+            if local.exists() and local.stat().st_size == meta["size"] and sha256_file(local) == meta["sha256"]:
+                continue
+            uri = storage.join(ckpt.uri, name)
+            if not storage.exists(uri):
+                raise CheckpointError(f"{name} is missing")
+            storage.get_file(uri, local)
+        verify_folder(dest, ckpt.manifest)
+        return dest
+
+    def retain(self) -> None:
+        """Delete committed checkpoints not kept (manifest first: never a half checkpoint), and
+        uncommitted leftovers older than the newest committed one (an upload cut short)."""
+        committed = self.list()
+        keep = {c.step for c in committed[: self.keep_last]}
+        if self.keep_every:
+            keep |= {c.step for c in committed if c.step % self.keep_every == 0}
+        scored = [c for c in committed if "eval/loss" in c.metrics]
+        if self.keep_best and scored:
+            keep.add(min(scored, key=lambda c: c.metrics["eval/loss"]).step)
+        newest = committed[0].step if committed else -1
+        for ckpt in committed:
+            if ckpt.step not in keep:
+                storage.delete(storage.join(ckpt.uri, MANIFEST))
+                storage.delete(ckpt.uri, recursive=True)
+        for name in storage.listdir(self.root_uri):
+            step = parse_step(name)
+            if step is not None and step < newest and step not in keep:
+                storage.delete(storage.join(self.root_uri, name), recursive=True)
+
+
+def verify_folder(folder: Path, manifest: dict) -> None:
+    """Raise CheckpointError naming the first file whose size or sha256 differs from the manifest."""
+    for name, meta in manifest["files"].items():
+        path = folder / name
+        if not path.exists():
+            raise CheckpointError(f"{name} is missing")
+        size = path.stat().st_size
+        if size != meta["size"]:
+            raise CheckpointError(f"{name} has {size} bytes, the manifest says {meta['size']}")
+        if sha256_file(path) != meta["sha256"]:
+            raise CheckpointError(f"{name} does not match its sha256 in the manifest")
+
+
+def read_local_manifest(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,115 @@
+"""What a checkpoint of a run holds, and how a run is restored from one.
+
+``train_state.pt`` keys: loop counters, optimizer, scheduler, data cursor, RNG of every rank,
+the resolved config and a fingerprint of the prepared data. On resume, changed config keys are
+classified (:func:`voxrelay.config.config_changes`): allowed ones are applied, incompatible ones
+stop with an error listing them (use ``--fresh`` or another run name).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+
+from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, model_writer, state_writer
+from voxrelay.config import ConfigError, config_changes
+from voxrelay.train import state as st
+
+log = logging.getLogger(__name__)
+K_CONFIG = "config"
+K_DATA_FINGERPRINT = "data_fingerprint"
+
+
+def data_fingerprint(index: dict) -> str:
+    """Changes when the prepared data is re-prepared differently (then the batch plan differs)."""
+    return f"{index.get('created')}|{index.get('counts')}|{len(index.get('shards', []))}"
+
+
+def gather_rng() -> list[dict]:
+    """RNG state of every rank (a collective: every rank must call it)."""
+    mine = st.rng_state()
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [mine]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return out
+
+
+def train_state(run, rngs: list[dict]) -> dict:
+    return {
+        st.K_LOOP: run.loop.state_dict(),
+        st.K_OPTIMIZER: run.optimizer.state_dict(),
+        st.K_SCHEDULER: run.scheduler.state_dict(),
+        st.K_DATA: run.stream.state_dict(),
+        st.K_RNG: rngs,
+        st.K_CONFIG_HASH: run.cfg.hash(),
+        K_CONFIG: run.cfg.to_dict(),
+        K_DATA_FINGERPRINT: run.data_fingerprint,
+    }
+
+
+def save_checkpoint(run, metrics: dict | None = None) -> float:
+    """Stage a checkpoint (rank 0) and hand it to the uploader; returns the seconds the training
+    thread was blocked."""
+    t0 = time.perf_counter()
+    rngs = gather_rng()
+    if run.accelerator.is_main_process:
+        model_state = run.model_state()
+        expected = sum(t.numel() * t.element_size() for t in model_state.values()) * 4  # + AdamW moments
+        run.checkpoints.save(
+            run.loop.step,
+            {MODEL_FILE: model_writer(model_state), STATE_FILE: state_writer(train_state(run, rngs))},
+            {"metrics": metrics or {}, "config_hash": run.cfg.hash()},
+            expected_bytes=expected,
+        )
+    run.accelerator.wait_for_everyone()
+    return time.perf_counter() - t0
+
+
+def check_compatible(saved: dict, run_cfg, fingerprint: str, saved_fingerprint: str | None) -> None:
+    safe, bad = config_changes(saved[K_CONFIG], run_cfg.to_dict())
+    if saved_fingerprint is not None and saved_fingerprint != fingerprint:
+        bad.append(f"prepared data {run_cfg.prepared_uri} (re-prepared since the checkpoint)")
+    if bad:
+        raise ConfigError(
+            f"the run {run_cfg.run_uri} was trained with another config; incompatible changes: {', '.join(bad)}. "
+            "Resume with the original values, start over with --fresh, or use another run name (name=...)"
+        )
+    if safe:
+        log.info("resuming with changed settings: %s", ", ".join(safe))
+
+
+def restore(run, state: dict) -> None:
+    """Load everything but the weights (loaded before accelerate wraps the model)."""
+    check_compatible(state, run.cfg, run.data_fingerprint, state.get(K_DATA_FINGERPRINT))
+    run.loop.load_state_dict(state[st.K_LOOP])
+    run.optimizer.load_state_dict(state[st.K_OPTIMIZER])
+    run.scheduler.load_state_dict(state[st.K_SCHEDULER])
+    run.stream.load_state_dict(state[st.K_DATA])
+    rngs = state[st.K_RNG]
+    rank = run.accelerator.process_index
+    if rank < len(rngs):
+        st.set_rng_state(rngs[rank])
+    else:  # more processes than when saved: a new rank gets a fresh, seeded stream
+        st.seed_everything(run.cfg.train.seed + rank)
+
+
+def broadcast_step(step: int | None) -> int | None:
+    """Rank 0's choice of checkpoint, for every rank."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return step
+    box = [step]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def any_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
+    """True on every rank if it is True on any (so all ranks stop at the same step)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    t = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
