@@ -18,8 +18,8 @@ app = typer.Typer(
 )
 config_app = typer.Typer(no_args_is_help=True, help="Inspect configurations.")
 app.add_typer(config_app, name="config")
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 OVERRIDES = typer.Argument(None, help="key.sub=value overrides, e.g. root=/tmp/vr train.max_steps=100")
 
@@ -107,6 +107,14 @@ def train_cmd(
     if run.accelerator.is_main_process:
         out.print(f"trained to step {result.step}; run folder {run.cfg.run_uri}", highlight=False)
     raise typer.Exit(result.exit_code)
+
+
+@app.command("status")
+def status_cmd(run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>), local or remote")):
+    """Steps done, last durable checkpoint, staged uploads, throughput, ETA, finished or not."""
+    from voxrelay.status import format_status, run_status
+
+    out.print(format_status(run_status(run)), highlight=False)
 
 
 @app.command("synthesize")

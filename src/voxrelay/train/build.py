@@ -26,7 +26,7 @@ from voxrelay.monitor.sinks import METRICS_FILE, TB_DIR, Monitor, build_monitor
 from voxrelay.paths import cache_dir, uri_key
 from voxrelay.train import state as st
 from voxrelay.train.evaluate import SAMPLES_DIR
-from voxrelay.train.resume import broadcast_step, data_fingerprint, restore
+from voxrelay.train.resume import broadcast_step, check_compatible, data_fingerprint, restore
 
 log = logging.getLogger(__name__)
 CONFIG_SNAPSHOT = "config.yaml"
@@ -112,7 +112,8 @@ def local_run_dir(run_uri: str) -> Path:
 
 
 def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
-    accelerator = Accelerator(mixed_precision=cfg.train.precision)
+    # cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone)
+    accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available())
     rank, world = accelerator.process_index, accelerator.num_processes
     index = load_index(cfg.prepared_uri)
     codec = load_prepared_codec(cfg.prepared_uri, index)
@@ -128,6 +129,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     accelerator.wait_for_everyone()
     found = None if fresh else _load_latest(checkpoints, accelerator)
     if found is not None:
+        check_compatible(found[2], cfg, data_fingerprint(index))
         model.module.load_state_dict(found[1])
     optimizer = torch.optim.AdamW(
         model.module.parameters(), lr=cfg.train.lr, betas=(0.9, 0.95), weight_decay=cfg.train.weight_decay

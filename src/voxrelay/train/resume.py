@@ -8,6 +8,7 @@ stop with an error listing them (use ``--fresh`` or another run name).
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 
@@ -33,9 +34,20 @@ def gather_rng() -> list[dict]:
     mine = st.rng_state()
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [mine]
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, mine)
-    return out
+    # as bytes in uint8 tensors (padded to the longest), read back with weights_only=True
+    buf = io.BytesIO()
+    torch.save(mine, buf)
+    data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    world = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([data.numel()]))
+    longest = int(max(s.item() for s in sizes))
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[: data.numel()] = data
+    parts = [torch.zeros(longest, dtype=torch.uint8) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return [torch.load(io.BytesIO(p[: int(n.item())].numpy().tobytes()), weights_only=True)
+            for p, n in zip(parts, sizes, strict=True)]
 
 
 def train_state(run, rngs: list[dict]) -> dict:
@@ -69,9 +81,10 @@ def save_checkpoint(run, metrics: dict | None = None) -> float:
     return time.perf_counter() - t0
 
 
-def check_compatible(saved: dict, run_cfg, fingerprint: str, saved_fingerprint: str | None) -> None:
+def check_compatible(saved: dict, run_cfg, fingerprint: str) -> None:
+    """Raise ConfigError listing incompatible changes between a checkpoint's config and ``run_cfg``."""
     safe, bad = config_changes(saved[K_CONFIG], run_cfg.to_dict())
-    if saved_fingerprint is not None and saved_fingerprint != fingerprint:
+    if saved.get(K_DATA_FINGERPRINT) not in (None, fingerprint):
         bad.append(f"prepared data {run_cfg.prepared_uri} (re-prepared since the checkpoint)")
     if bad:
         raise ConfigError(
@@ -84,7 +97,6 @@ def check_compatible(saved: dict, run_cfg, fingerprint: str, saved_fingerprint: 
 
 def restore(run, state: dict) -> None:
     """Load everything but the weights (loaded before accelerate wraps the model)."""
-    check_compatible(state, run.cfg, run.data_fingerprint, state.get(K_DATA_FINGERPRINT))
     run.loop.load_state_dict(state[st.K_LOOP])
     run.optimizer.load_state_dict(state[st.K_OPTIMIZER])
     run.scheduler.load_state_dict(state[st.K_SCHEDULER])

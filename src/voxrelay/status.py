@@ -1,0 +1,99 @@
+"""``voxrelay status RUN``: where a run stands, from its run folder (any storage) and this
+machine's staging folder."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import yaml
+
+from voxrelay import storage
+from voxrelay.checkpoint.manager import CheckpointManager
+from voxrelay.monitor.sinks import METRICS_FILE
+from voxrelay.train.build import CONFIG_SNAPSHOT
+
+
+@dataclass
+class RunStatus:
+    run_uri: str
+    max_steps: int | None
+    step: int  # newest step known (checkpoint or metrics)
+    durable_step: int | None
+    durable_time: float | None
+    durable_uri: str | None
+    staged_steps: list[int] = field(default_factory=list)
+    steps_per_sec: float | None = None
+    tokens_per_sec: float | None = None
+    audio_sec_per_sec: float | None = None
+    last_eval: dict = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.max_steps is not None and self.durable_step is not None and self.durable_step >= self.max_steps
+
+    @property
+    def eta_seconds(self) -> float | None:
+        if self.finished or not self.steps_per_sec or self.max_steps is None:
+            return None
+        return (self.max_steps - self.step) / self.steps_per_sec
+
+
+def _metrics(run_uri: str) -> list[dict]:
+    uri = storage.join(run_uri, METRICS_FILE)
+    if not storage.exists(uri):
+        return []
+    out = []
+    for line in storage.read_text(uri).splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a kill
+    return out
+
+
+def run_status(run_uri: str) -> RunStatus:
+    snapshot = storage.join(run_uri, CONFIG_SNAPSHOT)
+    if not storage.exists(snapshot):
+        raise FileNotFoundError(f"{run_uri} is not a run folder (no {CONFIG_SNAPSHOT}); pass <root>/runs/<name>")
+    cfg = yaml.safe_load(storage.read_text(snapshot))
+    mgr = CheckpointManager(run_uri)
+    committed = mgr.store.list()
+    staged = [c.step for c in mgr.staging.list() if not committed or c.step > committed[0].step]
+    metrics = _metrics(run_uri)
+    logged = [m for m in metrics if "tokens_per_sec" in m]
+    evals = [m for m in metrics if any(k.startswith("eval/") for k in m)]
+    newest = max([m["step"] for m in metrics] + [c.step for c in committed] + staged, default=0)
+    status = RunStatus(
+        run_uri, cfg.get("train", {}).get("max_steps"), newest,
+        committed[0].step if committed else None,
+        committed[0].manifest.get("time") if committed else None,
+        committed[0].uri if committed else None, staged,
+        last_eval={k: v for k, v in (evals[-1] if evals else {}).items() if k.startswith("eval/")},
+    )
+    if logged:
+        status.tokens_per_sec = logged[-1]["tokens_per_sec"]
+        status.audio_sec_per_sec = logged[-1]["audio_sec_per_sec"]
+        window = logged[-5:]
+        if len(window) >= 2 and window[-1]["time"] > window[0]["time"]:
+            status.steps_per_sec = (window[-1]["step"] - window[0]["step"]) / (window[-1]["time"] - window[0]["time"])
+    return status
+
+
+def format_status(s: RunStatus) -> str:
+    lines = [f"run          {s.run_uri}", f"steps        {s.step} of {s.max_steps}"]
+    if s.durable_step is None:
+        lines.append("durable      no committed checkpoint yet")
+    else:
+        age = time.time() - (s.durable_time or time.time())
+        lines.append(f"durable      step {s.durable_step}, {age / 60:.1f} min ago, at {s.durable_uri}")
+    lines.append(f"staged       {', '.join(map(str, s.staged_steps)) or 'none'} (on this machine, not yet uploaded)")
+    if s.tokens_per_sec is not None:
+        lines.append(f"throughput   {s.tokens_per_sec:.0f} tok/s, {s.audio_sec_per_sec:.1f} audio-s/s")
+    eta = s.eta_seconds
+    lines.append(f"eta          {'-' if eta is None else f'{eta / 60:.1f} min'}")
+    if s.last_eval:
+        lines.append("last eval    " + ", ".join(f"{k[5:]} {v:.3f}" for k, v in s.last_eval.items()))
+    lines.append(f"finished     {'yes' if s.finished else 'no'}")
+    return "\n".join(lines)
