@@ -43,7 +43,19 @@ def model_writer(state: dict[str, torch.Tensor]) -> Writer:
 
 
 def state_writer(obj: dict) -> Writer:
-    return lambda path: torch.save(obj, path)
+    snapshot = _copy_tensors(obj)
+    return lambda path: torch.save(snapshot, path)
+
+
+def _copy_tensors(obj):
+    """A copy of a nested state whose tensors no longer change as training goes on."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _copy_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_copy_tensors(v) for v in obj)
+    return obj
 
 
 class CheckpointManager:
@@ -79,11 +91,21 @@ class CheckpointManager:
         self.started = True
 
     def save(self, step: int, writers: dict[str, Writer], extra: dict | None = None,
-             expected_bytes: int = 0) -> Checkpoint:
-        """Stage to local disk (the caller waits only for this), then upload in the background."""
+             expected_bytes: int = 0, background: bool = False) -> Checkpoint | None:
+        """Save a checkpoint; ``writers`` hold copies of the state (see model_writer/state_writer).
+
+        By default it is staged to local disk here and uploaded in the background; with
+        ``background`` the staging happens in the upload thread too, so the caller only pays for
+        the copies of the state (returns None). Not enough free staging space is an error here,
+        before anything is written.
+        """
         if not self.started:
             self.start()
-        ckpt = self.staging.stage(step, writers, extra or {}, expected_bytes)
+        self.staging.check_space(step, expected_bytes)
+        if background:
+            self.uploader.submit_snapshot(step, writers, extra or {})
+            return None
+        ckpt = self.staging.stage(step, writers, extra or {})
         self.uploader.submit(ckpt)
         return ckpt
 

@@ -38,7 +38,7 @@ class Staging:
     def __init__(self, folder: Path):
         self.folder = folder
 
-    def stage(self, step: int, writers: dict[str, Writer], extra: dict, expected_bytes: int = 0) -> Checkpoint:
+    def check_space(self, step: int, expected_bytes: int) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(self.folder).free
         if expected_bytes and free < expected_bytes * 1.1 + (16 << 20):
@@ -47,6 +47,9 @@ class Staging:
                 f"{free / 2**20:.0f} MiB free, about {expected_bytes / 2**20:.0f} MiB needed. Free disk space or "
                 "point VOXRELAY_CACHE at a bigger disk; committed checkpoints are untouched"
             )
+
+    def stage(self, step: int, writers: dict[str, Writer], extra: dict) -> Checkpoint:
+        self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / f".tmp-{step_name(step)}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
@@ -96,6 +99,7 @@ class Uploader:
         self.max_staged = max_staged
         self.max_backoff = max_backoff
         self.pending: list[Checkpoint] = []
+        self.snapshot: tuple | None = None  # (step, writers, extra): staged by the thread, newest wins
         self.durable_step: int | None = None
         self.last_error: str | None = None
         self._uploading: int | None = None
@@ -117,11 +121,21 @@ class Uploader:
                 self.staging.remove(dropped.step)
             self._cond.notify_all()
 
+    def submit_snapshot(self, step: int, writers: dict[str, Writer], extra: dict) -> None:
+        """Stage (write to local disk) in this thread, then upload. ``writers`` must hold copies of
+        the state, not live tensors. A snapshot not yet staged is replaced by a newer one."""
+        with self._cond:
+            if self.snapshot is not None:
+                log.warning("step %d was not staged yet when step %d arrived; the newer one is staged next",
+                            self.snapshot[0], step)
+            self.snapshot = (step, writers, extra)
+            self._cond.notify_all()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted is committed; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self.pending:
+            while self.pending or self.snapshot is not None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -136,14 +150,35 @@ class Uploader:
         self._thread.join(timeout=5)
         return done
 
+    def _stage_snapshot(self) -> None:
+        with self._cond:
+            job = self.snapshot  # stays set until staged, so wait() keeps waiting
+        try:
+            ckpt = self.staging.stage(*job)
+        except Exception as err:  # e.g. a full staging disk: committed checkpoints are untouched
+            ckpt = None
+            self.last_error = f"{type(err).__name__}: {err}"
+            log.error("could not stage the checkpoint of step %d: %s", job[0], self.last_error)
+        with self._cond:
+            if self.snapshot is job:
+                self.snapshot = None
+            if ckpt is not None:
+                self.submit(ckpt)
+            self._cond.notify_all()
+
     def _run(self) -> None:
         failures = 0
         while True:
             with self._cond:
-                while not self.pending and not self._closing:
+                while not self.pending and self.snapshot is None and not self._closing:
                     self._cond.wait()
                 if self._closing:
                     return
+                staged_first = self.snapshot is not None
+            if staged_first:
+                self._stage_snapshot()
+                continue
+            with self._cond:
                 ckpt = self.pending[-1]  # the newest: older pending ones are superseded by it
                 self._uploading = ckpt.step
             try:

@@ -94,8 +94,9 @@ def train(run: Run) -> TrainResult:
                 bar.note(f"eval @{loop.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in results.items()))
                 loop.record_eval(results["eval/loss"])
             stop = _stop_reason(run, watcher, limit)
-            if trigger.due(loop.step) or stop or loop.step == tc.max_steps:
-                trigger.saved(save_checkpoint(run, results))
+            last = stop is not None or loop.step == tc.max_steps
+            if trigger.due(loop.step) or last:
+                trigger.saved(save_checkpoint(run, results, background=not last))
                 run.monitor.sync()
     return _finish(run, stop, bar)
 

@@ -63,9 +63,10 @@ def train_state(run, rngs: list[dict]) -> dict:
     }
 
 
-def save_checkpoint(run, metrics: dict | None = None) -> float:
-    """Stage a checkpoint (rank 0) and hand it to the uploader; returns the seconds the training
-    thread was blocked."""
+def save_checkpoint(run, metrics: dict | None = None, background: bool = True) -> float:
+    """Copy the state (rank 0) and hand it to the upload thread, which stages it on local disk
+    and uploads it; ``background=False`` stages before returning (last or emergency save).
+    Returns the seconds the training thread was blocked."""
     t0 = time.perf_counter()
     rngs = gather_rng()
     if run.accelerator.is_main_process:
@@ -75,7 +76,7 @@ def save_checkpoint(run, metrics: dict | None = None) -> float:
             run.loop.step,
             {MODEL_FILE: model_writer(model_state), STATE_FILE: state_writer(train_state(run, rngs))},
             {"metrics": metrics or {}, "config_hash": run.cfg.hash()},
-            expected_bytes=expected,
+            expected_bytes=expected, background=background,
         )
     run.accelerator.wait_for_everyone()
     return time.perf_counter() - t0

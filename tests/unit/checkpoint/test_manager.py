@@ -41,6 +41,16 @@ def test_save_commits_in_background_and_retains(mgr):
     assert mgr.load(step=20)[0].step == 20
 
 
+def test_background_save_copies_the_state_first(mgr):
+    live = torch.zeros(4)
+    assert mgr.save(5, {MODEL_FILE: model_writer({"w": live}), STATE_FILE: state_writer({"t": live})},
+                    background=True) is None
+    live += 1  # training goes on and changes the tensors while the thread writes
+    assert mgr.wait(30)
+    _, model, state = mgr.load()
+    assert torch.equal(model["w"], torch.zeros(4)) and torch.equal(state["t"], torch.zeros(4))
+
+
 def test_keep_every_and_keep_best(tmp_path):
     m = CheckpointManager(f"memory://ckpt-{uuid.uuid4().hex}", keep_last=2, keep_every=20, keep_best=True,
                           staging_dir=tmp_path / "s")
