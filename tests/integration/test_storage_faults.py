@@ -88,3 +88,32 @@ def test_time_limit_saves_and_exits_cleanly(tmp_path):
                                           "checkpoint.every_steps=100000", "train.eval_every=100000"), env=env)
     assert res.returncode == EXIT_TIME_LIMIT
     assert final_weights(storage.join(root, "runs", "demo"), tmp_path / "fetch")[0] == step + 1
+
+
+def test_second_sigint_aborts_at_once_and_leaves_no_broken_checkpoint(tmp_path):
+    from voxrelay.checkpoint.manager import CheckpointManager
+    from voxrelay.checkpoint.preemption import EXIT_ABORTED
+
+    root = str(tmp_path / "root")
+    env = _env(tmp_path, fast_fail=False)
+    assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
+    # a bigger model, so that the emergency save and upload take a moment to interrupt
+    trainer = Trainer(root, env, "train.max_steps=100000", "checkpoint.every_steps=3", "train.eval_every=100000",
+                      "train.log_every=1", "model.hidden_size=256", "model.num_layers=4", "model.intermediate_size=768")
+    assert trainer.first_step.wait(120), trainer.output()
+    ckpts = tmp_path / "root/runs/demo/checkpoints"
+    deadline = time.time() + 60
+    while not list(ckpts.glob("*/manifest.json")) and time.time() < deadline:
+        time.sleep(0.05)
+    trainer.proc.send_signal(signal.SIGINT)
+    deadline = time.time() + 30
+    while "SIGINT received" not in trainer.output() and time.time() < deadline:
+        time.sleep(0.005)
+    trainer.proc.send_signal(signal.SIGINT)
+    assert trainer.proc.wait(timeout=60) == EXIT_ABORTED, trainer.output()
+    assert "second SIGINT" in trainer.output()
+    mgr = CheckpointManager(storage.join(root, "runs", "demo"), staging_dir=tmp_path / "cache" / "fetch")
+    committed = mgr.store.list()
+    assert committed
+    for ckpt in committed:  # every committed checkpoint is whole
+        assert mgr.latest_valid(ckpt.step)[0].step == ckpt.step

@@ -98,7 +98,7 @@ def train(run: Run) -> TrainResult:
             if trigger.due(loop.step) or last:
                 trigger.saved(save_checkpoint(run, results, background=not last))
                 run.monitor.sync()
-    return _finish(run, stop, bar)
+        return _finish(run, stop, bar)  # still watching: a second Ctrl-C while waiting aborts
 
 
 def _stop_reason(run: Run, watcher: pre.PreemptionWatcher, limit: float | None) -> str | None:

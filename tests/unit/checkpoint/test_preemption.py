@@ -1,0 +1,102 @@
+import http.server
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from voxrelay.checkpoint import preemption as pre
+
+
+class _Metadata(http.server.BaseHTTPRequestHandler):
+    """GCP- and AWS-like metadata endpoints on 127.0.0.1; ``preempted`` flips the answer."""
+
+    preempted = False
+
+    def do_GET(self):  # noqa: N802
+        if self.path.endswith("/instance/preempted"):
+            ok = self.headers.get("Metadata-Flavor") == "Google"
+            self._reply(200 if ok else 403, b"TRUE" if self.preempted else b"FALSE")
+        elif self.path.endswith("/meta-data/spot/instance-action"):
+            ok = self.headers.get("X-aws-ec2-metadata-token") == "tok"
+            if not ok:
+                self._reply(401, b"")
+            else:
+                self._reply(200, b'{"action": "terminate"}') if self.preempted else self._reply(404, b"")
+        else:
+            self._reply(404, b"")
+
+    def do_PUT(self):  # noqa: N802
+        self._reply(200, b"tok") if self.path.endswith("/api/token") else self._reply(404, b"")
+
+    def _reply(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def metadata():
+    _Metadata.preempted = False
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metadata)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", _Metadata
+    server.shutdown()
+
+
+def test_gcp_and_aws_probes(metadata):
+    url, handler = metadata
+    assert not pre.gcp_preempted(url) and not pre.aws_preempted(url)
+    handler.preempted = True
+    assert pre.gcp_preempted(url) and pre.aws_preempted(url)
+
+
+@pytest.mark.parametrize("cloud", ["gcp", "aws"])
+def test_watcher_polls_metadata(metadata, cloud):
+    url, handler = metadata
+    with pre.PreemptionWatcher(cloud, poll_every=0.05, metadata_url=url) as watcher:
+        time.sleep(0.2)
+        assert watcher.stop_reason is None
+        handler.preempted = True
+        deadline = time.time() + 5
+        while watcher.stop_reason is None and time.time() < deadline:
+            time.sleep(0.02)
+        assert watcher.stop_reason == "preemption notice from the metadata server"
+
+
+def test_unreachable_metadata_server_is_not_a_preemption():
+    with pre.PreemptionWatcher("gcp", poll_every=0.05, metadata_url="http://127.0.0.1:9") as watcher:
+        time.sleep(0.3)
+        assert watcher.stop_reason is None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+def test_signals_request_a_stop_and_handlers_are_restored(sig):
+    before = signal.getsignal(sig)
+    with pre.PreemptionWatcher("off") as watcher:
+        os.kill(os.getpid(), sig)
+        time.sleep(0.05)
+        assert watcher.stop_reason == signal.Signals(sig).name
+    assert signal.getsignal(sig) == before
+
+
+def test_save_trigger_steps_minutes_and_young_daly():
+    assert pre.young_daly_interval(2.0, 3600) == pytest.approx((2 * 2.0 * 3600) ** 0.5)
+    by_steps = pre.SaveTrigger(every_steps=5, every_minutes=None, mtbf_s=None)
+    assert [s for s in range(1, 16) if by_steps.due(s)] == [5, 10, 15]
+    by_time = pre.SaveTrigger(every_steps=None, every_minutes=0.001, mtbf_s=None)
+    assert not pre.SaveTrigger(None, None, None).due(7)
+    time.sleep(0.07)
+    assert by_time.due(1)
+    by_time.saved(0.01)
+    assert not by_time.due(2)
+    adaptive = pre.SaveTrigger(every_steps=None, every_minutes=None, mtbf_s=3600)
+    adaptive.saved(0.5)
+    assert adaptive.interval_s() == pytest.approx(60.0)  # sqrt(2 * 0.5 * 3600)
+    adaptive.saved(2.0)  # a slower save stretches the interval (smoothed)
+    assert 60.0 < adaptive.interval_s() < pre.young_daly_interval(2.0, 3600)
