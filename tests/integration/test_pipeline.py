@@ -56,6 +56,9 @@ def test_prepare_train_synthesize_export(tmp_path):
     wav2, _ = sf.read(out2)
     assert np.array_equal(wav, wav2)  # same weights, same seed -> same audio
 
+    status = invoke("status", run).output
+    assert "steps        6 of 6" in status and "durable      step 6" in status and "finished     yes" in status
+
     # a second `train` with a higher max_steps resumes instead of starting over
     res = invoke("train", cfg, *tiny(str(root), "train.max_steps=8"))
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]

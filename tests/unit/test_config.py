@@ -89,3 +89,15 @@ def test_readme_config_reference_is_current():
     spec.loader.exec_module(mod)
     readme = (root / "README.md").read_text()
     assert mod.render(readme) == readme, "run: .venv/bin/python scripts/update_readme.py"
+
+
+def test_resume_changes_are_classified():
+    from voxrelay.config import config_changes
+
+    old = RunConfig().to_dict()
+    new = load_config(None, ["train.max_steps=5", "checkpoint.keep_last=4", "monitor.tensorboard=false",
+                             "model.hidden_size=128", "train.lr=0.1", "codec.num_codebooks=2"]).to_dict()
+    safe, bad = config_changes(old, new)
+    assert safe == ["checkpoint.keep_last", "monitor.tensorboard", "train.max_steps"]
+    assert bad == ["codec.num_codebooks", "model.hidden_size", "train.lr"]
+    assert config_changes(old, old) == ([], [])
