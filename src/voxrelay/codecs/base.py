@@ -58,3 +58,23 @@ class FittableCodec(AudioCodec, Protocol):
         ...
 
     def load_state_bytes(self, data: bytes) -> None: ...
+
+
+def describe_common(codec: AudioCodec, **params: Any) -> dict[str, Any]:
+    """The ``describe()`` fields every codec shares, plus its own ``params``."""
+    return {
+        "type": codec.name,
+        "sample_rate": codec.sample_rate,
+        "frame_rate": codec.frame_rate,
+        "num_codebooks": codec.num_codebooks,
+        "codebook_size": codec.codebook_size,
+        **params,
+    }
+
+
+def mono_float32(wav: np.ndarray, codec_name: str) -> np.ndarray:
+    """Check that ``wav`` is mono float32 [N] with N > 0 (raises ValueError naming the shape)."""
+    wav = np.asarray(wav, dtype=np.float32)
+    if wav.ndim != 1 or wav.size == 0:
+        raise ValueError(f"{codec_name}: expected mono audio float32 [N] with N > 0, got shape {wav.shape}")
+    return wav

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from voxrelay.codecs.base import describe_common, mono_float32
+
 if TYPE_CHECKING:
     from transformers import DacModel
 
@@ -64,21 +66,11 @@ class DacCodec:
         return cls(model.eval(), path=None)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "type": self.name,
-            "path": self.path,
-            "sample_rate": self.sample_rate,
-            "frame_rate": self.frame_rate,
-            "num_codebooks": self.num_codebooks,
-            "codebook_size": self.codebook_size,
-            "hop_length": self.hop_length,
-        }
+        return describe_common(self, path=self.path, hop_length=self.hop_length)
 
     def encode(self, wav: np.ndarray) -> np.ndarray:
         """wav float32 [N] at ``sample_rate`` -> codes int64 [n_codebooks, ceil(N / hop_length)]."""
-        wav = np.asarray(wav, dtype=np.float32)
-        if wav.ndim != 1 or wav.size == 0:
-            raise ValueError(f"dac: expected mono audio float32 [N] with N > 0, got shape {wav.shape}")
+        wav = mono_float32(wav, "dac")
         pad = -wav.size % self.hop_length
         x = torch.from_numpy(np.pad(wav, (0, pad)))[None, None, :]
         with torch.inference_mode():

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from voxrelay.codecs.base import describe_common, mono_float32
+
 if TYPE_CHECKING:
     import snac
 
@@ -119,21 +121,11 @@ class SnacCodec:
             )
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "type": self.name,
-            "path": self.path,
-            "sample_rate": self.sample_rate,
-            "frame_rate": self.frame_rate,
-            "num_codebooks": self.num_codebooks,
-            "codebook_size": self.codebook_size,
-            "vq_strides": self.strides,
-        }
+        return describe_common(self, path=self.path, vq_strides=self.strides)
 
     def encode(self, wav: np.ndarray) -> np.ndarray:
         """wav float32 [N] at ``sample_rate`` -> codes int64 [K, T_coarse] (zero-padded to whole frames)."""
-        wav = np.asarray(wav, dtype=np.float32)
-        if wav.ndim != 1 or wav.size == 0:
-            raise ValueError(f"snac: expected mono audio float32 [N] with N > 0, got shape {wav.shape}")
+        wav = mono_float32(wav, "snac")
         x = torch.from_numpy(np.ascontiguousarray(wav))[None, None, :]
         with torch.inference_mode():
             per_codebook = self.model.encode(x)  # list of int64 [1, T_coarse * rows_i]
