@@ -79,6 +79,7 @@ class CheckpointManager:
     def start(self) -> None:
         """Start the upload thread; staged checkpoints newer than the newest committed one (a
         previous session died before uploading them) are uploaded first."""
+        self.staging.clean()
         committed = self.store.list()
         newest = committed[0].step if committed else -1
         self.uploader.durable_step = newest if committed else None

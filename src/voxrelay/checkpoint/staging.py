@@ -72,19 +72,22 @@ class Staging:
         return Checkpoint(step, str(final), manifest, durable=False)
 
     def list(self) -> list[Checkpoint]:
-        """Complete staged checkpoints, newest first; leftovers of a killed save are removed."""
+        """Complete staged checkpoints, newest first (read only: `status` may look while training runs)."""
         if not self.folder.exists():
             return []
         out = []
         for path in self.folder.iterdir():
-            if path.name.startswith(".tmp-"):
-                shutil.rmtree(path, ignore_errors=True)
-                continue
             step = parse_step(path.name)
             manifest = read_local_manifest(path) if step is not None else None
             if manifest is not None:
                 out.append(Checkpoint(step, str(path), manifest, durable=False))
         return sorted(out, key=lambda c: c.step, reverse=True)
+
+    def clean(self) -> None:
+        """Remove leftovers of saves killed midway (called by the run's own trainer at start)."""
+        if self.folder.exists():
+            for path in self.folder.glob(".tmp-*"):
+                shutil.rmtree(path, ignore_errors=True)
 
     def remove(self, step: int) -> None:
         shutil.rmtree(self.folder / step_name(step), ignore_errors=True)

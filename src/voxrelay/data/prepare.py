@@ -43,9 +43,6 @@ class PrepareReport:
     skipped_shards: int = 0
     written_shards: int = 0
 
-    def reasons(self) -> Counter:
-        return Counter(r["reason"].split(":")[0] for r in self.rejects)
-
 
 def collect_rows(cfg: RunConfig) -> list[Utterance]:
     """All source rows in a stable order; a duplicate id gets its ``problem`` set like any bad row,

@@ -105,8 +105,11 @@ def test_staged_but_not_uploaded_is_found_and_uploaded_by_next_session(tmp_path)
 
 def test_killed_staging_leaves_nothing_and_full_disk_is_a_clear_error(mgr, monkeypatch):
     _save(mgr, 10)
-    (mgr.staging.folder / ".tmp-step-00000020-999").mkdir(parents=True)  # a save killed midway
-    assert mgr.staging.list() == [] and not (mgr.staging.folder / ".tmp-step-00000020-999").exists()
+    leftover = mgr.staging.folder / ".tmp-step-00000020-999"  # a save killed midway
+    leftover.mkdir(parents=True)
+    assert mgr.staging.list() == [] and leftover.exists()  # listing (e.g. `status`) changes nothing
+    CheckpointManager(mgr.run_uri, staging_dir=mgr.staging.folder).start()  # the next trainer cleans up
+    assert not leftover.exists()
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10 << 30, 10 << 30, 1 << 20))
     with pytest.raises(CheckpointError, match="not enough space.*VOXRELAY_CACHE"):
