@@ -21,6 +21,7 @@ from voxrelay.train import state as st
 
 log = logging.getLogger(__name__)
 K_CONFIG = "config"
+K_SCALER = "grad_scaler"
 K_DATA_FINGERPRINT = "data_fingerprint"
 
 
@@ -60,6 +61,8 @@ def train_state(run, rngs: list[dict]) -> dict:
         st.K_CONFIG_HASH: run.cfg.hash(),
         K_CONFIG: run.cfg.to_dict(),
         K_DATA_FINGERPRINT: run.data_fingerprint,
+        # fp16 on a GPU: the loss scale must survive too
+        K_SCALER: run.accelerator.scaler.state_dict() if run.accelerator.scaler is not None else None,
     }
 
 
@@ -102,6 +105,8 @@ def restore(run, state: dict) -> None:
     run.optimizer.load_state_dict(state[st.K_OPTIMIZER])
     run.scheduler.load_state_dict(state[st.K_SCHEDULER])
     run.stream.load_state_dict(state[st.K_DATA])
+    if state.get(K_SCALER) is not None and run.accelerator.scaler is not None:
+        run.accelerator.scaler.load_state_dict(state[K_SCALER])
     rngs = state[st.K_RNG]
     rank = run.accelerator.process_index
     if rank < len(rngs):
