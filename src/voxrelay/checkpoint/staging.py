@@ -117,8 +117,10 @@ class Uploader:
         with self._cond:
             self.pending.append(ckpt)
             self.pending.sort(key=lambda c: c.step)
-            while len(self.pending) > self.max_staged and self.pending[0].step != self._uploading:
-                dropped = self.pending.pop(0)
+            while len(self.pending) > self.max_staged:
+                # the oldest one not being uploaded right now; the newest is never dropped
+                dropped = next(c for c in self.pending if c.step != self._uploading)
+                self.pending.remove(dropped)
                 log.warning("upload is behind (bucket unreachable?); dropping staged step %d, newer ones are kept",
                             dropped.step)
                 self.staging.remove(dropped.step)
@@ -188,6 +190,7 @@ class Uploader:
                 self.store.upload(Path(ckpt.uri), ckpt.manifest)
             except Exception as err:  # keep training whatever the bucket does; report and retry
                 failures += 1
+                self._uploading = None
                 self.last_error = f"{type(err).__name__}: {err}"
                 delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 10))
                 log.warning("upload of step %d failed (%s); retrying in %.0fs, training goes on",

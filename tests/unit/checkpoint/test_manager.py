@@ -1,5 +1,6 @@
 import errno
 import shutil
+import time
 import uuid
 from collections import namedtuple
 
@@ -129,3 +130,23 @@ def test_empty_run_has_no_checkpoint(mgr):
     assert mgr.load() is None
     with pytest.raises(CheckpointError, match="train first"):
         mgr.load_model()
+
+
+def test_unreachable_bucket_keeps_a_bounded_number_of_staged_checkpoints(tmp_path):
+    from voxrelay.checkpoint.staging import Staging, Uploader
+    from voxrelay.checkpoint.store import CommittedStore
+
+    class DownStore(CommittedStore):  # a bucket that refuses every connection
+        def upload(self, folder, manifest):
+            raise ConnectionError("connection refused")
+
+    staging = Staging(tmp_path / "staging")
+    uploader = Uploader(DownStore("memory://down"), staging, max_staged=2, max_backoff=0.05)
+    uploader.start()
+    for step in (1, 2, 3, 4):
+        uploader.submit(staging.stage(step, _writers(step), {}))
+    time.sleep(0.3)
+    assert uploader.durable_step is None and "connection refused" in uploader.last_error
+    kept = [c.step for c in staging.list()]
+    assert 4 in kept and len(kept) <= 3  # the newest is kept; at most max_staged (+ the one in flight)
+    assert not uploader.close(timeout=0.2)  # never committed
