@@ -28,9 +28,10 @@ class PreparedDataset:
         self.rows = rows
 
     @classmethod
-    def open(cls, prepared_uri: str, split: str) -> PreparedDataset:
-        """Load a split; remote shards are cached locally (reused when the size matches)."""
-        index = sh.load_index(prepared_uri)
+    def open(cls, prepared_uri: str, split: str, index: dict | None = None) -> PreparedDataset:
+        """Load a split (``index``: the already read index.json, if any); remote shards are cached
+        locally (reused when the size matches)."""
+        index = index or sh.load_index(prepared_uri)
         local = cache_dir("prepared", uri_key(prepared_uri))
         rows: list[sh.EncodedUtterance] = []
         for shard in index["shards"]:

@@ -214,8 +214,8 @@ def read_json(uri: str) -> Any:
 
 def write_bytes(uri: str, data: bytes) -> None:
     """Write a whole object atomically: a reader sees the old object or the new one, never half."""
-    fs, path = _fs_path(uri)
-    if fs.protocol in ("file", ("file", "local")) or "file" in fs.protocol:
+    if is_local(uri):
+        path = local_path(uri)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
         try:
@@ -228,6 +228,7 @@ def write_bytes(uri: str, data: bytes) -> None:
             Path(tmp).unlink(missing_ok=True)
             raise
         return
+    fs, path = _fs_path(uri)
     retry(lambda: fs.pipe_file(path, data), f"write {uri}")
 
 
@@ -242,7 +243,7 @@ def write_json(uri: str, obj: Any) -> None:
 def put_file(local: str | Path, uri: str) -> None:
     """Upload a local file (atomically, like write_bytes)."""
     fs, path = _fs_path(uri)
-    if "file" in fs.protocol:
+    if is_local(uri):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
         try:

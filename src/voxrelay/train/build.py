@@ -117,8 +117,8 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     rank, world = accelerator.process_index, accelerator.num_processes
     index = load_index(cfg.prepared_uri)
     codec = load_prepared_codec(cfg.prepared_uri, index)
-    train_rows = PreparedDataset.open(cfg.prepared_uri, "train").rows
-    eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval").rows, key=lambda r: r.id)
+    train_rows = PreparedDataset.open(cfg.prepared_uri, "train", index).rows
+    eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval", index).rows, key=lambda r: r.id)
     st.seed_everything(cfg.train.seed)
     model = CodecLM.build(cfg.model, index["num_codebooks"], codec.codebook_size, index["speakers"], cfg.train.seed)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]

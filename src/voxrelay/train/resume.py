@@ -20,9 +20,6 @@ from voxrelay.config import ConfigError, config_changes
 from voxrelay.train import state as st
 
 log = logging.getLogger(__name__)
-K_CONFIG = "config"
-K_SCALER = "grad_scaler"
-K_DATA_FINGERPRINT = "data_fingerprint"
 
 
 def data_fingerprint(index: dict) -> str:
@@ -59,10 +56,10 @@ def train_state(run, rngs: list[dict]) -> dict:
         st.K_DATA: run.stream.state_dict(),
         st.K_RNG: rngs,
         st.K_CONFIG_HASH: run.cfg.hash(),
-        K_CONFIG: run.cfg.to_dict(),
-        K_DATA_FINGERPRINT: run.data_fingerprint,
+        st.K_CONFIG: run.cfg.to_dict(),
+        st.K_DATA_FINGERPRINT: run.data_fingerprint,
         # fp16 on a GPU: the loss scale must survive too
-        K_SCALER: run.accelerator.scaler.state_dict() if run.accelerator.scaler is not None else None,
+        st.K_SCALER: run.accelerator.scaler.state_dict() if run.accelerator.scaler is not None else None,
     }
 
 
@@ -87,8 +84,8 @@ def save_checkpoint(run, metrics: dict | None = None, background: bool = True) -
 
 def check_compatible(saved: dict, run_cfg, fingerprint: str) -> None:
     """Raise ConfigError listing incompatible changes between a checkpoint's config and ``run_cfg``."""
-    safe, bad = config_changes(saved[K_CONFIG], run_cfg.to_dict())
-    if saved.get(K_DATA_FINGERPRINT) not in (None, fingerprint):
+    safe, bad = config_changes(saved[st.K_CONFIG], run_cfg.to_dict())
+    if saved.get(st.K_DATA_FINGERPRINT) not in (None, fingerprint):
         bad.append(f"prepared data {run_cfg.prepared_uri} (re-prepared since the checkpoint)")
     if bad:
         raise ConfigError(
@@ -105,8 +102,8 @@ def restore(run, state: dict) -> None:
     run.optimizer.load_state_dict(state[st.K_OPTIMIZER])
     run.scheduler.load_state_dict(state[st.K_SCHEDULER])
     run.stream.load_state_dict(state[st.K_DATA])
-    if state.get(K_SCALER) is not None and run.accelerator.scaler is not None:
-        run.accelerator.scaler.load_state_dict(state[K_SCALER])
+    if state.get(st.K_SCALER) is not None and run.accelerator.scaler is not None:
+        run.accelerator.scaler.load_state_dict(state[st.K_SCALER])
     rngs = state[st.K_RNG]
     rank = run.accelerator.process_index
     if rank < len(rngs):

@@ -18,6 +18,9 @@ K_SCHEDULER = "scheduler"
 K_DATA = "data"
 K_RNG = "rng"
 K_CONFIG_HASH = "config_hash"
+K_CONFIG = "config"
+K_SCALER = "grad_scaler"
+K_DATA_FINGERPRINT = "data_fingerprint"
 
 
 @dataclass
