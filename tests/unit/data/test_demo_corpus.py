@@ -7,13 +7,8 @@ import pytest
 
 from voxrelay.data import demo_corpus
 from voxrelay.data.audio import load_audio
-from voxrelay.data.demo_corpus import (
-    DEFAULT_VOICES,
-    SentenceMaker,
-    SynthesisError,
-    generate_demo_corpus,
-    spell_number,
-)
+from voxrelay.data.demo_corpus import DEFAULT_VOICES, SynthesisError, generate_demo_corpus
+from voxrelay.data.demo_text import SentenceMaker, spell_number
 
 
 @pytest.fixture(scope="module")
