@@ -18,7 +18,7 @@ VOXRELAY = [sys.executable, "-m", "voxrelay"]
 
 def _prepare_cmd(root: Path, cache: Path, *extra: str) -> tuple[list[str], dict]:
     env = dict(os.environ, VOXRELAY_CACHE=str(cache))
-    return [*VOXRELAY, "prepare", str(demo_config_path()), *tiny(str(root), "data.shard_size=3", *extra)], env
+    return [*VOXRELAY, "prepare", str(demo_config_path()), *tiny(str(root), "data.shard_size=1", *extra)], env
 
 
 def test_killed_prepare_resumes_without_redoing_committed_shards(tmp_path):
@@ -28,7 +28,7 @@ def test_killed_prepare_resumes_without_redoing_committed_shards(tmp_path):
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 240
     while time.time() < deadline and len(list(shards.glob("*.done"))) < 2:
-        time.sleep(0.05)
+        time.sleep(0.002)  # one row per shard and a tight poll: the kill lands mid-prepare
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done_before = {p.name: p.stat().st_mtime_ns for p in shards.glob("*.done")}
