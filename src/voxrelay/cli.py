@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from voxrelay.errors import UserError
+
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
     help="Train TTS models on ephemeral GPUs with data and checkpoints in object storage.",
@@ -33,17 +35,6 @@ def _setup_logging() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from voxrelay.checkpoint.manager import CheckpointError
-    from voxrelay.config import ConfigError
-    from voxrelay.data.prepare import PrepareError
-    from voxrelay.data.sources import SourceError
-    from voxrelay.inference import InferenceError
-    from voxrelay.storage import StorageError
-
-    return (ConfigError, PrepareError, SourceError, StorageError, CheckpointError, InferenceError)
-
-
 def demo_config_path() -> Path:
     return Path(str(resources.files("voxrelay") / "examples" / "demo.yaml"))
 
@@ -61,12 +52,15 @@ def prepare_cmd(
     config: Path = typer.Argument(..., help="YAML config"),
     overrides: list[str] = OVERRIDES,
     strict: bool = typer.Option(False, "--strict", help="Fail on the first bad row instead of skipping it"),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Re-encode prepared data made with other parameters (codec.*, durations) in place"
+    ),
 ):
     """Validate + encode the sources into Parquet shards at <root>/prepared/<data.name>/."""
     from voxrelay.config import load_config
     from voxrelay.data.prepare import prepare
 
-    report = prepare(load_config(config, overrides or []), strict=strict)
+    report = prepare(load_config(config, overrides or []), strict=strict, overwrite=overwrite)
     print_prepare_report(report)
 
 
@@ -178,6 +172,6 @@ def main() -> None:
     _setup_logging()
     try:
         app()
-    except _user_errors() as e:
+    except UserError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
         sys.exit(2)

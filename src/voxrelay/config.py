@@ -15,8 +15,18 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from voxrelay.errors import UserError
 
-class ConfigError(ValueError):
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _check_name(v: str, what: str) -> str:
+    if not _NAME_RE.fullmatch(v):
+        raise ValueError(f"{v!r} is not a usable {what}; use letters, digits, '.', '_' or '-' (no '/', no '..')")
+    return v
+
+
+class ConfigError(UserError, ValueError):
     """A configuration problem; the message names the key, the bad value and the fix."""
 
 
@@ -81,6 +91,11 @@ class DataConfig(_Section):
     max_duration: float = Field(20.0, gt=0, description="Seconds; longer clips are rejected")
     eval_size: int = Field(24, ge=0, description="Number of utterances held out for evaluation")
     shard_size: int = Field(256, gt=0, description="Utterances per Parquet shard")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_name(v, "data name")
 
     @model_validator(mode="after")
     def _durations(self) -> DataConfig:
@@ -149,13 +164,23 @@ class TrainConfig(_Section):
     eval_synth: int = Field(4, ge=0, description="Held-out texts synthesised and scored (MCD-DTW) per eval")
     log_every: int = Field(10, gt=0, description="Steps between metric lines")
     time_limit: str | None = Field(
-        None, description="Save and exit before this much training time (all sessions of the run), e.g. '23h30m'"
+        None,
+        description="Per session: save and exit (code 77) this long after the process started, imports "
+        "included, e.g. '23h30m' a little under a Colab session; the next session gets the same again",
+    )
+    total_time_limit: str | None = Field(
+        None, description="Budget over all sessions of the run: save and exit (code 77) once the training time "
+        "of every session together reaches it (None = no budget)",
+    )
+    max_bad_steps: int = Field(
+        20, gt=0, description="Consecutive non-finite (NaN/inf) steps (each skipped) after which the run saves "
+        "and stops with exit code 78",
     )
     early_stopping_patience: int | None = Field(
         None, gt=0, description="Stop when the eval loss has not improved for this many evaluations (None = off)"
     )
 
-    @field_validator("time_limit")
+    @field_validator("time_limit", "total_time_limit")
     @classmethod
     def _time_limit(cls, v: str | None) -> str | None:
         parse_duration(v)
@@ -184,6 +209,10 @@ class CheckpointConfig(_Section):
     keep_best: bool = Field(False, description="Also keep the checkpoint with the lowest eval loss")
     max_staged: int = Field(3, ge=1, description="Staged checkpoints kept on local disk while uploads lag behind")
     grace_seconds: float = Field(25.0, ge=0, description="On SIGTERM/SIGINT/SIGUSR1: wait this long for the upload")
+    final_upload_timeout: float = Field(
+        600.0, gt=0, description="At the end of a run or a time limit: wait at most this many seconds for the last "
+        "upload; then exit 76 with the checkpoint staged on local disk (its path is printed)",
+    )
     preemption_poll: Literal["auto", "gcp", "aws", "off"] = Field(
         "auto", description="Poll the cloud metadata server for a preemption notice (auto: when running on GCP/AWS)"
     )
@@ -202,6 +231,13 @@ class MonitorConfig(_Section):
     wandb_project: str = Field("voxrelay", description="wandb project name")
 
 
+class CacheConfig(_Section):
+    max_gb: float = Field(
+        20.0, gt=0, description="Local cache of prepared shards ($VOXRELAY_CACHE/prepared) is kept under this "
+        "size; least recently used shards are evicted (staged checkpoints are not counted)",
+    )
+
+
 class RunConfig(_Section):
     name: str = Field("demo", description="Run name; the run lives at <root>/runs/<name>/")
     root: str = Field(
@@ -213,13 +249,12 @@ class RunConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
-            raise ValueError(f"{v!r} is not a usable run name; use letters, digits, '.', '_' or '-'")
-        return v
+        return _check_name(v, "run name")
 
     @property
     def prepared_uri(self) -> str:
@@ -247,7 +282,8 @@ class RunConfig(_Section):
 # (the run would not continue as if uninterrupted). Prefixes end with a dot.
 RESUME_SAFE_KEYS = (
     "root", "name", "train.max_steps", "train.eval_every", "train.eval_synth", "train.log_every",
-    "train.time_limit", "train.early_stopping_patience", "checkpoint.", "monitor.",
+    "train.time_limit", "train.total_time_limit", "train.max_bad_steps", "train.early_stopping_patience",
+    "checkpoint.", "monitor.", "cache.",
 )
 
 

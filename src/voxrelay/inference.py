@@ -20,6 +20,7 @@ from voxrelay.codecs.base import AudioCodec, FittableCodec
 from voxrelay.codecs.registry import codec_from_description
 from voxrelay.config import ConfigError, build_config
 from voxrelay.data.prepare import load_index, load_prepared_codec
+from voxrelay.errors import UserError
 from voxrelay.models.codec_lm.model import CodecLM
 from voxrelay.train.build import CONFIG_SNAPSHOT
 
@@ -27,7 +28,7 @@ CODEC_JSON = "codec.json"
 CODEC_STATE = "codec.safetensors"
 
 
-class InferenceError(RuntimeError):
+class InferenceError(UserError, RuntimeError):
     """What to synthesise from cannot be loaded; the message says why and what to pass instead."""
 
 

@@ -22,6 +22,7 @@ from voxrelay import storage
 from voxrelay.codecs.base import AudioCodec, FittableCodec
 from voxrelay.codecs.registry import build_codec, codec_from_description
 from voxrelay.config import RunConfig
+from voxrelay.data import identity as ident
 from voxrelay.data import shards as sh
 from voxrelay.data.audio import load_utterance_audio
 from voxrelay.data.shards import PrepareError, load_index
@@ -77,12 +78,18 @@ def _reject(utt: Utterance, reason: str, strict: bool) -> dict:
     return {"id": utt.id, "where": utt.where, "reason": reason}
 
 
-def _load_codec(cfg: RunConfig, rows: list[Utterance], rank: int) -> AudioCodec:
-    """Build the codec; a fittable one is fitted once (rank 0) and its state shared via storage."""
-    codec = build_codec(cfg.codec)
+def _load_codec(cfg: RunConfig, codec: AudioCodec, rows: list[Utterance], rank: int) -> str | None:
+    """Fit a fittable codec once (rank 0) and share its state via storage; record the codec's
+    parameters (``codec.json``, written after the state). Returns the state's sha256 (None if none)."""
+    record_uri = storage.join(cfg.prepared_uri, ident.CODEC_PARAMS_FILE)
+    params = ident.codec_params(cfg, codec)
     if not isinstance(codec, FittableCodec):
-        return codec
+        if rank == 0:
+            _write_if_changed(record_uri, {"params": params, "state_sha256": None})
+        return None
     state_uri = storage.join(cfg.prepared_uri, sh.CODEC_STATE_FILE)
+    if rank == 0:
+        _drop_stale_codec_state(cfg.prepared_uri, params)
     if rank == 0 and not storage.exists(state_uri):
         rng = np.random.default_rng(cfg.train.seed)
         pick = rng.permutation(len(rows))[:FIT_CLIPS]
@@ -102,14 +109,42 @@ def _load_codec(cfg: RunConfig, rows: list[Utterance], rank: int) -> AudioCodec:
         codec.fit(wavs, seed=cfg.train.seed)
         log.info("fitted %s on %d clips in %.1fs", codec.name, len(wavs), time.time() - t0)
         storage.write_bytes(state_uri, codec.state_bytes())
-    _wait_for(state_uri, "the codec fitted by rank 0")
-    codec.load_state_bytes(storage.read_bytes(state_uri))
-    return codec
+    if rank == 0 and not storage.exists(record_uri):
+        state = storage.read_bytes(state_uri)
+        storage.write_json(record_uri, {"params": params, "state_sha256": ident.sha256_bytes(state)})
+    # wait for the record of THIS config's codec (with --overwrite, rank 0 may be refitting it)
+    _wait_for(record_uri, "the codec fitted by rank 0",
+              ready=lambda: storage.read_json(record_uri).get("params") == params)
+    state = storage.read_bytes(state_uri)
+    codec.load_state_bytes(state)
+    return ident.sha256_bytes(state)
 
 
-def _wait_for(uri: str, what: str, timeout: float = WAIT_TIMEOUT_S) -> None:
+def _drop_stale_codec_state(prepared: str, params: dict) -> None:
+    """Delete a fitted state made with other parameters (check_params already stopped if a committed
+    dataset uses it) or one without its record (a prepare killed in between)."""
+    record, state = storage.join(prepared, ident.CODEC_PARAMS_FILE), storage.join(prepared, sh.CODEC_STATE_FILE)
+    if storage.exists(record):
+        stale = storage.read_json(record).get("params") != params
+    else:  # a state without record is kept only for the committed dataset of an older voxrelay
+        stale = storage.exists(state) and not storage.exists(storage.join(prepared, sh.INDEX_FILE))
+    if stale:
+        log.warning("the fitted codec state in %s was made with other parameters; fitting it again", prepared)
+        storage.delete(record)  # first: other ranks wait for a record with this config's parameters
+        storage.delete(state)
+
+
+def _write_if_changed(uri: str, obj: dict) -> bool:
+    """Write JSON unless the object there is already equal (a prepare that changes nothing writes nothing)."""
+    if storage.exists(uri) and storage.read_json(uri) == obj:
+        return False
+    storage.write_json(uri, obj)
+    return True
+
+
+def _wait_for(uri: str, what: str, timeout: float = WAIT_TIMEOUT_S, ready=None) -> None:
     deadline = time.time() + timeout
-    while not storage.exists(uri):
+    while not storage.exists(uri) or (ready is not None and not ready()):
         if time.time() > deadline:
             raise PrepareError(f"waited {timeout:.0f}s for {what} ({uri}); did another process die?")
         time.sleep(1.0)
@@ -146,19 +181,23 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
     return good, rejects
 
 
-def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utterance]]):
-    """Merge the shard markers into rejects.jsonl and write index.json (the commit marker) last."""
+def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utterance]], params: dict):
+    """Merge the shard markers into rejects.jsonl and write index.json (the commit marker) last;
+    files whose content would not change are left as they are."""
     prepared = cfg.prepared_uri
-    shard_infos, rejects, counts, seconds, speakers = [], [], Counter(), 0.0, set()
+    shard_infos, rejects, counts, seconds, speakers, ids = [], [], Counter(), 0.0, set(), {}
     for name in plan:
         marker = storage.read_json(sh.marker_uri(prepared, name))
+        ids[name] = marker["ids_sha1"]
         rejects += marker["rejects"]
         split = name.split("-")[0]
         counts[split] += marker["rows"]
         seconds += marker["seconds"]
         speakers.update(marker["speakers"])
         shard_infos.append({"name": name, "split": split, "rows": marker["rows"], "seconds": marker["seconds"]})
-    storage.write_text(storage.join(prepared, sh.REJECTS_FILE), "".join(json.dumps(r) + "\n" for r in rejects))
+    rejects_uri, text = storage.join(prepared, sh.REJECTS_FILE), "".join(json.dumps(r) + "\n" for r in rejects)
+    if not storage.exists(rejects_uri) or storage.read_text(rejects_uri) != text:
+        storage.write_text(rejects_uri, text)
     index = {
         "format_version": sh.FORMAT_VERSION,
         "name": cfg.data.name,
@@ -169,38 +208,93 @@ def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utteran
         "counts": {"train": counts["train"], "eval": counts["eval"], "rejected": len(rejects)},
         "hours": seconds / 3600,
         "speakers": sorted(speakers),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "identity": ident.identity(ids, params["codec.state_sha256"], params),
     }
-    storage.write_json(storage.join(prepared, sh.INDEX_FILE), index)
+    index_uri = storage.join(prepared, sh.INDEX_FILE)
+    old = storage.read_json(index_uri) if storage.exists(index_uri) else {}
+    if {k: v for k, v in old.items() if k != "created"} != index:
+        index["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        storage.write_json(index_uri, index)
     return index, rejects
 
 
-def _committed(prepared: str, name: str, ids_sha: str) -> bool:
-    """A shard is reused only if its marker exists and it holds the same rows (sources unchanged)."""
+def _committed(prepared: str, name: str, ids_sha: str, params: dict) -> bool:
+    """A shard is reused only if its marker exists, it holds the same rows (sources unchanged) and
+    it was made with the same parameters (codec, its fitted state, duration bounds)."""
     uri = sh.marker_uri(prepared, name)
     if not storage.exists(uri):
         return False
-    if storage.read_json(uri).get("ids_sha1") != ids_sha:
+    marker = storage.read_json(uri)
+    if marker.get("ids_sha1") != ids_sha:
         log.warning("shard %s was prepared from other rows (sources changed); preparing it again", name)
+        return False
+    if marker.get("params", params) != params:  # markers of older versions carry no params
+        changed = ident.changed_keys(marker["params"], params) or ["the fitted codec state"]
+        log.warning("shard %s was prepared with other parameters (%s); preparing it again", name, ", ".join(changed))
         return False
     return True
 
 
-def prepare(cfg: RunConfig, strict: bool = False) -> PrepareReport:
-    """Run prepare for this process's share of the shards; rank 0 also writes the index."""
+def _committed_params(prepared: str) -> dict | None:
+    """The parameters the committed dataset (index.json) was made with; None if there is none."""
+    uri = storage.join(prepared, sh.INDEX_FILE)
+    if not storage.exists(uri):
+        return None
+    index = storage.read_json(uri)
+    if "identity" in index:
+        return index["identity"]["params"]
+    # an index of an older voxrelay: only its codec description is known
+    return {f"codec.{k}": v for k, v in index.get("codec", {}).items() if k not in ident.DECODE_ONLY}
+
+
+def check_params(cfg: RunConfig, codec: AudioCodec, overwrite: bool, rank: int) -> None:
+    """Compare this config with the parameters of the committed dataset, before anything is written.
+
+    A committed dataset made with other parameters (codec.*, data.min/max_duration, ...) is never
+    mixed with new shards: without ``overwrite`` this stops with the changed keys and the ways out;
+    with it, rank 0 uncommits the dataset (index.json) and the codec state if the codec changed, and
+    every affected shard is encoded again."""
+    old = _committed_params(cfg.prepared_uri)
+    if old is None:
+        return
+    new = ident.shard_params(cfg, codec, None)
+    keys = new if "codec.state_sha256" in old else old  # an older index knows only its codec keys
+    changed = ident.changed_keys({k: old.get(k) for k in keys}, {k: new.get(k) for k in keys})
+    if not changed:
+        return
+    if not overwrite:
+        raise PrepareError(
+            f"the prepared data at {cfg.prepared_uri} was made with other parameters: {', '.join(changed)}. "
+            f"Nothing was changed. To keep it (runs trained on it resume only with it), prepare the new version "
+            f"under another name (data.name={cfg.data.name}-2), or restore the original values; to re-encode it in "
+            "place, run `voxrelay prepare --overwrite` (runs trained on the old data will then refuse to resume)"
+        )
+    log.warning("--overwrite: re-encoding %s (%s)", cfg.prepared_uri, ", ".join(changed))
+    if rank == 0:
+        storage.delete(storage.join(cfg.prepared_uri, sh.INDEX_FILE))
+        if any(k.startswith(("codec.", "train.seed")) for k in changed):
+            storage.delete(storage.join(cfg.prepared_uri, ident.CODEC_PARAMS_FILE))
+            storage.delete(storage.join(cfg.prepared_uri, sh.CODEC_STATE_FILE))
+
+
+def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> PrepareReport:
+    """Run prepare for this process's share of the shards; rank 0 also writes the index.
+    ``overwrite``: re-encode a committed dataset made with other parameters (else an error)."""
     rank, world = rank_world()
     prepared = cfg.prepared_uri
     rows = collect_rows(cfg)
     if not any(u.problem is None for u in rows):
         raise PrepareError("the sources yielded no usable rows; check data.sources paths (see rejects above)")
-    codec = _load_codec(cfg, rows, rank)
+    codec = build_codec(cfg.codec)
+    check_params(cfg, codec, overwrite, rank)
+    params = ident.shard_params(cfg, codec, _load_codec(cfg, codec, rows, rank))
     plan = plan_shards(rows, cfg.data.eval_size, cfg.data.shard_size)
     written = skipped = 0
     for i, (name, utts) in enumerate(plan.items()):
         if i % world != rank:
             continue
         ids_sha = hashlib.sha1("\n".join(u.id for u in utts).encode()).hexdigest()
-        if _committed(prepared, name, ids_sha):
+        if _committed(prepared, name, ids_sha, params):
             skipped += 1  # committed by an earlier (killed) run
             continue
         good, rejects = encode_shard(utts, codec, cfg, strict, keep_audio=name.startswith("eval"))
@@ -211,6 +305,7 @@ def prepare(cfg: RunConfig, strict: bool = False) -> PrepareReport:
             "seconds": sum(g.duration for g in good),
             "speakers": sorted({g.speaker for g in good if g.speaker}),
             "ids_sha1": ids_sha,
+            "params": params,
         }
         storage.write_json(sh.marker_uri(prepared, name), marker)  # the shard's commit
         written += 1
@@ -219,7 +314,7 @@ def prepare(cfg: RunConfig, strict: bool = False) -> PrepareReport:
         return PrepareReport(prepared, {}, 0.0, [], skipped, written)
     for name in plan:
         _wait_for(sh.marker_uri(prepared, name), f"shard {name} from another process")
-    index, rejects = _write_index(cfg, codec, plan)
+    index, rejects = _write_index(cfg, codec, plan, params)
     return PrepareReport(prepared, index["counts"], index["hours"], rejects, skipped, written)
 
 

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from voxrelay import storage
+from voxrelay.errors import UserError
 
 INDEX_FILE = "index.json"
 CODEC_STATE_FILE = "codec.safetensors"
@@ -44,7 +45,7 @@ SCHEMA = pa.schema(
 )
 
 
-class PrepareError(RuntimeError):
+class PrepareError(UserError, RuntimeError):
     """prepare cannot go on, or prepared data is missing; the message names the row/file and the fix."""
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from voxrelay.config import SourceConfig
 from voxrelay.data.audio import AUDIO_BYTES_KEY
 from voxrelay.data.types import Utterance
+from voxrelay.errors import UserError
 
 METADATA = "metadata.csv"
 _FOLDER_HEADER_HINT = (
@@ -28,7 +29,7 @@ _FOLDER_HEADER_HINT = (
 )
 
 
-class SourceError(ValueError):
+class SourceError(UserError, ValueError):
     """A source that cannot be read at all; the message names the file and the fix."""
 
 

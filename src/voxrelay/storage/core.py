@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import fsspec
 
+from voxrelay.errors import UserError
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -23,7 +25,7 @@ _PROTOCOLS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "memory": "memory", "file":
 _EXTRAS = {"gcs": "gcs", "s3": "s3"}
 
 
-class StorageError(RuntimeError):
+class StorageError(UserError, RuntimeError):
     """A storage operation failed for a reason retrying will not fix; the message says what to do."""
 
 

@@ -19,6 +19,7 @@ from voxrelay import storage
 from voxrelay.checkpoint.manager import CKPT_DIR, CheckpointManager
 from voxrelay.codecs.base import AudioCodec
 from voxrelay.config import RunConfig, TrainConfig
+from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.models.codec_lm.model import CodecLM
@@ -26,7 +27,7 @@ from voxrelay.monitor.sinks import METRICS_FILE, TB_DIR, Monitor, build_monitor
 from voxrelay.paths import cache_dir, uri_key
 from voxrelay.train import state as st
 from voxrelay.train.evaluate import SAMPLES_DIR
-from voxrelay.train.resume import broadcast_step, check_compatible, data_fingerprint, restore
+from voxrelay.train.resume import broadcast_step, check_compatible, restore
 
 log = logging.getLogger(__name__)
 CONFIG_SNAPSHOT = "config.yaml"
@@ -47,7 +48,7 @@ class Run:
     monitor: Monitor
     loop: st.LoopState
     local_dir: Path
-    data_fingerprint: str = ""
+    data_fingerprint: dict | str = ""
     resumed_from: int | None = None
 
     def model_state(self) -> dict[str, torch.Tensor]:
@@ -129,7 +130,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     accelerator.wait_for_everyone()
     found = None if fresh else _load_latest(checkpoints, accelerator)
     if found is not None:
-        check_compatible(found[2], cfg, data_fingerprint(index))
+        check_compatible(found[2], cfg, index, found[0].step, len(checkpoints.candidates()))
         model.module.load_state_dict(found[1])
     optimizer = torch.optim.AdamW(
         model.module.parameters(), lr=cfg.train.lr, betas=(0.9, 0.95), weight_decay=cfg.train.weight_decay
@@ -141,7 +142,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     run = Run(
         cfg, accelerator, model, module, optimizer, scheduler, stream, eval_rows, codec, checkpoints,
         build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process), st.LoopState(), run_dir,
-        data_fingerprint(index),
+        fingerprint(index),
     )
     if found is not None:
         restore(run, found[2])

@@ -17,14 +17,10 @@ import torch.distributed as dist
 
 from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, model_writer, state_writer
 from voxrelay.config import ConfigError, config_changes
+from voxrelay.data import identity as ident
 from voxrelay.train import state as st
 
 log = logging.getLogger(__name__)
-
-
-def data_fingerprint(index: dict) -> str:
-    """Changes when the prepared data is re-prepared differently (then the batch plan differs)."""
-    return f"{index.get('created')}|{index.get('counts')}|{len(index.get('shards', []))}"
 
 
 def gather_rng() -> list[dict]:
@@ -82,15 +78,25 @@ def save_checkpoint(run, metrics: dict | None = None, background: bool = True) -
     return time.perf_counter() - t0
 
 
-def check_compatible(saved: dict, run_cfg, fingerprint: str) -> None:
-    """Raise ConfigError listing incompatible changes between a checkpoint's config and ``run_cfg``."""
+def check_compatible(saved: dict, run_cfg, index: dict, step: int, num_checkpoints: int) -> None:
+    """Raise ConfigError naming what differs between the checkpoint of ``step`` (its config and the
+    prepared data it was trained on) and this run (``run_cfg`` and the prepared ``index``)."""
     safe, bad = config_changes(saved[st.K_CONFIG], run_cfg.to_dict())
-    if saved.get(st.K_DATA_FINGERPRINT) not in (None, fingerprint):
-        bad.append(f"prepared data {run_cfg.prepared_uri} (re-prepared since the checkpoint)")
+    data = ident.describe_changes(saved.get(st.K_DATA_FINGERPRINT), index)
+    fixes = []
     if bad:
+        fixes.append("resume with the original values (`voxrelay config show` on the run's config.yaml lists them)")
+    if data:
+        fixes.append("restore the prepared data: put the sources back as they were and re-run `voxrelay prepare` "
+                     "with the original values (or point data.name at the data the run was trained on)")
+    if bad or data:
+        what = ([f"incompatible changes: {', '.join(bad)}"] if bad else []) + \
+            ([f"the prepared data {run_cfg.prepared_uri} changed since step {step}: {'; '.join(data)}"] if data else [])
         raise ConfigError(
-            f"the run {run_cfg.run_uri} was trained with another config; incompatible changes: {', '.join(bad)}. "
-            "Resume with the original values, start over with --fresh, or use another run name (name=...)"
+            f"cannot resume {run_cfg.run_uri} from step {step}: {'. '.join(what)}. To continue this run, "
+            f"{' and '.join(fixes)}. To train with the new settings and keep this run, use another run name "
+            f"(name={run_cfg.name}-2). Last resort: --fresh deletes this run's {num_checkpoints} checkpoint(s) "
+            "and metrics and starts over"
         )
     if safe:
         log.info("resuming with changed settings: %s", ", ".join(safe))
