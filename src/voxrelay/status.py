@@ -4,15 +4,54 @@ machine's staging folder."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import yaml
 
 from voxrelay import storage
 from voxrelay.checkpoint.manager import CheckpointManager
+from voxrelay.errors import UserError
 from voxrelay.monitor.sinks import METRICS_FILE
+from voxrelay.paths import cache_dir
 from voxrelay.train.build import CONFIG_SNAPSHOT
+
+
+class StatusError(UserError):
+    """The folder given to ``status`` is not a run folder; the message names it and the fix."""
+
+
+@dataclass
+class CacheUse:
+    """Bytes of this machine's ``$VOXRELAY_CACHE`` (all runs and datasets)."""
+
+    folder: Path
+    prepared: int  # local copies of prepared shards (bounded by cache.max_gb)
+    staging: int  # staged checkpoints not yet uploaded, and fetched ones being loaded
+
+    @property
+    def total(self) -> int:
+        return self.prepared + self.staging
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder`` (0 if missing); files removed meanwhile (a trainer
+    running beside us) are skipped."""
+    total = 0
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def cache_use() -> CacheUse:
+    base = cache_dir()
+    return CacheUse(base, folder_bytes(base / "prepared"), folder_bytes(base / "staging"))
 
 
 @dataclass
@@ -28,6 +67,7 @@ class RunStatus:
     tokens_per_sec: float | None = None
     audio_sec_per_sec: float | None = None
     last_eval: dict = field(default_factory=dict)
+    cache: CacheUse | None = None
 
     @property
     def finished(self) -> bool:
@@ -56,7 +96,11 @@ def _metrics(run_uri: str) -> list[dict]:
 def run_status(run_uri: str) -> RunStatus:
     snapshot = storage.join(run_uri, CONFIG_SNAPSHOT)
     if not storage.exists(snapshot):
-        raise FileNotFoundError(f"{run_uri} is not a run folder (no {CONFIG_SNAPSHOT}); pass <root>/runs/<name>")
+        what = "is not a run folder (no " + CONFIG_SNAPSHOT + ")" if storage.exists(run_uri) else "does not exist"
+        raise StatusError(
+            f"{run_uri} {what}; pass the run folder <root>/runs/<name> with the `root` and `name` of the "
+            "run's config (it exists once `voxrelay train` has started)"
+        )
     cfg = yaml.safe_load(storage.read_text(snapshot))
     mgr = CheckpointManager(run_uri)
     committed = mgr.store.list()
@@ -71,6 +115,7 @@ def run_status(run_uri: str) -> RunStatus:
         committed[0].manifest.get("time") if committed else None,
         committed[0].uri if committed else None, staged,
         last_eval={k: v for k, v in (evals[-1] if evals else {}).items() if k.startswith("eval/")},
+        cache=cache_use(),
     )
     if logged:
         status.tokens_per_sec = logged[-1]["tokens_per_sec"]
@@ -95,5 +140,16 @@ def format_status(s: RunStatus) -> str:
     lines.append(f"eta          {'-' if eta is None else f'{eta / 60:.1f} min'}")
     if s.last_eval:
         lines.append("last eval    " + ", ".join(f"{k[5:]} {v:.3f}" for k, v in s.last_eval.items()))
+    if s.cache is not None:
+        c = s.cache
+        lines.append(f"local cache  {_size(c.total)} (prepared {_size(c.prepared)}, staging {_size(c.staging)}) "
+                     f"in {c.folder}")
     lines.append(f"finished     {'yes' if s.finished else 'no'}")
     return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

@@ -6,6 +6,11 @@ scheduler, RNG of every rank, data cursor, loop counters and the config; it is s
 torch.save and read with ``weights_only=True`` (tensors and plain containers, never arbitrary
 pickles). Loading considers committed checkpoints and staged ones not yet uploaded (a previous
 session on this machine), newest first; a damaged one is skipped with a warning naming the file.
+
+A committed checkpoint is read from a local copy in ``<staging>/fetched/step-N/`` that is removed
+once loaded into memory, so local disk does not grow with every resume. In a multi-process job
+the processes of one machine share that copy (one download); the main process's ``start()``,
+called after every process has loaded, removes it.
 """
 
 from __future__ import annotations
@@ -26,13 +31,14 @@ from voxrelay.checkpoint.store import (
     step_name,
     verify_folder,
 )
-from voxrelay.paths import cache_dir, uri_key
+from voxrelay.paths import cache_dir, rank_world, uri_key
 
 log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "train_state.pt"
 CKPT_DIR = "checkpoints"
+FETCHED_DIR = "fetched"
 
 __all__ = ["CheckpointError", "CheckpointManager", "MODEL_FILE", "STATE_FILE", "model_writer", "state_writer"]
 
@@ -78,8 +84,11 @@ class CheckpointManager:
 
     def start(self) -> None:
         """Start the upload thread; staged checkpoints newer than the newest committed one (a
-        previous session died before uploading them) are uploaded first."""
+        previous session died before uploading them) are uploaded first. In a multi-process job,
+        call it on the main process only once every process has loaded its checkpoint: it removes
+        the fetched copies they shared."""
         self.staging.clean()
+        shutil.rmtree(self.fetched_dir, ignore_errors=True)
         committed = self.store.list()
         newest = committed[0].step if committed else -1
         self.uploader.durable_step = newest if committed else None
@@ -146,11 +155,19 @@ class CheckpointManager:
             raise CheckpointError(f"the checkpoint at step {step} is damaged; see the warnings above")
         return None
 
+    @property
+    def fetched_dir(self) -> Path:
+        return self.staging.folder / FETCHED_DIR
+
     def _local_copy(self, ckpt: Checkpoint) -> Path:
         if not ckpt.durable:
             verify_folder(Path(ckpt.uri), ckpt.manifest)
             return Path(ckpt.uri)
-        dest = self.staging.folder / "fetched" / step_name(ckpt.step)
+        dest = self.fetched_dir / step_name(ckpt.step)
+        if self.fetched_dir.exists():  # copies of other steps left by an earlier multi-process session
+            for old in self.fetched_dir.iterdir():
+                if old != dest:
+                    shutil.rmtree(old, ignore_errors=True)
         try:
             return self.store.fetch(ckpt, dest)
         except CheckpointError:
@@ -164,13 +181,23 @@ class CheckpointManager:
         if found is None:
             return None
         ckpt, folder = found
-        return ckpt, load_file(str(folder / MODEL_FILE)), load_state(folder / STATE_FILE, map_location)
+        loaded = ckpt, load_file(str(folder / MODEL_FILE)), load_state(folder / STATE_FILE, map_location)
+        self._release(folder)
+        return loaded
 
     def load_model(self, step: int | None = None) -> tuple[Checkpoint, dict[str, torch.Tensor]]:
         found = self.latest_valid(step)
         if found is None:
             raise CheckpointError(f"no valid checkpoint in {self.store.root_uri}; train first (voxrelay train CONFIG)")
-        return found[0], load_file(str(found[1] / MODEL_FILE))
+        weights = load_file(str(found[1] / MODEL_FILE))
+        self._release(found[1])
+        return found[0], weights
+
+    def _release(self, folder: Path) -> None:
+        """Remove a fetched copy once it is in memory; never a staged checkpoint (the only copy of
+        one not yet uploaded). With several processes it stays for the others (see start())."""
+        if folder.parent == self.fetched_dir and rank_world()[1] == 1:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict:

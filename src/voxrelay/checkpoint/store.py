@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from voxrelay import storage
+from voxrelay.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing or damaged, or cannot be written; the message says which and what to do."""
 
 
@@ -54,6 +55,31 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def check_manifest(manifest: object) -> dict:
+    """The manifest if well formed, else CheckpointError saying what is wrong.
+
+    Its file names are joined to local folders when fetching, verifying and uploading: a tampered
+    manifest (in a shared bucket) naming ``../x`` or ``/etc/x`` must not reach outside them, so
+    every name must be a plain file name.
+    """
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("step"), int):
+        raise CheckpointError(f"{MANIFEST} is not a checkpoint manifest (no integer step)")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{MANIFEST} has no file list")
+    for name, meta in files.items():
+        if not _plain_name(name):
+            raise CheckpointError(f"{MANIFEST} names {name!r}, which is not a plain file name inside the checkpoint")
+        if not (isinstance(meta, dict) and isinstance(meta.get("size"), int) and isinstance(meta.get("sha256"), str)):
+            raise CheckpointError(f"{MANIFEST} entry of {name} has no integer size and sha256")
+    return manifest
+
+
+def _plain_name(name: object) -> bool:
+    return (isinstance(name, str) and name not in ("", ".", "..")
+            and not any(c in name for c in "/\\\0"))
+
+
 def make_manifest(step: int, folder: Path, names: list[str], extra: dict) -> dict:
     files = {n: {"size": (folder / n).stat().st_size, "sha256": sha256_file(folder / n)} for n in names}
     return {"format_version": FORMAT_VERSION, "step": step, "time": time.time(), "files": files, **extra}
@@ -77,17 +103,18 @@ class CommittedStore:
                 continue
             uri = storage.join(self.root_uri, name)
             try:
-                manifest = storage.read_json(storage.join(uri, MANIFEST))
+                manifest = check_manifest(storage.read_json(storage.join(uri, MANIFEST)))
             except FileNotFoundError:
                 continue  # not committed (an upload cut short)
-            except (ValueError, KeyError) as err:
-                log.warning("ignoring %s: unreadable manifest (%s)", uri, err)
+            except (ValueError, KeyError, CheckpointError) as err:
+                log.warning("ignoring %s: damaged manifest (%s)", uri, err)
                 continue
             out.append(Checkpoint(step, uri, manifest, durable=True))
         return sorted(out, key=lambda c: c.step, reverse=True)
 
     def upload(self, folder: Path, manifest: dict) -> Checkpoint:
         """Copy a staged checkpoint folder's files, then its manifest (the commit)."""
+        check_manifest(manifest)
         uri = storage.join(self.root_uri, step_name(manifest["step"]))
         for name in manifest["files"]:
             storage.put_file(folder / name, storage.join(uri, name))
@@ -96,6 +123,7 @@ class CommittedStore:
 
     def fetch(self, ckpt: Checkpoint, dest: Path) -> Path:
         """Download and verify a committed checkpoint into ``dest``; raises CheckpointError if damaged."""
+        check_manifest(ckpt.manifest)  # before any name is joined to ``dest``
         dest.mkdir(parents=True, exist_ok=True)
         for name, meta in ckpt.manifest["files"].items():
             local = dest / name
@@ -131,6 +159,7 @@ class CommittedStore:
 
 def verify_folder(folder: Path, manifest: dict) -> None:
     """Raise CheckpointError naming the first file whose size or sha256 differs from the manifest."""
+    check_manifest(manifest)
     for name, meta in manifest["files"].items():
         path = folder / name
         if not path.exists():
@@ -143,7 +172,11 @@ def verify_folder(folder: Path, manifest: dict) -> None:
 
 
 def read_local_manifest(folder: Path) -> dict | None:
+    """The staged manifest of ``folder``; None when missing, unreadable or malformed (warned)."""
     try:
-        return json.loads((folder / MANIFEST).read_text())
+        return check_manifest(json.loads((folder / MANIFEST).read_text()))
     except (OSError, ValueError):
+        return None
+    except CheckpointError as err:
+        log.warning("ignoring staged checkpoint %s: %s", folder, err)
         return None

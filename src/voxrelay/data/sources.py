@@ -39,7 +39,10 @@ def _inside(root: Path, raw: str) -> tuple[Path | None, str | None]:
     Symlinks are resolved first so that a link pointing outside cannot smuggle in other files.
     """
     candidate = Path(raw) if Path(raw).is_absolute() else root / raw
-    resolved = candidate.resolve()
+    try:
+        resolved = candidate.resolve()
+    except (OSError, ValueError, RuntimeError) as err:  # a NUL byte, a symlink loop
+        return None, f"path {raw!r} is not usable ({err})"
     if not resolved.is_relative_to(root.resolve()):
         return None, f"path {raw!r} is outside the dataset folder {str(root)!r}; keep files inside it"
     return resolved, None
@@ -229,6 +232,36 @@ def _load_hf(src: SourceConfig):
     return ds
 
 
+def _hf_roots(src: SourceConfig) -> list[Path]:
+    """Where the audio files of an hf row without bytes may be: inside the load_from_disk folder,
+    or, for a hub dataset, inside the Hugging Face caches its files were downloaded to."""
+    if src.path:
+        return [Path(src.path)]
+    import datasets
+    from huggingface_hub import constants
+
+    return [Path(datasets.config.HF_DATASETS_CACHE), Path(constants.HF_HUB_CACHE)]
+
+
+def _hf_audio_path(raw: str, roots: list[Path]) -> tuple[str | None, str | None]:
+    """An hf row's audio path, checked like the other sources' -> (path, None) or (None, reason).
+
+    A shared dataset must not make ``prepare`` read (and upload into shards) other files of this
+    machine: relative paths resolve against the first root, and the result must lie inside a root.
+    """
+    try:
+        resolved = (Path(raw) if Path(raw).is_absolute() else roots[0] / raw).resolve()  # symlinks too
+    except (OSError, ValueError, RuntimeError) as err:  # a NUL byte, a symlink loop
+        return None, f"audio path {raw!r} is not usable ({err})"
+    if any(resolved.is_relative_to(root.resolve()) for root in roots):
+        return str(resolved), None
+    where = " or ".join(repr(str(r)) for r in roots)
+    return None, (
+        f"audio path {raw!r} is outside the dataset folder {where}; keep the audio files inside it, or embed "
+        "the audio in the dataset (cast the column to datasets.Audio() before save_to_disk)"
+    )
+
+
 def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
     """A HF datasets Dataset with an audio column; audio stays encoded until ``load_utterance_audio``."""
     import datasets
@@ -243,6 +276,7 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
     if isinstance(ds.features[src.audio_column], datasets.Audio):
         # datasets 5 decodes Audio through torchcodec; keep the encoded bytes and use soundfile instead
         ds = ds.cast_column(src.audio_column, datasets.Audio(decode=False))
+    roots = _hf_roots(src)
     for i, row in enumerate(ds):
         text = row.get(src.text_column)
         utt = Utterance(id=str(row.get("id") or f"{src.split}-{i}"), text="", where=f"{label} row {i}")
@@ -255,7 +289,8 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
         elif isinstance(value, dict) and value.get("array") is not None:
             utt.audio, utt.sample_rate = np.asarray(value["array"], np.float32), value.get("sampling_rate")
         elif isinstance(value, dict | str) and (value.get("path") if isinstance(value, dict) else value):
-            utt.audio_path = value.get("path") if isinstance(value, dict) else value
+            raw = value.get("path") if isinstance(value, dict) else value
+            utt.audio_path, utt.problem = _hf_audio_path(str(raw), roots)
         else:
             utt.problem = f"missing field: {src.audio_column}"
         if not utt.problem and not utt.text:

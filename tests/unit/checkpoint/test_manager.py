@@ -150,3 +150,95 @@ def test_unreachable_bucket_keeps_a_bounded_number_of_staged_checkpoints(tmp_pat
     kept = [c.step for c in staging.list()]
     assert 4 in kept and len(kept) <= 3  # the newest is kept; at most max_staged (+ the one in flight)
     assert not uploader.close(timeout=0.2)  # never committed
+
+
+def _fetched(mgr):
+    return sorted(p.name for p in (mgr.staging.folder / "fetched").glob("*"))
+
+
+def test_fetched_copy_is_removed_after_loading(mgr, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    _save(mgr, 10)
+    _save(mgr, 20)
+    ckpt, folder = mgr.latest_valid()
+    assert ckpt.durable and folder.parent.name == "fetched" and _fetched(mgr) == ["step-00000020"]
+    ckpt, model, state = mgr.load()
+    assert ckpt.step == 20 and torch.equal(model["w"], torch.full((3,), 20.0)) and state["loop"]["step"] == 20
+    assert _fetched(mgr) == []  # in memory now: the local copy is gone
+    assert mgr.load_model(step=10)[0].step == 10 and _fetched(mgr) == []
+
+
+def test_staged_checkpoint_is_not_removed_by_loading(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    run = f"memory://ckpt-{uuid.uuid4().hex}"
+    first = CheckpointManager(run, staging_dir=tmp_path / "staging")
+    first.start()
+    first.uploader.close()  # killed before the upload: the staged folder is the only copy
+    first.staging.stage(40, _writers(40), {})
+    second = CheckpointManager(run, staging_dir=tmp_path / "staging")
+    assert second.load()[0].step == 40 and second.load_model()[0].step == 40
+    assert [c.step for c in second.staging.list()] == [40]
+    assert (tmp_path / "staging" / "step-00000040" / MODEL_FILE).exists()
+
+
+def test_processes_of_one_machine_share_the_fetched_copy_until_start(mgr, monkeypatch):
+    _save(mgr, 10)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert mgr.load()[0].step == 10 and _fetched(mgr) == ["step-00000010"]
+    # the other process reuses the verified local files: it loads even with the bucket's copy gone
+    storage.delete(storage.join(mgr.store.root_uri, "step-00000010", MODEL_FILE))
+    other = CheckpointManager(mgr.run_uri, staging_dir=mgr.staging.folder)
+    assert other.load(step=10)[0].step == 10
+    other.start()  # the main process, once every process has loaded
+    assert _fetched(mgr) == []
+    other.close(5)
+
+
+def _tamper(mgr, step: int, name: str, payload: bytes = b"evil bytes") -> None:
+    """Add ``name`` (with matching size and sha256) to the committed manifest of ``step`` and put
+    the payload where storage.join puts it: only the name's check can stop the download."""
+    import hashlib
+
+    folder = storage.join(mgr.store.root_uri, f"step-{step:08d}")
+    manifest = storage.read_json(storage.join(folder, MANIFEST))
+    manifest["files"][name] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    storage.write_bytes(storage.join(folder, name), payload)
+    storage.write_json(storage.join(folder, MANIFEST), manifest)
+
+
+@pytest.mark.parametrize("name", ["../evil", "../../evil", "ABSOLUTE", "a/evil", "..", "", "a\\evil", "e\0vil"])
+def test_manifest_names_outside_the_checkpoint_mark_it_damaged(mgr, tmp_path, caplog, name):
+    if name == "ABSOLUTE":
+        name = str(tmp_path / "outside" / "evil")
+    _save(mgr, 10)
+    _save(mgr, 20)
+    if "\0" not in name and name not in ("", ".."):
+        _tamper(mgr, 20, name)
+    else:  # names no storage accepts: only the manifest can carry them
+        folder = storage.join(mgr.store.root_uri, "step-00000020")
+        manifest = storage.read_json(storage.join(folder, MANIFEST))
+        manifest["files"][name] = {"size": 1, "sha256": "0" * 64}
+        storage.write_json(storage.join(folder, MANIFEST), manifest)
+    ckpt, model, _ = mgr.load()
+    assert [p for p in tmp_path.rglob("*evil*")] == []  # nothing written anywhere
+    assert ckpt.step == 10 and torch.equal(model["w"], torch.full((3,), 10.0))
+    assert "not a plain file name" in caplog.text and "step-00000020" in caplog.text
+    with pytest.raises(CheckpointError, match="no checkpoint at step 20"):
+        mgr.load(step=20)
+
+
+def test_fetch_and_verify_refuse_a_tampered_manifest(mgr, tmp_path):
+    from voxrelay.checkpoint.store import Checkpoint, verify_folder
+
+    _save(mgr, 10)
+    _tamper(mgr, 10, "../evil")
+    uri = storage.join(mgr.store.root_uri, "step-00000010")
+    manifest = storage.read_json(storage.join(uri, MANIFEST))
+    dest = tmp_path / "dest" / "step-00000010"
+    with pytest.raises(CheckpointError, match="'../evil', which is not a plain file name"):
+        mgr.store.fetch(Checkpoint(10, uri, manifest, durable=True), dest)
+    assert not (tmp_path / "dest" / "evil").exists()
+    with pytest.raises(CheckpointError, match="not a plain file name"):
+        verify_folder(dest, manifest)
+    with pytest.raises(CheckpointError, match="not a plain file name"):
+        mgr.store.upload(dest, manifest)

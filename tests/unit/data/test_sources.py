@@ -181,6 +181,28 @@ def test_hf_structural_errors(tmp_path):
         _read(tmp_path, type="hf", path=str(out), text_column="transcript")
 
 
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_hf_audio_paths_must_stay_inside_the_dataset_folder(tmp_path, as_dict):
+    from datasets import Dataset
+
+    outside = make_wav(tmp_path / "elsewhere" / "secret.wav", 0.5)
+    out = tmp_path / "hf"
+    paths = ["clips/in.wav", "../elsewhere/secret.wav", str(outside), "ABS_INSIDE", "clips/link.wav", "a\0b"]
+    paths[3] = str(out / "clips" / "in.wav")
+    audio = [{"path": p, "bytes": None} for p in paths] if as_dict else paths
+    Dataset.from_dict({"audio": audio, "text": [f"row {i}" for i in range(6)]}).save_to_disk(str(out))
+    inside = make_wav(out / "clips" / "in.wav", 0.5)  # a dataset that ships its audio files beside it
+    os.symlink(outside, out / "clips" / "link.wav")
+    utts = _read(tmp_path, type="hf", path=str(out))
+    assert [u.problem is None for u in utts] == [True, False, False, True, False, False]
+    assert "is not usable" in utts[5].problem  # a row problem, not a crash
+    assert utts[0].audio_path == utts[3].audio_path == str(inside.resolve())
+    for u in (utts[1], utts[2], utts[4]):
+        assert "outside the dataset folder" in u.problem and u.audio_path is None
+        assert "datasets.Audio()" in u.problem  # the fix: embed the audio
+    assert _reasons(utts[:1]) == {"train-0": None}  # the inside file is really read
+
+
 def test_demo_source_reads_generated_corpus(tmp_path):
     src = SourceConfig(type="demo", minutes=0.1, voices=["en-us", "en-us+m3"], seed=3)
     utts = list(read_source(src, tmp_path))
