@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -13,8 +16,12 @@ import torch
 from tests.integration.tiny import tiny
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.cli import demo_config_path
+from voxrelay.paths import uri_key
 
 CONFIG = str(demo_config_path())
+STEP_LINE = re.compile(r"^step (\d+)/")
+# storage errors surface at once instead of after the client's own retries (outage tests)
+FAST_FAIL = {"AWS_MAX_ATTEMPTS": "1", "VOXRELAY_RETRY_ATTEMPTS": "1"}
 
 
 def env_for(cache: Path, extra: dict | None = None) -> dict:
@@ -34,16 +41,21 @@ def torchrun(nproc: int, *args: str, env: dict, timeout: float = 600) -> subproc
 
 
 class Trainer:
-    """A `voxrelay train` child process whose output lines are collected as they come."""
+    """A `voxrelay train` child process (with ``nproc`` > 1 a torchrun job) in a session of its
+    own, whose output lines (stdout and stderr) are collected as they come."""
 
-    def __init__(self, root: str, env: dict, *overrides: str):
+    def __init__(self, root: str, env: dict, *overrides: str, nproc: int = 1):
+        args = ["-m", "voxrelay", "train", CONFIG, *tiny(root, *overrides)]
+        if nproc > 1:
+            args = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "voxrelay", "train", CONFIG, *tiny(root, *overrides)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
         )
         self.lines: list[str] = []
         self.first_step = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -52,8 +64,59 @@ class Trainer:
                 self.first_step.set()
         self.first_step.set()  # the process ended (finished or failed) without a step line
 
+    def kill(self) -> None:
+        """SIGKILL the job as a lost machine would: every process of it at the same moment. torchrun
+        starts its workers in sessions of their own, so each process group of the tree is first
+        frozen (SIGSTOP: none sees another die and reacts, none starts a new one), then killed."""
+        frozen: list[int] = []
+        while new := [g for g in dict.fromkeys(_groups(_process_tree(self.proc.pid))) if g not in frozen]:
+            for group in new:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGSTOP)
+            frozen += new
+        for group in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        self.proc.wait()
+        self._reader.join(30)  # the pipe closes with the last process: every line is in self.lines
+        assert not self._reader.is_alive(), f"a process of the job outlived SIGKILL (groups {frozen})"
+
+    def steps(self) -> list[int]:
+        """The steps of the progress lines printed so far (``step N/M | ...``)."""
+        return [int(m.group(1)) for m in map(STEP_LINE.match, list(self.lines)) if m]
+
     def output(self) -> str:
         return "".join(self.lines)
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux /proc)."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in children.read_text().split()]
+    return tree
+
+
+def _groups(pids: list[int]) -> list[int]:
+    groups = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            groups.append(os.getpgid(pid))
+    return groups
+
+
+def staging_dir(cache: Path, run_uri: str) -> Path:
+    """Where `voxrelay train` with ``VOXRELAY_CACHE=cache`` stages the checkpoints of ``run_uri``."""
+    return cache / "staging" / uri_key(run_uri)
+
+
+def staged_steps(folder: Path) -> list[int]:
+    """Steps of the complete staged checkpoints in ``folder`` (``step-N/`` with its manifest), ascending."""
+    return sorted(int(p.parent.name[5:]) for p in folder.glob("step-*/manifest.json"))
 
 
 def final_weights(run_uri: str, staging: Path) -> tuple[int, dict[str, torch.Tensor]]:

@@ -1,31 +1,45 @@
 """Exact resumption: a run killed (SIGKILL) at any moment and resumed ends with weights equal,
-tensor for tensor, to an uninterrupted run; also with 2 gloo DDP processes, and 2 -> 1 processes."""
+tensor for tensor, to an uninterrupted run; also with 2 gloo DDP processes (killed while its newest
+checkpoint is staged on local disk only), and 2 -> 1 processes.
+
+The runs use dropout (``model.dropout``), so every step draws from the torch RNG: a resume that
+did not restore the RNG state of each process would train on other dropout masks and end with
+other weights.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import re
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.proxy import TcpProxy, s3_env_through
 from tests.integration.runner import (
     CONFIG,
+    FAST_FAIL,
     Trainer,
     assert_same_weights,
     env_for,
     final_weights,
+    staged_steps,
+    staging_dir,
     torchrun,
     voxrelay,
 )
 from tests.integration.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.manager import STATE_FILE, CheckpointManager, load_state
+from voxrelay.checkpoint.store import MANIFEST, CommittedStore, parse_step, read_local_manifest, step_name
 
 STEPS = 12
+DROPOUT = "model.dropout=0.1"  # the steps draw from the RNG (see the module docstring)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +54,7 @@ def prepared(tmp_path_factory):
 
 def _train(base: Path, name: str, *extra: str, nproc: int = 1, cache: str = "cache"):
     args = ("train", CONFIG, *tiny(str(base / "root"), f"name={name}", f"train.max_steps={STEPS}",
-                                    "train.eval_every=100", *extra))
+                                    "train.eval_every=100", DROPOUT, *extra))
     env = env_for(base / cache)
     res = torchrun(nproc, *args, env=env) if nproc > 1 else voxrelay(*args, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -61,7 +75,7 @@ def test_kill_and_resume_is_bit_exact(prepared):
     _train(prepared, "straight")
     # the same run, killed with SIGKILL right after the checkpoint of step 4 is committed
     trainer = Trainer(str(prepared / "root"), env_for(prepared / "cache"), "name=killed",
-                      f"train.max_steps={STEPS}", "train.eval_every=100")
+                      f"train.max_steps={STEPS}", "train.eval_every=100", DROPOUT)
     manifest = prepared / "root/runs/killed/checkpoints/step-00000004/manifest.json"
     deadline = time.time() + 120
     while not manifest.exists() and time.time() < deadline and trainer.proc.poll() is None:
@@ -70,16 +84,23 @@ def test_kill_and_resume_is_bit_exact(prepared):
     trainer.proc.wait()
     assert manifest.exists(), trainer.output()
     res = _train(prepared, "killed")
-    assert "resuming" in res.stderr
+    resumed = _resumed_step(res.stderr)
+    assert 4 <= resumed < STEPS, res.stderr  # the resumed session really trained
     step_a, a = _weights(prepared, "straight")
     step_b, b = _weights(prepared, "killed")
     assert step_a == step_b == STEPS
     assert_same_weights(a, b)
 
 
+def _resumed_step(stderr: str) -> int:
+    found = re.search(r"resuming \S+ from step (\d+)", stderr)
+    assert found, f"the session did not resume:\n{stderr}"
+    return int(found.group(1))
+
+
 def test_config_changes_on_resume(prepared):
     _train(prepared, "cfg", f"train.max_steps={STEPS // 2}")
-    res = voxrelay("train", CONFIG, *tiny(str(prepared / "root"), "name=cfg", "model.hidden_size=64"),
+    res = voxrelay("train", CONFIG, *tiny(str(prepared / "root"), "name=cfg", DROPOUT, "model.hidden_size=64"),
                    env=env_for(prepared / "cache"))
     assert res.returncode == 2
     assert "incompatible changes: model.hidden_size" in res.stderr and "--fresh" in res.stderr
@@ -95,7 +116,7 @@ def test_ddp_two_processes_resume_exactly(prepared):
     _train(prepared, "ddp-straight", "train.schedule=constant", nproc=2)
     _train(prepared, "ddp-split", "train.schedule=constant", f"train.max_steps={STEPS // 2}", nproc=2)
     res = _train(prepared, "ddp-split", "train.schedule=constant", nproc=2)
-    assert "resuming" in res.stderr
+    assert _resumed_step(res.stderr) == STEPS // 2
     assert_same_weights(_weights(prepared, "ddp-straight")[1], _weights(prepared, "ddp-split")[1])
 
 
@@ -137,43 +158,111 @@ def _stream(base: Path, world: int):
 def test_chaos_sigkill_at_random_moments(prepared, s3_root):
     """SIGKILL `voxrelay train` (root on the S3 server) at random moments — while it starts and
     loads, trains, stages, uploads and writes manifests (a checkpoint every step) — at least 10
-    times, then let it finish: the weights equal those of a run that was never interrupted."""
-    env = env_for(prepared / "cache-chaos")
+    times, then let it finish: the weights equal those of a run that was never interrupted. Each
+    kill's phase is read from the state it froze (:func:`_kill_phase`); several must have hit a
+    checkpoint on its way to the bucket, else the test did not test what it claims."""
+    cache = prepared / "cache-chaos"
+    env = env_for(cache)
     env |= {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     steps = 50
-    args = (f"train.max_steps={steps}", "train.eval_every=1000", "checkpoint.every_steps=1", "train.log_every=1")
+    args = (f"train.max_steps={steps}", "train.eval_every=1000", "checkpoint.every_steps=1", "train.log_every=1",
+            DROPOUT)
     for cmd, extra in (("prepare", ()), ("train", ("name=reference", *args))):
         res = voxrelay(cmd, CONFIG, *tiny(s3_root, *extra), env=env)
         assert res.returncode == 0, res.stdout + res.stderr
+    run_uri = storage.join(s3_root, "runs", "chaos")
+    staging = staging_dir(cache, run_uri)
     rng = random.Random(1234)
-    kills, finished, log = 0, False, []
+    kills, finished, phases = 0, False, []
     while kills < 12 and not finished:
         trainer = Trainer(s3_root, env, "name=chaos", *args)
         if rng.random() < 0.2:  # during start-up: imports, finding and verifying the checkpoint
             time.sleep(rng.uniform(0.5, 4.0))
         else:
             assert trainer.first_step.wait(120), trainer.output()
+            # a save (stage + upload of the previous step's checkpoint) overlaps most of a step
             time.sleep(rng.uniform(0.0, 0.3))
         if trainer.proc.poll() is not None:
             assert trainer.proc.returncode == 0, trainer.output()
             finished = True
             break
-        trainer.proc.send_signal(signal.SIGKILL)
-        trainer.proc.wait()
+        trainer.kill()
         kills += 1
-        log.append(_last_step_line(trainer))
+        phases.append(_kill_phase(trainer, staging, storage.join(run_uri, "checkpoints")))
     if not finished:
         res = voxrelay("train", CONFIG, *tiny(s3_root, "name=chaos", *args), env=env)
         assert res.returncode == 0, res.stdout + res.stderr
-    assert kills >= 10, log
-    staging = prepared / "cache-chaos" / "fetch"
-    step_a, a = final_weights(storage.join(s3_root, "runs", "reference"), staging)
-    step_b, b = final_weights(storage.join(s3_root, "runs", "chaos"), staging)
+    histogram = Counter(phase for phase, _ in phases)
+    print(f"chaos: survived {kills} SIGKILLs; phases {dict(histogram)}; kills: {phases}")
+    assert kills >= 10, phases
+    assert histogram["staging"] + histogram["upload"] + histogram["manifest"] >= 3, phases
+    fetched = prepared / "cache-chaos" / "fetch"
+    step_a, a = final_weights(storage.join(s3_root, "runs", "reference"), fetched)
+    step_b, b = final_weights(run_uri, fetched)
     assert step_a == step_b == steps
     assert_same_weights(a, b)
-    print(f"chaos: survived {kills} SIGKILLs; killed after: {log}")
 
 
-def _last_step_line(trainer: Trainer) -> str:
-    steps = [line.split("|")[0].strip() for line in trainer.lines if line.startswith("step ")]
-    return steps[-1] if steps else "start-up"
+def _kill_phase(trainer: Trainer, staging: Path, checkpoints_uri: str) -> tuple[str, int]:
+    """(phase, last printed step) of a SIGKILLed single-process trainer, from what the kill froze:
+    no step line yet: start-up; its own half-written staging folder: staging; a step folder in the
+    bucket newer than the newest committed checkpoint with every file but no manifest: manifest;
+    a staged checkpoint (or part of one in the bucket) newer than the newest committed: upload;
+    else between saves: step."""
+    printed = trainer.steps()
+    if not printed:
+        return "start-up", 0
+    if list(staging.glob(f".tmp-step-*-{trainer.proc.pid}")):
+        return "staging", printed[-1]
+    committed = [c.step for c in CommittedStore(checkpoints_uri).list()]
+    newest = max(committed, default=-1)
+    staged = {step: read_local_manifest(staging / step_name(step)) for step in staged_steps(staging) if step > newest}
+    for name in storage.listdir(checkpoints_uri):
+        step = parse_step(name)
+        if step is None or step <= newest:
+            continue
+        files = set(storage.listdir(storage.join(checkpoints_uri, name)))
+        if files and MANIFEST not in files:
+            expected = set((staged.get(step) or {}).get("files", {}))
+            return ("manifest" if expected and expected <= files else "upload"), printed[-1]
+    return ("upload" if staged else "step"), printed[-1]
+
+
+def test_ddp_sigkill_while_the_newest_checkpoint_is_only_staged(tmp_path, s3_root, s3_server):
+    """2 processes on an S3 root behind a proxy that is cut after the first step: the session's
+    checkpoints stay staged on local disk. Once its last one (step STEPS/2) is staged, SIGKILL the
+    whole torchrun group. Proxy back, the next session resumes from that staged checkpoint and ends
+    with the weights of an uninterrupted 2-process run."""
+    half = STEPS // 2
+    # no eval samples: their upload during the outage is the outage test's subject, not this one's
+    common = ("train.eval_every=100", "train.eval_synth=0", "train.schedule=constant", "train.log_every=1", DROPOUT)
+    run_uri = storage.join(s3_root, "runs", "killed")
+    staged = staging_dir(tmp_path / "cache", run_uri)
+    with TcpProxy(s3_server.port) as proxy:
+        env = env_for(tmp_path / "cache", s3_env_through(proxy, s3_server.env()) | FAST_FAIL)
+        res = voxrelay("prepare", CONFIG, *tiny(s3_root), env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+        straight = tiny(s3_root, "name=straight", f"train.max_steps={STEPS}", *common)
+        res = torchrun(2, "train", CONFIG, *straight, env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+        trainer = Trainer(s3_root, env, "name=killed", f"train.max_steps={half}", *common, nproc=2)
+        try:
+            assert trainer.first_step.wait(300), trainer.output()
+            proxy.cut()
+            # the last save of a session is staged before its final wait for the upload
+            deadline = time.monotonic() + 300
+            while half not in staged_steps(staged) and trainer.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            trainer.kill()
+        # the test process talks to the server directly, not through the proxy
+        committed = [c.step for c in CommittedStore(storage.join(run_uri, "checkpoints")).list()]
+        assert staged_steps(staged)[-1:] == [half] and max(committed, default=-1) < half, (committed, trainer.output())
+        proxy.restore()
+        res = torchrun(2, "train", CONFIG, *tiny(s3_root, "name=killed", f"train.max_steps={STEPS}", *common), env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+    assert f"resuming {run_uri} from step {half}" in res.stderr, res.stderr
+    step_a, a = final_weights(storage.join(s3_root, "runs", "straight"), tmp_path / "fetch")
+    step_b, b = final_weights(run_uri, tmp_path / "fetch")
+    assert step_a == step_b == STEPS
+    assert_same_weights(a, b)

@@ -5,8 +5,9 @@
   exits with :data:`EXIT_PREEMPTED` (durable) or :data:`EXIT_PREEMPTED_STAGED` (saved only on local
   disk). A second SIGINT aborts at once (exit 130); a checkpoint is committed by its manifest
   alone, so an abort never leaves a committed-but-broken one.
-* ``train.time_limit`` (e.g. ``23h30m``): the loop saves and exits with :data:`EXIT_TIME_LIMIT`
-  before it, counting the training time of every session of the run.
+* ``train.time_limit`` (e.g. ``23h30m``): a deadline per session, counted from the process start
+  (imports included): the loop stops before a step would end past it, saves and exits with
+  :data:`EXIT_TIME_LIMIT`. ``train.total_time_limit`` is a budget over all sessions of the run.
 * Optional polling of the cloud metadata endpoints that announce a preemption: GCP
   ``instance/preempted`` and AWS ``spot/instance-action``.
 """
@@ -27,7 +28,8 @@ log = logging.getLogger(__name__)
 
 EXIT_PREEMPTED = 75  # stopped by a signal or a preemption notice; the checkpoint is durable
 EXIT_PREEMPTED_STAGED = 76  # stopped; the checkpoint is on local disk only (upload did not finish)
-EXIT_TIME_LIMIT = 77  # train.time_limit reached; checkpoint durable
+EXIT_TIME_LIMIT = 77  # train.time_limit (this session) or train.total_time_limit reached; checkpoint durable
+EXIT_NON_FINITE = 78  # train.max_bad_steps non-finite steps in a row; checkpoint (last good weights) durable
 EXIT_ABORTED = 130  # second SIGINT: aborted without saving
 
 GCP_METADATA = "http://metadata.google.internal/computeMetadata/v1"
@@ -122,6 +124,41 @@ class PreemptionWatcher:
                     return
             except (OSError, urllib.error.URLError) as err:
                 log.debug("metadata poll failed: %s", err)
+
+
+TIME_LIMIT, TOTAL_TIME_LIMIT = "train.time_limit", "train.total_time_limit"
+
+
+def process_start_time() -> float:
+    """Wall-clock time this process started (Linux: from /proc, so interpreter start-up and imports
+    count); elsewhere the time voxrelay was first imported."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time in clock ticks
+    except (OSError, ValueError, IndexError, StopIteration):
+        import voxrelay
+
+        return voxrelay.IMPORTED_AT
+
+
+class Deadline:
+    """``session_s`` after the process started (``train.time_limit``) and ``total_s`` of training
+    over all sessions (``train.total_time_limit``); either may be None."""
+
+    def __init__(self, session_s: float | None, total_s: float | None, started_at: float):
+        self.session_s = session_s
+        self.total_s = total_s
+        self.started_at = started_at
+
+    def reached(self, trained_s: float, next_step_s: float) -> str | None:
+        """The limit the next step (lasting ``next_step_s``) would cross, if any."""
+        if self.session_s is not None and time.time() + next_step_s >= self.started_at + self.session_s:
+            return TIME_LIMIT
+        if self.total_s is not None and trained_s + next_step_s >= self.total_s:
+            return TOTAL_TIME_LIMIT
+        return None
 
 
 def young_daly_interval(save_cost_s: float, mtbf_s: float) -> float:

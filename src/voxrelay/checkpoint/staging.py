@@ -2,8 +2,10 @@
 
 Saving writes the checkpoint to local disk (fast: the training thread waits only for this), then
 an :class:`Uploader` thread copies it to the run folder and commits it with its manifest. When the
-bucket is unreachable the uploader keeps retrying with backoff while training goes on; staged
-checkpoints stay on disk (at most ``max_staged``; older ones are superseded by newer ones).
+bucket is unreachable (a transient error) the uploader keeps retrying with backoff while training
+goes on; staged checkpoints stay on disk (at most ``max_staged``; older ones are superseded by newer
+ones). A permanent error (access denied, no such bucket, a bug) is not retried: ``fatal`` says what
+it was, waits return at once, and the loop stops with the checkpoint staged.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from voxrelay import storage
 from voxrelay.checkpoint.store import (
     MANIFEST,
     Checkpoint,
@@ -105,6 +108,7 @@ class Uploader:
         self.snapshot: tuple | None = None  # (step, writers, extra): staged by the thread, newest wins
         self.durable_step: int | None = None
         self.last_error: str | None = None
+        self.fatal: str | None = None  # a permanent upload error: nothing more is uploaded
         self._uploading: int | None = None
         self._cond = threading.Condition()
         self._closing = False
@@ -140,12 +144,12 @@ class Uploader:
         """Wait until everything submitted is committed; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self.pending or self.snapshot is not None:
+            while (self.pending or self.snapshot is not None) and self.fatal is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
                 self._cond.wait(left)
-        return True
+        return self.fatal is None
 
     def close(self, timeout: float | None = None) -> bool:
         done = self.wait(timeout)
@@ -175,7 +179,7 @@ class Uploader:
         failures = 0
         while True:
             with self._cond:
-                while not self.pending and self.snapshot is None and not self._closing:
+                while (not self.pending and self.snapshot is None or self.fatal) and not self._closing:
                     self._cond.wait()
                 if self._closing:
                     return
@@ -188,10 +192,13 @@ class Uploader:
                 self._uploading = ckpt.step
             try:
                 self.store.upload(Path(ckpt.uri), ckpt.manifest)
-            except Exception as err:  # keep training whatever the bucket does; report and retry
+            except Exception as err:  # keep training while the bucket is away; report and retry
                 failures += 1
                 self._uploading = None
                 self.last_error = f"{type(err).__name__}: {err}"
+                if not storage.is_transient(err, io_errors=True):
+                    self._give_up(ckpt, err)
+                    continue
                 delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 10))
                 log.warning("upload of step %d failed (%s); retrying in %.0fs, training goes on",
                             ckpt.step, self.last_error, delay)
@@ -200,6 +207,13 @@ class Uploader:
                 continue
             failures, self.last_error = 0, None
             self._committed(ckpt)
+
+    def _give_up(self, ckpt: Checkpoint, err: Exception) -> None:
+        with self._cond:
+            self.fatal = f"{type(err).__name__}: {err}"
+            self._cond.notify_all()
+        log.error("upload of step %d failed for good (%s); not retrying. The checkpoint stays staged at %s",
+                  ckpt.step, self.fatal, ckpt.uri)
 
     def _committed(self, ckpt: Checkpoint) -> None:
         with self._cond:

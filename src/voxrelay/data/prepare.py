@@ -282,6 +282,7 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     ``overwrite``: re-encode a committed dataset made with other parameters (else an error)."""
     rank, world = rank_world()
     prepared = cfg.prepared_uri
+    storage.check_root(cfg.root)
     rows = collect_rows(cfg)
     if not any(u.problem is None for u in rows):
         raise PrepareError("the sources yielded no usable rows; check data.sources paths (see rejects above)")

@@ -64,7 +64,8 @@ class ProgressLine:
         if "tokens_per_sec" in metrics:
             parts.append(f"{metrics['tokens_per_sec']:.0f} tok/s")
         if "durable_step" in metrics:
-            parts.append(f"durable @{int(metrics['durable_step'])}")
+            durable = int(metrics["durable_step"])  # -1: nothing committed yet
+            parts.append(f"durable @{durable}" if durable >= 0 else "durable @-")
         self.text = " | ".join(parts) or self.text
         if self.progress is not None:
             self.progress.update(self.task, completed=step, description=self.text)

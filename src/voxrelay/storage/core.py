@@ -46,7 +46,7 @@ def _transient_errors() -> tuple[type[BaseException], ...]:
     try:
         from gcsfs.retry import HttpError
 
-        errs.append(HttpError)  # only retried when its code is 429/5xx, see _is_transient
+        errs.append(HttpError)  # only retried when its code is 429/5xx, see is_transient
     except ImportError:
         pass
     return tuple(errs)
@@ -55,11 +55,45 @@ def _transient_errors() -> tuple[type[BaseException], ...]:
 TRANSIENT_ERRORS = _transient_errors()
 
 
-def _is_transient(err: BaseException) -> bool:
+class StorageUnavailable(StorageError):
+    """The storage did not answer after every retry (network, outage): it may come back."""
+
+
+def is_transient(err: BaseException, io_errors: bool = False) -> bool:
+    """A named transient error (connection, timeout, HTTP 429/5xx), worth retrying. ``io_errors``:
+    also any other OSError but a missing object or a denied access (a local disk that is full)."""
+    if isinstance(err, StorageUnavailable):
+        return True
+    if io_errors and isinstance(err, OSError) and not isinstance(err, FileNotFoundError | PermissionError):
+        return True
     if not isinstance(err, TRANSIENT_ERRORS):
         return False
     code = getattr(err, "code", None)
     return not (isinstance(code, int) and code < 500 and code != 429)
+
+
+def _bucket(what: str) -> str:
+    uri = next((w for w in what.split() if "://" in w), what)
+    scheme, _, rest = uri.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}" if rest else uri
+
+
+_CREDENTIALS_FIX = (
+    "check the credentials and that they may read and write it: for s3:// AWS_PROFILE or AWS_ACCESS_KEY_ID/"
+    "AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for an S3-compatible server); for gs:// "
+    "`gcloud auth application-default login`, GOOGLE_APPLICATION_CREDENTIALS, or on Colab "
+    "google.colab.auth.authenticate_user()"
+)
+
+
+def _denied(err: BaseException) -> bool:
+    if isinstance(err, PermissionError):
+        return True
+    code = getattr(err, "code", None)
+    if isinstance(code, int) and code in (401, 403):
+        return True
+    return type(err).__name__ in ("DefaultCredentialsError", "RefreshError", "NoCredentialsError",
+                                  "PartialCredentialsError")
 
 
 RETRY_ATTEMPTS_ENV = "VOXRELAY_RETRY_ATTEMPTS"
@@ -95,8 +129,16 @@ def retry(fn: Callable[[], T], what: str, attempts: int | None = None, base_dela
         try:
             return fn()
         except Exception as err:
-            if not _is_transient(err) or attempt == attempts:
+            if _denied(err):
+                raise StorageError(f"access to {_bucket(what)} was denied ({what}: {type(err).__name__}: {err}); "
+                                   f"{_CREDENTIALS_FIX}") from None
+            if not is_transient(err):
                 raise
+            if attempt == attempts:
+                raise StorageUnavailable(
+                    f"{_bucket(what)} did not answer ({what}) after {attempts} attempts: {type(err).__name__}: "
+                    f"{err}. Check the network and the endpoint ({RETRY_ATTEMPTS_ENV} sets the attempts)"
+                ) from err
             delay = min(base_delay * 2 ** (attempt - 1), _MAX_DELAY_S) * (0.5 + random.random())
             log.warning("%s failed (%s: %s); retry %d/%d in %.1fs", what, type(err).__name__, err,
                         attempt, attempts - 1, delay)
@@ -168,6 +210,22 @@ def _fresh(fs: fsspec.AbstractFileSystem, path: str) -> str:
     cached by an earlier ls, so objects written or deleted since by another process would be missed."""
     fs.invalidate_cache(path)
     return path
+
+
+def check_root(uri: str) -> None:
+    """Fail fast, naming the bucket and the fix, when a remote root's bucket does not exist or is
+    not accessible (a local root is created as needed)."""
+    proto, path = _split(uri)
+    if proto in ("file", "memory"):
+        return
+    fs, bucket = _fs(proto), path.split("/", 1)[0]
+    if not retry(lambda: fs.exists(_fresh(fs, bucket)), f"check {uri}"):
+        scheme = uri.split("://", 1)[0]
+        make = f"aws s3 mb s3://{bucket}" if proto == "s3" else f"gcloud storage buckets create gs://{bucket}"
+        raise StorageError(
+            f"the bucket {scheme}://{bucket} (of root {uri}) does not exist or is not visible to these credentials; "
+            f"create it (`{make}`) or fix `root`; if it exists, {_CREDENTIALS_FIX}"
+        )
 
 
 def join(base: str, *parts: str) -> str:

@@ -116,10 +116,12 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     # cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone)
     accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available())
     rank, world = accelerator.process_index, accelerator.num_processes
+    storage.check_root(cfg.root)
     index = load_index(cfg.prepared_uri)
     codec = load_prepared_codec(cfg.prepared_uri, index)
-    train_rows = PreparedDataset.open(cfg.prepared_uri, "train", index).rows
-    eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval", index).rows, key=lambda r: r.id)
+    cap = int(cfg.cache.max_gb * 2**30)
+    train_rows = PreparedDataset.open(cfg.prepared_uri, "train", index, max_bytes=cap).rows
+    eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval", index, max_bytes=cap).rows, key=lambda r: r.id)
     st.seed_everything(cfg.train.seed)
     model = CodecLM.build(cfg.model, index["num_codebooks"], codec.codebook_size, index["speakers"], cfg.train.seed)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
@@ -129,6 +131,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
         start_over(cfg.run_uri, checkpoints)
     accelerator.wait_for_everyone()
     found = None if fresh else _load_latest(checkpoints, accelerator)
+    accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
     if found is not None:
         check_compatible(found[2], cfg, index, found[0].step, len(checkpoints.candidates()))
         model.module.load_state_dict(found[1])

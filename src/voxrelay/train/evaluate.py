@@ -5,13 +5,10 @@ model is learning to speak. Samples go to TensorBoard and ``<run>/samples/step-N
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import soundfile as sf
 import torch
 
-from voxrelay import storage
 from voxrelay.metrics import mcd_dtw
 
 SAMPLES_DIR = "samples"
@@ -63,9 +60,11 @@ def synthesize_eval(run, step: int) -> dict[str, float]:
 
 
 def _save_wav(run, step: int, utt_id: str, wav: np.ndarray, sample_rate: int) -> None:
-    buf = io.BytesIO()
-    sf.write(buf, wav, sample_rate, format="WAV", subtype="PCM_16")
-    storage.write_bytes(storage.join(run.cfg.run_uri, SAMPLES_DIR, f"step-{step:08d}", f"{utt_id}.wav"), buf.getvalue())
+    """Into the local run folder: the run folder itself for a local root; for a remote one the monitor
+    copies it there in the background (an unreachable bucket must not stop training)."""
+    path = run.local_dir / SAMPLES_DIR / f"step-{step:08d}" / f"{utt_id}.wav"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(path, wav, sample_rate, format="WAV", subtype="PCM_16")
 
 
 def evaluate(run, step: int) -> dict[str, float]:

@@ -239,23 +239,29 @@ def test_retry_http_errors_only_when_server_side() -> None:
     unavailable = Flaky(1, gcsfs_retry.HttpError({"code": 503, "message": "unavailable"}))
     assert storage.retry(unavailable, "op", attempts=2, base_delay=0) == "ok"
     forbidden = Flaky(1, gcsfs_retry.HttpError({"code": 403, "message": "forbidden"}))
-    with pytest.raises(gcsfs_retry.HttpError):
-        storage.retry(forbidden, "op", attempts=2, base_delay=0)
+    # a permanent error: not retried, and turned into a user error naming the bucket and the fix
+    with pytest.raises(storage.StorageError, match=r"access to gs://bkt was denied .*credentials"):
+        storage.retry(forbidden, "write gs://bkt/run/x", attempts=2, base_delay=0)
     assert forbidden.calls == 1
+    denied = Flaky(1, PermissionError("Access Denied"))
+    with pytest.raises(storage.StorageError, match="access to s3://b was denied"):
+        storage.retry(denied, "read s3://b/k", attempts=3, base_delay=0)
+    assert denied.calls == 1
 
 
 def test_retry_gives_up_after_attempts(sleeps: list[float]) -> None:
     fn = Flaky(100, ConnectionError("down"))
-    with pytest.raises(ConnectionError, match="down"):
-        storage.retry(fn, "op", attempts=3, base_delay=0.01)
+    with pytest.raises(storage.StorageUnavailable, match=r"s3://b did not answer .*after 3 attempts.*down") as info:
+        storage.retry(fn, "read s3://b/k", attempts=3, base_delay=0.01)
     assert fn.calls == 3 and len(sleeps) == 2
+    assert storage.is_transient(info.value)  # the uploader keeps retrying it later
 
 
 def test_retry_defaults_come_from_environment(sleeps: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VOXRELAY_RETRY_ATTEMPTS", "2")
     monkeypatch.setenv("VOXRELAY_RETRY_BASE_DELAY", "0.2")
     fn = Flaky(100, ConnectionError("down"))
-    with pytest.raises(ConnectionError):
+    with pytest.raises(storage.StorageUnavailable):
         storage.retry(fn, "op")
     assert fn.calls == 2 and 0.1 <= sleeps[0] <= 0.3
     monkeypatch.setenv("VOXRELAY_RETRY_ATTEMPTS", "many")
