@@ -36,7 +36,7 @@ class ProgressLine:
         self.total = total
         self.start = start
         self.enabled = enabled
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, soft_wrap=True)  # never cut a path or a message into lines
         self.live = enabled and sys.stderr.isatty()
         self.progress: Progress | None = None
         self.task = None
