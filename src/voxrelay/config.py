@@ -180,6 +180,11 @@ class TrainConfig(_Section):
         None, gt=0, description="Stop when the eval loss has not improved for this many evaluations (None = off)"
     )
 
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, v: Any) -> Any:
+        return "no" if v is False else v  # YAML reads a bare `no` as false
+
     @field_validator("time_limit", "total_time_limit")
     @classmethod
     def _time_limit(cls, v: str | None) -> str | None:

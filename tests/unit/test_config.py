@@ -101,3 +101,11 @@ def test_resume_changes_are_classified():
     assert safe == ["checkpoint.keep_last", "monitor.tensorboard", "train.max_steps"]
     assert bad == ["codec.num_codebooks", "model.hidden_size", "train.lr"]
     assert config_changes(old, old) == ([], [])
+
+
+def test_precision_no_survives_yaml(tmp_path):
+    # YAML 1.1 reads a bare `no` as false: the documented value must still work in files and overrides
+    assert load_config(None, ["train.precision=no"]).train.precision == "no"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  precision: no\n")
+    assert load_config(cfg).train.precision == "no"
