@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from voxrelay.errors import UserError
@@ -58,9 +59,11 @@ def prepare_cmd(
 ):
     """Validate + encode the sources into Parquet shards at <root>/prepared/<data.name>/."""
     from voxrelay.config import load_config
+
+    cfg = load_config(config, overrides or [])  # before the heavy imports: a config error comes at once
     from voxrelay.data.prepare import prepare
 
-    report = prepare(load_config(config, overrides or []), strict=strict, overwrite=overwrite)
+    report = prepare(cfg, strict=strict, overwrite=overwrite)
     print_prepare_report(report)
 
 
@@ -91,10 +94,12 @@ def train_cmd(
 ):
     """Train (resuming from the run's latest valid checkpoint, if any)."""
     from voxrelay.config import load_config
+
+    cfg = load_config(config, overrides or [])  # before the heavy imports: a config error comes at once
     from voxrelay.train.build import build_run
     from voxrelay.train.loop import train
 
-    run = build_run(load_config(config, overrides or []), fresh=fresh)
+    run = build_run(cfg, fresh=fresh)
     if run.resumed_from is not None:
         err.print(f"resuming {run.cfg.run_uri} from step {run.resumed_from}")
     result = train(run)
@@ -122,8 +127,9 @@ def synthesize_cmd(
     temperature: float = typer.Option(0.8, "--temperature"),
 ):
     """Speak TEXT with a trained model into a wav file."""
-    from voxrelay.inference import load_any, synthesize
+    from voxrelay.inference import check_synthesis_args, load_any, synthesize
 
+    check_synthesis_args(output, temperature)  # before the model loads: seconds, not a late failure
     model, codec, what = load_any(run, step)
     seconds = synthesize(model, codec, text, output, speaker=voice, temperature=temperature, seed=seed)
     err.print(f"{what}: {seconds:.2f} s of audio")
@@ -137,8 +143,9 @@ def export_cmd(
     step: int = typer.Option(None, "--step", help="Checkpoint step (default: latest valid)"),
 ):
     """Write model.safetensors + config (+ codec) that synthesize and transformers can load."""
-    from voxrelay.inference import export, load_from_run
+    from voxrelay.inference import check_export_output, export, load_from_run
 
+    check_export_output(output)
     model, codec, at = load_from_run(run, step)
     export(model, codec, output)
     out.print(f"exported step {at} to {output}", highlight=False)
@@ -147,16 +154,23 @@ def export_cmd(
 @app.command("demo")
 def demo_cmd(
     root: str = typer.Option("./voxrelay-data", "--root", help="Storage root (local folder, gs://, s3://)"),
-    steps: int = typer.Option(None, "--steps", help="Training steps (default: the demo config's)"),
+    steps: int = typer.Option(None, "--steps", min=1, help="Training steps (default: the demo config's)"),
+    list_voices: bool = typer.Option(False, "--list-voices", help="Print the eSpeak NG voices a demo source can use"),
 ):
     """Demo corpus -> prepare -> train -> synthesize, on CPU; prints the wav path last."""
+    if list_voices:
+        from voxrelay.data.demo_corpus import list_voices as voices
+
+        out.print(" ".join(voices()), highlight=False)
+        out.print("(each alone or with a variant: +m1 .. +m7, +f1 .. +f5, e.g. en-gb+f3)", highlight=False)
+        return
     from voxrelay.config import load_config
     from voxrelay.data.prepare import prepare
     from voxrelay.inference import load_from_run, synthesize
     from voxrelay.train.build import build_run, local_run_dir
     from voxrelay.train.loop import train
 
-    overrides = [f"root={root}"] + ([f"train.max_steps={steps}"] if steps else [])
+    overrides = [f"root={root}"] + ([f"train.max_steps={steps}"] if steps is not None else [])
     cfg = load_config(demo_config_path(), overrides)
     print_prepare_report(prepare(cfg))
     result = train(build_run(cfg))
@@ -169,9 +183,17 @@ def demo_cmd(
 
 
 def main() -> None:
-    _setup_logging()
+    """Entry point: a :class:`UserError` exits 2 with its message, Ctrl-C exits 130; neither prints a traceback.
+
+    Training handles SIGINT itself (saves, exit 130); typer turns a KeyboardInterrupt inside a
+    command into exit 130 as well; this catches the ones outside (start-up, logging set-up).
+    """
     try:
+        _setup_logging()
         app()
     except UserError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)  # a message is text, not markup
         sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted", highlight=False)
+        sys.exit(130)

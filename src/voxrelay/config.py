@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from voxrelay.errors import UserError
+from voxrelay.errors import UserError, one_line
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -373,7 +373,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         try:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            what = getattr(e, "problem", None) or one_line(e)
+            raise ConfigError(f"{p}: not valid YAML{where}: {what}; fix the syntax (e.g. an unclosed [ or {{, "
+                              "a tab used for indentation, a missing space after ':')") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections (name, root, data, ...)")
         source = str(p)

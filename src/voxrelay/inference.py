@@ -8,6 +8,7 @@ and ``codec.json`` (+ ``codec.safetensors`` for the built-in codec).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from voxrelay.codecs.registry import codec_from_description
 from voxrelay.config import ConfigError, build_config
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.errors import UserError
-from voxrelay.models.codec_lm.model import CodecLM
+from voxrelay.models.codec_lm.model import META_FILE, CodecLM
 from voxrelay.train.build import CONFIG_SNAPSHOT
 
 CODEC_JSON = "codec.json"
@@ -51,8 +52,17 @@ def load_from_run(run_uri: str, step: int | None = None) -> tuple[CodecLM, Audio
 
 def load_from_export(folder: str) -> tuple[CodecLM, AudioCodec]:
     path = Path(folder)
+    missing = [name for name in (META_FILE, CODEC_JSON) if not (path / name).is_file()]
+    if missing:
+        raise InferenceError(
+            f"{folder} is not a complete export folder (no {' or '.join(missing)}); pass a folder written by "
+            "`voxrelay export`, or a run folder <root>/runs/<name>"
+        )
     model = CodecLM.from_pretrained(path)
-    desc = json.loads((path / CODEC_JSON).read_text())
+    try:
+        desc = json.loads((path / CODEC_JSON).read_text())
+    except json.JSONDecodeError as e:
+        raise InferenceError(f"{path / CODEC_JSON} is not valid JSON ({e}); export the run again") from e
     state = (path / CODEC_STATE).read_bytes() if (path / CODEC_STATE).exists() else None
     return model, codec_from_description(desc, state)
 
@@ -73,6 +83,7 @@ def synthesize(
     temperature: float = 0.8, top_k: int = 50, seed: int = 0, max_seconds: float = 20.0,
 ) -> float:
     """Text -> wav file at the codec's rate; returns the duration in seconds."""
+    check_synthesis_args(out, temperature, top_k, max_seconds)
     if speaker is not None and model.speakers and speaker not in model.speakers:
         raise InferenceError(f"unknown voice {speaker!r}; this model knows: {', '.join(model.speakers)}")
     if speaker is None and model.speakers:
@@ -86,8 +97,33 @@ def synthesize(
     return len(wav) / codec.sample_rate
 
 
-def export(model: CodecLM, codec: AudioCodec, out_dir: str | Path) -> Path:
+def check_synthesis_args(out: str | Path, temperature: float, top_k: int = 50, max_seconds: float = 20.0) -> None:
+    """Refuse, before any work, arguments that would fail late or write garbage (-o, --temperature)."""
+    out = Path(out)
+    if out.suffix.lower() != ".wav" or out.is_dir():
+        raise InferenceError(f"output {str(out)!r} is not a .wav file path; pass e.g. -o speech.wav")
+    if not math.isfinite(temperature):
+        raise InferenceError(f"--temperature must be a finite number (0 = greedy), got {temperature}")
+    if top_k < 0 or not max_seconds > 0:
+        raise InferenceError(f"top_k must be >= 0 and max_seconds > 0, got top_k={top_k}, max_seconds={max_seconds}")
+
+
+def check_export_output(out_dir: str | Path) -> Path:
+    """``out_dir`` as a Path, or an error when exporting there would overwrite something else."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InferenceError(f"export output {str(out)!r} is a file; pass a new or empty folder with -o")
+    if out.is_dir() and any(out.iterdir()) and not (out / META_FILE).is_file():
+        # never mix model files into a folder of the user's that is not a previous export
+        raise InferenceError(
+            f"export output {str(out)!r} is a folder that holds other files and no previous export; "
+            "pass a new or empty folder with -o"
+        )
+    return out
+
+
+def export(model: CodecLM, codec: AudioCodec, out_dir: str | Path) -> Path:
+    out = check_export_output(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     (out / CODEC_JSON).write_text(json.dumps(codec.describe(), indent=2))

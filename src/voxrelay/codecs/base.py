@@ -15,6 +15,22 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from voxrelay.errors import UserError
+
+
+class CodecError(UserError, ValueError):
+    """A codec cannot be built or loaded (``codec.path``, a missing package, a changed codec);
+    the message names the path or key and the fix."""
+
+
+class CodecNotFoundError(CodecError, FileNotFoundError):
+    """``codec.path`` is neither a codec folder nor a hub id that can be loaded."""
+
+
+def looks_local(spec: str) -> bool:
+    """True when ``spec`` can only be a local path (a hub id is exactly ``owner/name``)."""
+    return spec.startswith((".", "/", "~")) or spec.count("/") != 1
+
 
 @runtime_checkable
 class AudioCodec(Protocol):

@@ -8,13 +8,15 @@ the hop, which is all DAC's feature extractor does for one mono clip.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from voxrelay.codecs.base import describe_common, mono_float32
+from voxrelay.codecs.base import CodecError, CodecNotFoundError, describe_common, looks_local, mono_float32
+from voxrelay.errors import one_line
 
 if TYPE_CHECKING:
     from transformers import DacModel
@@ -25,20 +27,48 @@ def load_dac_model(path: str) -> DacModel:
     from transformers import DacModel
 
     local = Path(path).expanduser()
-    if not local.is_dir() and (path.startswith((".", "/", "~")) or path.count("/") != 1):
-        raise FileNotFoundError(
-            f"DAC codec folder {path!r} does not exist; set codec.path to a folder written by "
+    if not local.is_dir() and looks_local(path):
+        raise CodecNotFoundError(
+            f"DAC codec folder {path!r} does not exist; set codec.path to a local folder written by "
             "DacModel.save_pretrained, or to a hub id such as 'descript/dac_16khz'"
         )
+    if local.is_dir():
+        _check_dac_folder(local)
     source = str(local) if local.is_dir() else path
     try:
         model = DacModel.from_pretrained(source)
     except OSError as e:
-        raise FileNotFoundError(
-            f"could not load DAC codec {path!r} ({e}); set codec.path to a local folder written by "
-            "DacModel.save_pretrained (hub ids need network access or a warm HF cache)"
+        where = "local folder" if local.is_dir() else "hub id (it is not a local folder)"
+        raise CodecNotFoundError(
+            f"could not load DAC codec {path!r} as a {where} ({one_line(e)}); set codec.path to a local "
+            "folder written by DacModel.save_pretrained (hub ids need network access or a warm HF cache)"
+        ) from e
+    except RuntimeError as e:  # weights whose shapes disagree with config.json
+        raise CodecError(
+            f"the weights in DAC folder {path!r} do not fit its config.json ({one_line(e)[:300]}); "
+            "set codec.path to an intact folder written by DacModel.save_pretrained"
         ) from e
     return model.eval()
+
+
+def _check_dac_folder(folder: Path) -> None:
+    """Refuse a local folder that holds no DAC config: transformers would build a random model from it."""
+    config_file = folder / "config.json"
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type")
+    except FileNotFoundError:
+        model_type = None
+        problem = "no config.json"
+    except (json.JSONDecodeError, AttributeError):
+        model_type = None
+        problem = "config.json is not a JSON object"
+    else:
+        problem = f"config.json has model_type {model_type!r}"
+    if model_type != "dac":
+        raise CodecNotFoundError(
+            f"{str(folder)!r} is not a DAC folder ({problem}); set codec.path to a folder written by "
+            "DacModel.save_pretrained (model_type 'dac'), or set codec.type to the codec that folder holds"
+        )
 
 
 class DacCodec:

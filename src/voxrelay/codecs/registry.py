@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from voxrelay.codecs.base import AudioCodec, FittableCodec
+from voxrelay.codecs.base import AudioCodec, CodecError, FittableCodec
 
 if TYPE_CHECKING:
     from voxrelay.config import CodecConfig
@@ -32,13 +32,13 @@ _MEL_KMEANS_PARAMS = (
 _PRETRAINED_CHECKED = ("sample_rate", "num_codebooks", "codebook_size")
 
 
-def _import_sdk(module: str, package: str) -> None:
+def _import_sdk(module: str, package: str, kind: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(
-            f"codec needs the {package!r} package, which failed to import ({e}); "
-            f"install it with `pip install {package}`"
+        raise CodecError(
+            f"codec.type '{kind}' needs the {package!r} package, which failed to import ({e}); "
+            f"install it with `pip install {package}` or choose another codec.type"
         ) from e
 
 
@@ -49,14 +49,14 @@ def _mel_kmeans(params: dict[str, Any]) -> AudioCodec:
 
 
 def _snac(path: str) -> AudioCodec:
-    _import_sdk("snac", "snac")
+    _import_sdk("snac", "snac", "snac")
     from voxrelay.codecs.snac import SnacCodec
 
     return SnacCodec.from_pretrained(path)
 
 
 def _dac(path: str) -> AudioCodec:
-    _import_sdk("transformers", "transformers")
+    _import_sdk("transformers", "transformers", "dac")
     from voxrelay.codecs.dac import DacCodec
 
     return DacCodec.from_pretrained(path)
@@ -73,8 +73,8 @@ def codec_types() -> list[str]:
     return sorted([*FITTABLE_CODECS, *PRETRAINED_CODECS])
 
 
-def _unknown(kind: Any) -> ValueError:
-    return ValueError(f"unknown codec type {kind!r}; use one of {codec_types()}")
+def _unknown(kind: Any) -> CodecError:
+    return CodecError(f"unknown codec type {kind!r}; set codec.type to one of {codec_types()}")
 
 
 def build_codec(cfg: CodecConfig) -> AudioCodec:
@@ -83,7 +83,7 @@ def build_codec(cfg: CodecConfig) -> AudioCodec:
         return FITTABLE_CODECS[cfg.type]({k: getattr(cfg, k) for k in _MEL_KMEANS_PARAMS})
     if cfg.type in PRETRAINED_CODECS:
         if not cfg.path:
-            raise ValueError(
+            raise CodecError(
                 f"codec.type '{cfg.type}' needs codec.path: a local folder or hub id of the pretrained "
                 "codec (e.g. codec.path=hubertsiuzdak/snac_24khz or codec.path=descript/dac_16khz)"
             )
@@ -102,7 +102,7 @@ def codec_from_description(desc: dict[str, Any], state: bytes | None = None) -> 
     if kind in FITTABLE_CODECS:
         missing = [k for k in _MEL_KMEANS_PARAMS if k not in desc]
         if missing:
-            raise ValueError(f"codec description {desc} lacks {missing}; it was not written by describe()")
+            raise CodecError(f"codec description {desc} lacks {missing}; it was not written by describe()")
         codec = FITTABLE_CODECS[kind]({k: desc[k] for k in _MEL_KMEANS_PARAMS})
         if state is not None:
             assert isinstance(codec, FittableCodec)
@@ -110,13 +110,19 @@ def codec_from_description(desc: dict[str, Any], state: bytes | None = None) -> 
         return codec
     if kind in PRETRAINED_CODECS:
         if state is not None:
-            raise ValueError(f"codec type {kind!r} is pretrained and takes no fitted state; pass state=None")
+            raise CodecError(f"codec type {kind!r} is pretrained and takes no fitted state; pass state=None")
         if not desc.get("path"):
-            raise ValueError(
+            raise CodecError(
                 f"codec description {desc} has no path (the codec was wrapped from an in-memory model); "
                 "load that model yourself and wrap it with from_model(), or prepare with codec.path set"
             )
-        codec = PRETRAINED_CODECS[kind](desc["path"])
+        try:
+            codec = PRETRAINED_CODECS[kind](desc["path"])
+        except CodecError as e:
+            raise type(e)(
+                f"the codec the data was prepared with (codec.path={desc['path']!r}, recorded in the prepared "
+                f"index.json) cannot be loaded any more: {e}; restore that codec or prepare the data again"
+            ) from e
         _check_same(desc, codec.describe())
         return codec
     raise _unknown(kind)
@@ -125,7 +131,7 @@ def codec_from_description(desc: dict[str, Any], state: bytes | None = None) -> 
 def _check_same(saved: dict[str, Any], loaded: dict[str, Any]) -> None:
     diff = {k: (saved[k], loaded[k]) for k in _PRETRAINED_CHECKED if k in saved and saved[k] != loaded[k]}
     if diff:
-        raise ValueError(
+        raise CodecError(
             f"codec at {saved['path']!r} no longer matches the one the data was prepared with "
             f"(field: (prepared, now) = {diff}); restore that codec or prepare the data again"
         )

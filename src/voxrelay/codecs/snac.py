@@ -20,6 +20,7 @@ fixed-seed torch RNG, which leaves the caller's RNG untouched.
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from voxrelay.codecs.base import describe_common, mono_float32
+from voxrelay.codecs.base import (
+    CodecError,
+    CodecNotFoundError,
+    describe_common,
+    looks_local,
+    mono_float32,
+)
+from voxrelay.errors import one_line
 
 if TYPE_CHECKING:
     import snac
@@ -43,7 +51,7 @@ def _load_snac_state(folder: Path) -> dict[str, torch.Tensor]:
         return load_file(folder / "model.safetensors")
     if (folder / "pytorch_model.bin").is_file():
         return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(
+    raise CodecNotFoundError(
         f"SNAC folder {str(folder)!r} has no model.safetensors or pytorch_model.bin; "
         "point codec.path at a folder holding config.json and the weights (or at a hub id)"
     )
@@ -57,9 +65,10 @@ def _download(repo_id: str) -> Path:
         hf_hub_download(repo_id=repo_id, filename="config.json")
         return Path(hf_hub_download(repo_id=repo_id, filename="pytorch_model.bin")).parent
     except Exception as e:  # re-raised with the path and the fix, not swallowed
-        raise FileNotFoundError(
-            f"could not load SNAC codec {repo_id!r}: it is not a local folder and the hub download failed "
-            f"({type(e).__name__}: {e}); set codec.path to a local folder with config.json and weights"
+        raise CodecNotFoundError(
+            f"could not load SNAC codec {repo_id!r}: it is not a local folder, so it was taken for a hub id, "
+            f"and the hub download failed ({type(e).__name__}: {one_line(e)}); set codec.path to a local "
+            "folder with config.json and weights, or to a hub id reachable from this machine"
         ) from e
 
 
@@ -69,17 +78,45 @@ def load_snac_model(path: str) -> snac.SNAC:
 
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1
-        if looks_local:
-            raise FileNotFoundError(
-                f"SNAC codec folder {path!r} does not exist; set codec.path to a folder with "
+        if looks_local(path):
+            raise CodecNotFoundError(
+                f"SNAC codec folder {path!r} does not exist; set codec.path to a local folder with "
                 "config.json + pytorch_model.bin, or to a hub id such as 'hubertsiuzdak/snac_24khz'"
             )
         folder = _download(path)
-    config = json.loads((folder / "config.json").read_text())
-    model = SNAC(**config)
-    model.load_state_dict(_load_snac_state(folder))
+    model = SNAC(**_read_snac_config(folder))
+    try:
+        model.load_state_dict(_load_snac_state(folder))
+    except RuntimeError as e:  # missing/unexpected keys or shapes that disagree with config.json
+        raise CodecError(
+            f"the weights in SNAC folder {str(folder)!r} do not fit its config.json ({one_line(e)[:300]}); "
+            "set codec.path to an intact SNAC folder (config.json and weights saved together)"
+        ) from e
     return model.eval()
+
+
+def _read_snac_config(folder: Path) -> dict[str, Any]:
+    """The SNAC constructor arguments of ``folder/config.json``, checked to be a SNAC config."""
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise CodecNotFoundError(
+            f"{str(folder)!r} is not a SNAC folder (no config.json); set codec.path to a local folder with "
+            "config.json + pytorch_model.bin, or to a hub id such as 'hubertsiuzdak/snac_24khz'"
+        )
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CodecError(f"{config_file} is not valid JSON ({e}); restore the SNAC folder or download it again") from e
+    from snac import SNAC
+
+    known = set(inspect.signature(SNAC.__init__).parameters) - {"self"}
+    unknown = sorted(set(config) - known) if isinstance(config, dict) else ["<not a mapping>"]
+    if unknown:
+        raise CodecError(
+            f"{config_file} is not a SNAC config (unknown fields {unknown[:5]}); set codec.path to a SNAC "
+            "folder, or set codec.type to the codec that folder holds"
+        )
+    return config
 
 
 class SnacCodec:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import ctypes
+import difflib
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ import numpy as np
 
 from voxrelay.data.audio import load_audio, resample, trim_silence, write_wav
 from voxrelay.data.demo_text import SentenceMaker
+from voxrelay.errors import UserError
 
 DEFAULT_VOICES = ["en-us", "en-gb+f3", "en-us+m3", "en-gb-scotland+f2"]
 DONE_MARKER = "DONE"
@@ -35,9 +37,27 @@ METADATA = "metadata.csv"
 _BASE_RATE = 165  # eSpeak words per minute; its default is 175, a little slower is easier to learn
 
 _INSTALL_HINT = "install it with `pip install espeakng-loader` or `apt-get install espeak-ng`"
+_LIST_VOICES_HINT = "`voxrelay demo --list-voices` lists the languages"
 
-class SynthesisError(RuntimeError):
+
+class SynthesisError(UserError, RuntimeError):
     """eSpeak NG is unavailable or rejected a voice; the message says how to fix it."""
+
+
+class DemoCorpusError(UserError, ValueError):
+    """The corpus folder cannot be used (made with other arguments, or not a demo corpus)."""
+
+
+def unknown_voice_message(voice: str, languages: list[str]) -> str:
+    """What to tell a user whose ``voice`` eSpeak NG rejects; ``languages``: the known ones (may be empty)."""
+    language = voice.partition("+")[0]
+    close = difflib.get_close_matches(language, languages, n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+    return (
+        f"eSpeak NG has no voice {voice!r} (a voice of the demo source, data.sources: [{{type: demo, voices: "
+        "[...]}]); a voice is a language with an optional variant such as +m3 or +f2, e.g. 'en-us', "
+        f"'en-gb+f3', 'en-us+m3', 'en-gb-scotland+f2'; {hint}{_LIST_VOICES_HINT}"
+    )
 
 
 class Synthesizer(Protocol):
@@ -45,6 +65,10 @@ class Synthesizer(Protocol):
 
     def synth(self, text: str, voice: str, rate: int, seed: int) -> tuple[np.ndarray, int]:
         """Speak ``text`` at ``rate`` words/min -> (int16 samples ``[N]``, sample rate in Hz)."""
+        ...
+
+    def languages(self) -> list[str]:
+        """The language tags of the installed voices."""
         ...
 
 
@@ -99,6 +123,8 @@ class _EspeakLibrary:
                 lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
                 lib.espeak_SetVoiceByProperties.argtypes = [ctypes.POINTER(_EspeakVoice)]
                 lib.espeak_GetCurrentVoice.restype = ctypes.POINTER(_EspeakVoice)
+                lib.espeak_ListVoices.argtypes = [ctypes.POINTER(_EspeakVoice)]
+                lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_EspeakVoice))
                 lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
                 lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
                 lib.espeak_Synth.argtypes = [
@@ -131,10 +157,20 @@ class _EspeakLibrary:
             name = identifier.decode() + (f"+{variant}" if variant else "")
             if identifier and self.lib.espeak_SetVoiceByName(name.encode()) == 0:
                 return
-        raise SynthesisError(
-            f"eSpeak NG has no voice {voice!r}; use a language with an optional variant, "
-            "e.g. 'en-us', 'en-gb+f3', 'en-us+m3', 'en-gb-scotland+f2'"
-        )
+        raise SynthesisError(unknown_voice_message(voice, self.languages()))
+
+    def languages(self) -> list[str]:
+        """The language tags of the installed voices (each usable as a voice, with or without +variant)."""
+        voices = self.lib.espeak_ListVoices(None)  # NULL-terminated array of espeak_VOICE*
+        tags, i = set(), 0
+        while voices[i]:
+            # ``languages`` is a list of (priority byte, NUL-terminated tag) ending with a 0 byte; read as a
+            # C string it stops at the first tag's NUL: the priority byte, then the voice's own language.
+            raw = voices[i].contents.languages or b""
+            if len(raw) > 1:
+                tags.add(raw[1:].decode())
+            i += 1
+        return sorted(tags)
 
     def synth(self, text: str, voice: str, rate: int, seed: int) -> tuple[np.ndarray, int]:
         with _LIB_LOCK:
@@ -170,11 +206,17 @@ class _EspeakBinary:
             )  # fmt: skip
             if proc.returncode != 0 or not out.is_file():
                 raise SynthesisError(
-                    f"{self.exe} -v {voice} failed ({proc.stderr.strip()[:200]}); "
-                    "check the voice name with `espeak-ng --voices`"
+                    f"{self.exe} -v {voice} failed ({' '.join(proc.stderr.split())[:200]}); "
+                    f"check the voice name: {_LIST_VOICES_HINT}"
                 )
             wav, sr = load_audio(out)
         return (np.clip(wav, -1.0, 1.0) * 32767.0).round().astype(np.int16), sr
+
+    def languages(self) -> list[str]:
+        """The language tags of ``espeak-ng --voices`` (its second column)."""
+        proc = subprocess.run([self.exe, "--voices"], capture_output=True, text=True, timeout=60)
+        rows = [line.split() for line in proc.stdout.splitlines()[1:]]  # the first line is the header
+        return sorted({row[1] for row in rows if len(row) > 1})
 
 
 def load_synthesizer() -> Synthesizer:
@@ -190,6 +232,11 @@ def load_synthesizer() -> Synthesizer:
             return _EspeakBinary(path)
     reasons.append("no espeak-ng binary on PATH")
     raise SynthesisError(f"eSpeak NG is not available ({'; '.join(reasons)}); {_INSTALL_HINT}")
+
+
+def list_voices() -> list[str]:
+    """The language tags eSpeak NG knows here: each is a voice, alone or with a variant (``en-gb+f3``)."""
+    return load_synthesizer().languages()
 
 
 def _params(minutes: float, voices: list[str], seed: int, sample_rate: int) -> dict:
@@ -272,7 +319,7 @@ def _read_done(folder: Path) -> dict | None:
 def _check_reusable(folder: Path, done: dict, params: dict) -> Path:
     made_with = {k: done.get(k) for k in params}
     if made_with != params:
-        raise ValueError(
+        raise DemoCorpusError(
             f"{folder} holds a demo corpus made with {made_with}, not {params}; "
             "pass another out_dir or delete that folder"
         )
@@ -283,7 +330,7 @@ def _remove_incomplete(folder: Path) -> None:
     """Delete a corpus folder left without its marker, but never a folder holding anything else."""
     foreign = [p.name for p in folder.iterdir() if p.name not in (METADATA, "wavs", DONE_MARKER)]
     if foreign:
-        raise ValueError(
+        raise DemoCorpusError(
             f"out_dir {str(folder)!r} exists and is not a demo corpus (it holds {sorted(foreign)[:5]}); "
             "pass a new or empty folder"
         )

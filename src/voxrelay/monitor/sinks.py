@@ -16,10 +16,15 @@ from typing import Protocol
 import numpy as np
 
 from voxrelay import storage
+from voxrelay.errors import UserError
 
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tensorboard"
+
+
+class MonitorError(UserError, RuntimeError):
+    """A metric sink the config asks for cannot start (e.g. wandb missing); the message says the fix."""
 
 
 class MetricSink(Protocol):
@@ -68,11 +73,19 @@ class WandbSink:
     def __init__(self, project: str, name: str, config: dict):
         try:
             import wandb
-        except ImportError:
-            msg = "monitor.wandb is true but wandb is not installed: pip install 'voxrelay[wandb]'"
-            raise RuntimeError(msg) from None
+        except ImportError as e:
+            raise MonitorError(
+                f"monitor.wandb is true but wandb cannot be imported ({e}); install it with "
+                "`pip install 'voxrelay[wandb]'` or set monitor.wandb=false"
+            ) from None
         self.wandb = wandb
-        self.run = wandb.init(project=project, name=name, config=config, resume="allow")
+        try:
+            self.run = wandb.init(project=project, name=name, config=config, resume="allow")
+        except Exception as e:  # wandb's own error classes (no API key, no network) vary by version
+            raise MonitorError(
+                f"monitor.wandb is true but wandb.init failed for project {project!r} ({type(e).__name__}: {e}); "
+                "run `wandb login` (or set WANDB_API_KEY), set WANDB_MODE=offline, or set monitor.wandb=false"
+            ) from e
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)

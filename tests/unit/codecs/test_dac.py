@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import DacConfig, DacModel
 
-from voxrelay.codecs.base import AudioCodec
+from voxrelay.codecs.base import AudioCodec, CodecError
 from voxrelay.codecs.dac import DacCodec
 
 TINY = dict(
@@ -94,3 +94,20 @@ def test_decode_rejects_bad_codes(tiny: tuple[DacModel, DacCodec]) -> None:
 def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         DacCodec.from_pretrained(str(tmp_path / "no" / "such" / "dac"))
+
+
+def test_a_folder_that_is_not_dac_is_a_user_error(tmp_path: Path) -> None:
+    # transformers would otherwise build a random DAC from another model's config
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(CodecError, match="is not a DAC folder \\(config.json has model_type 'llama'\\)"):
+        DacCodec.from_pretrained(str(tmp_path))
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(CodecError, match="no config.json"):
+        DacCodec.from_pretrained(str(tmp_path))
+
+
+def test_a_dac_folder_without_weights_is_a_user_error(tmp_path: Path) -> None:
+    save_tiny_dac(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(CodecError, match="as a local folder.*DacModel.save_pretrained"):
+        DacCodec.from_pretrained(str(tmp_path))

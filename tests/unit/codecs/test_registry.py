@@ -16,6 +16,7 @@ from voxrelay.codecs.dac import DacCodec
 from voxrelay.codecs.mel_kmeans import MelKMeansCodec
 from voxrelay.codecs.registry import build_codec, codec_from_description, codec_types
 from voxrelay.config import CodecConfig
+from voxrelay.errors import UserError
 
 SR = 16000
 
@@ -77,7 +78,7 @@ def test_mel_kmeans_round_trips_through_its_description() -> None:
 
 @pytest.mark.parametrize("kind", ["snac", "dac"])
 def test_pretrained_codecs_need_a_path(kind: str) -> None:
-    with pytest.raises(ValueError, match="codec.path"):
+    with pytest.raises(UserError, match="codec.path"):
         build_codec(CodecConfig(type=kind))
 
 
@@ -94,10 +95,16 @@ def test_pretrained_codecs_build_and_round_trip(kind: str, snac_dir: str, dac_di
 
 def test_missing_folder_names_the_path(tmp_path: Path) -> None:
     missing = str(tmp_path / "absent")
-    with pytest.raises(FileNotFoundError, match="absent"):
+    with pytest.raises(UserError, match="absent"):
         build_codec(CodecConfig(type="snac", path=missing))
-    with pytest.raises(FileNotFoundError, match="absent"):
+    with pytest.raises(UserError, match="absent"):
         build_codec(CodecConfig(type="dac", path=missing))
+
+
+def test_a_prepared_codec_that_is_gone_says_how_to_recover(tmp_path: Path) -> None:
+    desc = {"type": "snac", "path": str(tmp_path / "gone"), "sample_rate": 24000}
+    with pytest.raises(UserError, match=r"recorded in the prepared index.json.*prepare the data again"):
+        codec_from_description(desc)
 
 
 def test_changed_pretrained_codec_is_detected(dac_dir: str) -> None:

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 from snac import SNAC
 
-from voxrelay.codecs.base import AudioCodec
+from voxrelay.codecs.base import AudioCodec, CodecError
 from voxrelay.codecs.snac import SnacCodec
 
 # FACTS.md: the smallest SNAC that works (attention off; with it, dims must be >= 64)
@@ -140,6 +140,25 @@ def test_missing_folder_and_missing_weights_are_clear_errors(tmp_path: Path) -> 
         SnacCodec.from_pretrained(str(tmp_path / "nope"))
     (tmp_path / "config.json").write_text(json.dumps(TINY))
     with pytest.raises(FileNotFoundError, match="pytorch_model.bin"):
+        SnacCodec.from_pretrained(str(tmp_path))
+
+
+def test_a_folder_of_another_model_is_a_user_error(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    with pytest.raises(CodecError, match=r"not a SNAC config \(unknown fields \['hidden_size', 'model_type'\]\)"):
+        SnacCodec.from_pretrained(str(tmp_path))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CodecError, match="config.json is not valid JSON"):
+        SnacCodec.from_pretrained(str(tmp_path))
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(CodecError, match=r"is not a SNAC folder \(no config.json\)"):
+        SnacCodec.from_pretrained(str(tmp_path))
+
+
+def test_weights_that_do_not_fit_the_config_are_a_user_error(tmp_path: Path) -> None:
+    save_tiny_snac(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**TINY, "codebook_size": 32}))
+    with pytest.raises(CodecError, match="do not fit its config.json"):
         SnacCodec.from_pretrained(str(tmp_path))
 
 

@@ -9,6 +9,7 @@ from voxrelay.data import demo_corpus
 from voxrelay.data.audio import load_audio
 from voxrelay.data.demo_corpus import DEFAULT_VOICES, SynthesisError, generate_demo_corpus
 from voxrelay.data.demo_text import SentenceMaker, spell_number
+from voxrelay.errors import UserError
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +74,19 @@ def test_never_deletes_a_foreign_folder(tmp_path):
 
 
 def test_unknown_voice_names_the_voice(tmp_path):
-    with pytest.raises(SynthesisError, match="no voice 'xx-nonsense'"):
+    with pytest.raises(SynthesisError, match="no voice 'xx-nonsense'.*voxrelay demo --list-voices") as info:
         generate_demo_corpus(tmp_path / "c", minutes=0.05, voices=["xx-nonsense"])
+    assert isinstance(info.value, UserError)
     assert not (tmp_path / "c").exists()
+
+
+def test_voice_list_and_suggestions():
+    languages = demo_corpus.list_voices()
+    assert {"en-us", "en-gb", "en-gb-scotland", "de"} <= set(languages) and len(languages) > 50
+    assert not any("+" in lang or " " in lang for lang in languages)
+    message = demo_corpus.unknown_voice_message("en-uss+f3", languages)
+    assert "no voice 'en-uss+f3'" in message and "did you mean 'en-us'" in message
+    assert "did you mean" not in demo_corpus.unknown_voice_message("qqqqqq", languages)
 
 
 def test_no_backend_says_how_to_install(monkeypatch):

@@ -11,6 +11,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from voxrelay.config import ModelConfig
+from voxrelay.errors import UserError
 from voxrelay.models.codec_lm.model import IGNORE_INDEX, CodecLM, SequenceTooLongError
 from voxrelay.models.codec_lm.vocab import VocabLayout
 
@@ -208,6 +209,8 @@ def test_incomplete_folder_is_refused(tmp_path: Path) -> None:
     model.module.save_pretrained(str(tmp_path / "m"))  # no voxrelay.json: an interrupted save
     with pytest.raises(FileNotFoundError, match="voxrelay.json"):
         CodecLM.from_pretrained(tmp_path / "m")
+    with pytest.raises(UserError, match="voxrelay.json"):
+        CodecLM.from_pretrained(tmp_path / "m")
 
 
 def test_init_from_plain_lm_resizes_embeddings(tmp_path: Path) -> None:
@@ -240,3 +243,37 @@ def test_init_from_voxrelay_folder(tmp_path: Path) -> None:
     assert torch.equal(again.module.lm_head.weight, model.module.lm_head.weight)
     with pytest.raises(ValueError, match="codebooks"):
         CodecLM.build(tiny_cfg(init_from=str(tmp_path / "m")), K + 1, C, [], seed=0)
+
+
+def _save_plain_lm(folder: Path, **kw) -> None:
+    from transformers import LlamaConfig
+
+    base = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    LlamaForCausalLM(LlamaConfig(**{**base, **kw})).save_pretrained(str(folder))
+
+
+def test_bad_init_from_names_the_key_and_the_fix(tmp_path: Path) -> None:
+    def build(source: Path) -> CodecLM:
+        return CodecLM.build(tiny_cfg(init_from=str(source)), K, C, [], seed=0)
+
+    with pytest.raises(UserError, match=r"model.init_from='.*absent': no such folder"):
+        build(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"model.init_from='.*empty': the folder has no config.json"):
+        build(tmp_path / "empty")
+    _save_plain_lm(tmp_path / "no-weights")
+    (tmp_path / "no-weights" / "model.safetensors").unlink()
+    with pytest.raises(UserError, match=r"no-weights' cannot be loaded as a local folder"):
+        build(tmp_path / "no-weights")
+
+
+def test_init_from_weights_that_do_not_fit_are_refused(tmp_path: Path) -> None:
+    _save_plain_lm(tmp_path / "lm")
+    config = json.loads((tmp_path / "lm" / "config.json").read_text())
+    (tmp_path / "lm" / "config.json").write_text(json.dumps({**config, "hidden_size": 64}))
+    with pytest.raises(UserError, match="its weights do not fit its config.json"):
+        CodecLM.build(tiny_cfg(init_from=str(tmp_path / "lm")), K, C, [], seed=0)
+    # one layer of weights for a two-layer config: the second layer would silently start random
+    (tmp_path / "lm" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    with pytest.raises(UserError, match=r"its weights lack 9 tensors .*model.layers.1."):
+        CodecLM.build(tiny_cfg(init_from=str(tmp_path / "lm")), K, C, [], seed=0)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from voxrelay.errors import UserError
 from voxrelay.models.codec_lm.tokenizer import (
     ByteTokenizer,
     HFTextTokenizer,
@@ -54,5 +55,17 @@ def test_hf_tokenizer_from_local_folder(tmp_path: Path) -> None:
 
 
 def test_bad_spec_names_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="model.tokenizer"):
+    with pytest.raises(UserError, match=r"model.tokenizer='.*no-such-tokenizer': no such folder"):
         load_text_tokenizer(str(tmp_path / "no-such-tokenizer"))
+    (tmp_path / "weights-only").mkdir()
+    with pytest.raises(UserError, match="holds no tokenizer files"):
+        load_text_tokenizer(str(tmp_path / "weights-only"))
+    with pytest.raises(UserError, match="not written .completely. by TextTokenizer.save"):
+        load_saved_tokenizer(tmp_path / "weights-only")
+
+
+def test_hub_id_that_cannot_be_fetched_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network here: the hub lookup fails at once
+    with pytest.raises(UserError, match=r"model.tokenizer='nobody/nothing' as a hub id") as info:
+        load_text_tokenizer("nobody/nothing")
+    assert "\n" not in str(info.value)

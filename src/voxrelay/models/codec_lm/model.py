@@ -22,7 +22,13 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from voxrelay.config import ModelConfig
-from voxrelay.models.codec_lm.tokenizer import TextTokenizer, load_saved_tokenizer, load_text_tokenizer
+from voxrelay.errors import UserError, one_line
+from voxrelay.models.codec_lm.tokenizer import (
+    TextTokenizer,
+    load_saved_tokenizer,
+    load_text_tokenizer,
+    looks_local,
+)
 from voxrelay.models.codec_lm.vocab import VocabLayout
 
 FORMAT_VERSION = 1
@@ -31,8 +37,16 @@ TOKENIZER_DIR = "tokenizer"
 IGNORE_INDEX = -100
 
 
-class SequenceTooLongError(ValueError):
+class SequenceTooLongError(UserError, ValueError):
     """An utterance does not fit in ``model.max_seq_len`` tokens."""
+
+
+class ModelLoadError(UserError, ValueError):
+    """``model.init_from`` or a saved model folder cannot be loaded; the message names it and the fix."""
+
+
+class ModelNotFoundError(ModelLoadError, FileNotFoundError):
+    """A model folder that does not exist or was not written completely."""
 
 
 class CodecLM:
@@ -109,7 +123,7 @@ class CodecLM:
         meta = _read_meta(folder)
         layout = VocabLayout.from_dict(meta["layout"])
         tokenizer = load_saved_tokenizer(folder / TOKENIZER_DIR)
-        module = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="sdpa")
+        module = load_causal_lm(str(folder), f"model folder {str(folder)!r}", attn_implementation="sdpa")
         return cls(module, tokenizer, layout, list(meta["speakers"]), int(meta["max_seq_len"]))
 
     # ---------------------------------------------------------------- training data
@@ -292,13 +306,16 @@ def _llama_config(cfg: ModelConfig, layout: VocabLayout) -> LlamaConfig:
 def _read_meta(folder: Path) -> dict[str, Any]:
     path = folder / META_FILE
     if not path.is_file():
-        raise FileNotFoundError(
+        raise ModelNotFoundError(
             f"{path} is missing: {folder} is not a complete voxrelay codec_lm folder "
             "(save_pretrained writes voxrelay.json last; an interrupted save leaves none)"
         )
-    meta = json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON ({e}); save the model again") from e
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
+        raise ModelLoadError(
             f"{path}: format_version {meta.get('format_version')!r} is not supported by this voxrelay "
             f"(expects {FORMAT_VERSION}); load it with the voxrelay version that wrote it"
         )
@@ -315,23 +332,23 @@ def _load_init(
         meta = _read_meta(Path(source))
         layout = VocabLayout.from_dict(meta["layout"])
         if (layout.num_codebooks, layout.codebook_size) != (num_codebooks, codebook_size):
-            raise ValueError(
+            raise ModelLoadError(
                 f"model.init_from={source!r} was trained on {layout.num_codebooks} codebooks x "
                 f"{layout.codebook_size} codes but the data has {num_codebooks} x {codebook_size}; "
                 "prepare the data with the same codec or start from another model"
             )
         if meta["tokenizer"] != cfg.tokenizer:
-            raise ValueError(
+            raise ModelLoadError(
                 f"model.init_from={source!r} uses tokenizer {meta['tokenizer']!r} but model.tokenizer is "
                 f"{cfg.tokenizer!r}; set model.tokenizer={meta['tokenizer']}"
             )
         tokenizer = load_saved_tokenizer(Path(source) / TOKENIZER_DIR)
-        return AutoModelForCausalLM.from_pretrained(source, **kwargs), tokenizer, layout
+        return load_causal_lm(source, "model.init_from", **kwargs), tokenizer, layout
     tokenizer = load_text_tokenizer(cfg.tokenizer)
-    module = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    module = load_causal_lm(source, "model.init_from", **kwargs)
     lm_vocab = module.get_input_embeddings().weight.shape[0]
     if tokenizer.vocab_size > lm_vocab:
-        raise ValueError(
+        raise ModelLoadError(
             f"model.tokenizer={cfg.tokenizer!r} has {tokenizer.vocab_size} ids but model.init_from={source!r} "
             f"embeds only {lm_vocab}; set model.tokenizer to the tokenizer of {source!r}"
         )
@@ -342,3 +359,34 @@ def _load_init(
     module.config.bos_token_id = layout.bos_id
     module.config.eos_token_id = layout.audio_end_id
     return module, tokenizer, layout
+
+
+def load_causal_lm(source: str, what: str, **kwargs: Any) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained(source)`` whose failures name ``what`` (e.g. ``model.init_from``)
+    and the fix; weights that leave part of the model random are refused rather than trained on."""
+    folder = Path(source).expanduser()
+    fix = "point it at a folder written by save_pretrained (config.json + model.safetensors) or at a HF hub id"
+    if not folder.is_dir() and looks_local(source):
+        raise ModelNotFoundError(f"{what}={source!r}: no such folder (and not a hub id); {fix}")
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise ModelNotFoundError(f"{what}={source!r}: the folder has no config.json; {fix}")
+    where = "local folder" if folder.is_dir() else "hub id (it is not a local folder)"
+    try:
+        module, info = AutoModelForCausalLM.from_pretrained(
+            str(folder) if folder.is_dir() else source, output_loading_info=True, **kwargs
+        )
+    except OSError as e:  # no weights file, or a hub id that cannot be fetched
+        raise ModelNotFoundError(f"{what}={source!r} cannot be loaded as a {where} ({one_line(e)}); {fix}") from e
+    except (ValueError, KeyError) as e:  # config.json of no known causal LM
+        raise ModelLoadError(f"{what}={source!r} is not a causal LM ({one_line(e)[:300]}); {fix}") from e
+    except RuntimeError as e:  # weights whose shapes disagree with config.json
+        raise ModelLoadError(
+            f"{what}={source!r}: its weights do not fit its config.json ({one_line(e)[:300]}); {fix}"
+        ) from e
+    missing = list(info.get("missing_keys") or [])
+    if missing:
+        raise ModelLoadError(
+            f"{what}={source!r}: its weights lack {len(missing)} tensors of the model its config.json describes "
+            f"(e.g. {sorted(missing)[:3]}), which would start random; {fix}"
+        )
+    return module

@@ -17,8 +17,25 @@ import json
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from voxrelay.errors import UserError, one_line
+
 BYTES_SPEC = "bytes"
 _MARKER = "voxrelay_tokenizer.json"
+# What a folder written by a HF tokenizer's save_pretrained always holds (at least one of).
+_HF_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+class TokenizerError(UserError, ValueError):
+    """``model.tokenizer`` (or a saved tokenizer folder) cannot be loaded; the message says why and the fix."""
+
+
+class TokenizerNotFoundError(TokenizerError, FileNotFoundError):
+    """A tokenizer folder that does not exist or was not written completely."""
+
+
+def looks_local(spec: str) -> bool:
+    """True when ``spec`` can only be a local path: hub ids are ``name`` or ``owner/name``."""
+    return spec.startswith((".", "/", "~")) or spec.count("/") > 1
 
 
 @runtime_checkable
@@ -87,14 +104,23 @@ def load_text_tokenizer(spec: str) -> TextTokenizer:
     """``"bytes"`` -> :class:`ByteTokenizer`; anything else is a HF tokenizer name or local folder."""
     if spec == BYTES_SPEC:
         return ByteTokenizer()
+    folder = Path(spec).expanduser()
+    fix = "set model.tokenizer to 'bytes', a local folder holding tokenizer files, or a HF hub id"
+    if not folder.is_dir() and looks_local(spec):
+        raise TokenizerNotFoundError(f"model.tokenizer={spec!r}: no such folder (and not a hub id); {fix}")
+    if folder.is_dir() and not any((folder / name).is_file() for name in _HF_TOKENIZER_FILES):
+        raise TokenizerNotFoundError(
+            f"model.tokenizer={spec!r}: the folder holds no tokenizer files ({' or '.join(_HF_TOKENIZER_FILES)}, "
+            f"as written by a tokenizer's save_pretrained); {fix}"
+        )
     from transformers import AutoTokenizer
 
     try:
-        hf = AutoTokenizer.from_pretrained(spec)
-    except (OSError, ValueError) as e:
-        raise ValueError(
-            f"cannot load the text tokenizer {spec!r} ({e}); set model.tokenizer to 'bytes', "
-            "a local folder holding tokenizer files, or a HF hub id reachable from this machine"
+        hf = AutoTokenizer.from_pretrained(str(folder) if folder.is_dir() else spec)
+    except (OSError, ValueError, ImportError) as e:
+        where = "local folder" if folder.is_dir() else "hub id (it is not a local folder)"
+        raise TokenizerError(
+            f"cannot load model.tokenizer={spec!r} as a {where} ({one_line(e)}); {fix} reachable from this machine"
         ) from e
     return HFTextTokenizer(hf, spec)
 
@@ -104,7 +130,10 @@ def load_saved_tokenizer(folder: str | Path) -> TextTokenizer:
     folder = Path(folder)
     marker = folder / _MARKER
     if not marker.is_file():
-        raise FileNotFoundError(f"{marker} is missing; the folder was not written by TextTokenizer.save")
+        raise TokenizerNotFoundError(
+            f"{marker} is missing: {folder} was not written (completely) by TextTokenizer.save; "
+            "save the model again or point at a complete voxrelay model folder"
+        )
     meta = json.loads(marker.read_text())
     if meta["type"] == BYTES_SPEC:
         return ByteTokenizer()

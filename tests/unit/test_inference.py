@@ -1,0 +1,55 @@
+"""inference: arguments and folders that cannot work are refused before any model loads, as user errors."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from voxrelay.errors import UserError
+from voxrelay.inference import check_export_output, check_synthesis_args, load_any
+
+
+@pytest.mark.parametrize(
+    ("out", "temperature", "match"),
+    [
+        ("speech.mp3", 0.8, r"'.*speech.mp3' is not a .wav file path; pass e.g. -o speech.wav"),
+        ("speech", 0.8, "is not a .wav file path"),
+        ("speech.wav", math.nan, "--temperature must be a finite number"),
+        ("speech.wav", math.inf, "--temperature must be a finite number"),
+    ],
+)
+def test_bad_synthesis_arguments(tmp_path: Path, out: str, temperature: float, match: str) -> None:
+    with pytest.raises(UserError, match=match):
+        check_synthesis_args(tmp_path / out, temperature)
+
+
+def test_good_synthesis_arguments_pass(tmp_path: Path) -> None:
+    check_synthesis_args(tmp_path / "a" / "speech.WAV", 0.0)  # greedy; a folder that does not exist yet is fine
+    (tmp_path / "dir.wav").mkdir()
+    with pytest.raises(UserError, match="dir.wav' is not a .wav file path"):
+        check_synthesis_args(tmp_path / "dir.wav", 0.8)
+
+
+def test_export_never_writes_into_a_foreign_folder(tmp_path: Path) -> None:
+    assert check_export_output(tmp_path / "new") == tmp_path / "new"
+    (tmp_path / "empty").mkdir()
+    assert check_export_output(tmp_path / "empty") == tmp_path / "empty"
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("precious")
+    with pytest.raises(UserError, match="holds other files and no previous export"):
+        check_export_output(tmp_path / "mine")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="is a file"):
+        check_export_output(tmp_path / "file")
+
+
+def test_folders_that_are_neither_run_nor_export(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"is not a run folder \(no config.yaml\); pass <root>/runs/<name>"):
+        load_any(str(tmp_path))
+    (tmp_path / "codec.json").write_text("{}")  # looks like an export, but save_pretrained never finished
+    with pytest.raises(UserError, match=r"not a complete export folder \(no voxrelay.json\)"):
+        load_any(str(tmp_path))
+    with pytest.raises(UserError, match="--step applies to run folders"):
+        load_any(str(tmp_path), step=3)
