@@ -121,10 +121,12 @@ def synthesize_cmd(
     run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>) or an export folder"),
     text: str = typer.Argument(..., help="Text to speak"),
     output: Path = typer.Option(..., "-o", "--output", help="Output .wav"),
-    voice: str = typer.Option(None, "--voice", help="Speaker/voice name (see `voxrelay synthesize --help`)"),
+    voice: str = typer.Option(
+        None, "--voice", help="Speaker of the training data (`voxrelay voices RUN` lists them; default: the first)"
+    ),
     step: int = typer.Option(None, "--step", help="Checkpoint step (default: latest valid)"),
-    seed: int = typer.Option(0, "--seed"),
-    temperature: float = typer.Option(0.8, "--temperature"),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed: the same seed, text and weights give the same audio"),
+    temperature: float = typer.Option(0.8, "--temperature", help="Sampling temperature (0 = greedy)"),
 ):
     """Speak TEXT with a trained model into a wav file."""
     from voxrelay.inference import check_synthesis_args, load_any, synthesize
@@ -134,6 +136,18 @@ def synthesize_cmd(
     seconds = synthesize(model, codec, text, output, speaker=voice, temperature=temperature, seed=seed)
     err.print(f"{what}: {seconds:.2f} s of audio")
     out.print(str(output), highlight=False)
+
+
+@app.command("voices")
+def voices_cmd(run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>) or an export folder")):
+    """List the voices (speakers) a run knows, one per line, for `synthesize --voice`."""
+    from voxrelay.status import run_voices
+
+    voices = run_voices(run)
+    if not voices:
+        err.print(f"{run}: a single-speaker model (no --voice needed)")
+    for name in voices:
+        out.print(name, highlight=False)
 
 
 @app.command("export")

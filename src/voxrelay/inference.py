@@ -23,7 +23,7 @@ from voxrelay.config import ConfigError, build_config
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.errors import UserError
 from voxrelay.models.codec_lm.model import META_FILE, CodecLM
-from voxrelay.train.build import CONFIG_SNAPSHOT
+from voxrelay.paths import CONFIG_SNAPSHOT
 
 CODEC_JSON = "codec.json"
 CODEC_STATE = "codec.safetensors"

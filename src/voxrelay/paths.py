@@ -6,6 +6,12 @@ import hashlib
 import os
 from pathlib import Path
 
+# The layout of a run folder <root>/runs/<name>/ (here so that light commands need no heavy import)
+CONFIG_SNAPSHOT = "config.yaml"  # the resolved config, written when training starts
+CKPT_DIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+EXPORT_META = "voxrelay.json"  # in an export folder: tokenizer, vocabulary layout, speakers
+
 
 def cache_dir(*parts: str) -> Path:
     """``$VOXRELAY_CACHE`` (default ``~/.cache/voxrelay``) / parts, created."""

@@ -12,11 +12,10 @@ from pathlib import Path
 import yaml
 
 from voxrelay import storage
-from voxrelay.checkpoint.manager import CheckpointManager
+from voxrelay.checkpoint.staging import Staging
+from voxrelay.checkpoint.store import CommittedStore
 from voxrelay.errors import UserError
-from voxrelay.monitor.sinks import METRICS_FILE
-from voxrelay.paths import cache_dir
-from voxrelay.train.build import CONFIG_SNAPSHOT
+from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, EXPORT_META, METRICS_FILE, cache_dir, uri_key
 
 
 class StatusError(UserError):
@@ -68,9 +67,12 @@ class RunStatus:
     audio_sec_per_sec: float | None = None
     last_eval: dict = field(default_factory=dict)
     cache: CacheUse | None = None
+    stop_reason: str | None = None  # why the newest committed checkpoint's session stopped early, if it did
 
     @property
     def finished(self) -> bool:
+        if self.stop_reason == "early stopping":
+            return True
         return self.max_steps is not None and self.durable_step is not None and self.durable_step >= self.max_steps
 
     @property
@@ -102,9 +104,10 @@ def run_status(run_uri: str) -> RunStatus:
             "run's config (it exists once `voxrelay train` has started)"
         )
     cfg = yaml.safe_load(storage.read_text(snapshot))
-    mgr = CheckpointManager(run_uri)
-    committed = mgr.store.list()
-    staged = [c.step for c in mgr.staging.list() if not committed or c.step > committed[0].step]
+    # the store and staging alone: status must not import torch (it answers in well under 2 s)
+    committed = CommittedStore(storage.join(run_uri, CKPT_DIR)).list()
+    staging = Staging(cache_dir("staging", uri_key(run_uri)))
+    staged = [c.step for c in staging.list() if not committed or c.step > committed[0].step]
     metrics = _metrics(run_uri)
     logged = [m for m in metrics if "tokens_per_sec" in m]
     evals = [m for m in metrics if any(k.startswith("eval/") for k in m)]
@@ -115,7 +118,7 @@ def run_status(run_uri: str) -> RunStatus:
         committed[0].manifest.get("time") if committed else None,
         committed[0].uri if committed else None, staged,
         last_eval={k: v for k, v in (evals[-1] if evals else {}).items() if k.startswith("eval/")},
-        cache=cache_use(),
+        cache=cache_use(), stop_reason=committed[0].manifest.get("stopped") if committed else None,
     )
     if logged:
         status.tokens_per_sec = logged[-1]["tokens_per_sec"]
@@ -144,7 +147,8 @@ def format_status(s: RunStatus) -> str:
         c = s.cache
         lines.append(f"local cache  {_size(c.total)} (prepared {_size(c.prepared)}, staging {_size(c.staging)}) "
                      f"in {c.folder}")
-    lines.append(f"finished     {'yes' if s.finished else 'no'}")
+    done = "no" if not s.finished else "yes (early stopping)" if s.stop_reason == "early stopping" else "yes"
+    lines.append(f"finished     {done}")
     return "\n".join(lines)
 
 
@@ -153,3 +157,21 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
+
+
+def run_voices(source: str) -> list[str]:
+    """The speakers (voices) a run folder or an export folder knows, for ``synthesize --voice``;
+    [] for a single-speaker model. Reads JSON/YAML only (no model is loaded)."""
+    if storage.is_local(source) and (Path(storage.local_path(source)) / EXPORT_META).is_file():
+        return list(json.loads((Path(storage.local_path(source)) / EXPORT_META).read_text()).get("speakers", []))
+    snapshot = storage.join(source, CONFIG_SNAPSHOT)
+    if not storage.exists(snapshot):
+        raise StatusError(f"{source} is neither a run folder (no {CONFIG_SNAPSHOT}) nor an export folder (no "
+                          f"{EXPORT_META}); pass <root>/runs/<name> or a folder written by `voxrelay export`")
+    cfg = yaml.safe_load(storage.read_text(snapshot)) or {}
+    root, data = cfg.get("root", "."), (cfg.get("data") or {}).get("name", "demo")
+    index_uri = storage.join(root, "prepared", data, "index.json")
+    if not storage.exists(index_uri):
+        raise StatusError(f"the prepared data of {source} ({index_uri}) is gone; re-run `voxrelay prepare` with the "
+                          "run's config to restore it")
+    return list(storage.read_json(index_uri).get("speakers", []))

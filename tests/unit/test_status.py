@@ -8,8 +8,8 @@ import torch
 from voxrelay import storage
 from voxrelay.checkpoint.manager import MODEL_FILE, CheckpointManager, model_writer
 from voxrelay.errors import UserError
+from voxrelay.paths import CONFIG_SNAPSHOT
 from voxrelay.status import StatusError, format_status, run_status
-from voxrelay.train.build import CONFIG_SNAPSHOT
 
 
 @pytest.fixture

@@ -31,13 +31,12 @@ from voxrelay.checkpoint.store import (
     step_name,
     verify_folder,
 )
-from voxrelay.paths import cache_dir, rank_world, uri_key
+from voxrelay.paths import CKPT_DIR, cache_dir, rank_world, uri_key
 
 log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "train_state.pt"
-CKPT_DIR = "checkpoints"
 FETCHED_DIR = "fetched"
 
 __all__ = ["CheckpointError", "CheckpointManager", "MODEL_FILE", "STATE_FILE", "model_writer", "state_writer"]

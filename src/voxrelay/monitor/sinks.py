@@ -17,9 +17,9 @@ import numpy as np
 
 from voxrelay import storage
 from voxrelay.errors import UserError
+from voxrelay.paths import METRICS_FILE
 
 log = logging.getLogger(__name__)
-METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tensorboard"
 
 

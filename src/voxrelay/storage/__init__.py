@@ -10,7 +10,6 @@ Endpoints and credentials come from the usual places: AWS_* variables / ~/.aws f
 """
 
 from voxrelay.storage.core import (
-    TRANSIENT_ERRORS,
     StorageError,
     StorageUnavailable,
     check_root,
@@ -28,13 +27,13 @@ from voxrelay.storage.core import (
     read_text,
     retry,
     size,
+    transient_errors,
     write_bytes,
     write_json,
     write_text,
 )
 
 __all__ = [
-    "TRANSIENT_ERRORS",
     "StorageError",
     "StorageUnavailable",
     "check_root",
@@ -52,6 +51,7 @@ __all__ = [
     "read_text",
     "retry",
     "size",
+    "transient_errors",
     "write_bytes",
     "write_json",
     "write_text",

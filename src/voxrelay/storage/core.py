@@ -29,7 +29,10 @@ class StorageError(UserError, RuntimeError):
     """A storage operation failed for a reason retrying will not fix; the message says what to do."""
 
 
-def _transient_errors() -> tuple[type[BaseException], ...]:
+@cache
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """The named transient error classes; imported on first use (gcsfs, botocore and aiohttp take
+    ~0.5 s to import, which `--help` and `status` of a local run must not pay)."""
     errs: list[type[BaseException]] = [ConnectionError, TimeoutError]
     try:  # aiohttp is what gcsfs/s3fs speak through
         import aiohttp
@@ -52,9 +55,6 @@ def _transient_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
-TRANSIENT_ERRORS = _transient_errors()
-
-
 class StorageUnavailable(StorageError):
     """The storage did not answer after every retry (network, outage): it may come back."""
 
@@ -66,7 +66,7 @@ def is_transient(err: BaseException, io_errors: bool = False) -> bool:
         return True
     if io_errors and isinstance(err, OSError) and not isinstance(err, FileNotFoundError | PermissionError):
         return True
-    if not isinstance(err, TRANSIENT_ERRORS):
+    if not isinstance(err, transient_errors()):
         return False
     code = getattr(err, "code", None)
     return not (isinstance(code, int) and code < 500 and code != 429)
@@ -188,7 +188,7 @@ def _fs(proto: str) -> fsspec.AbstractFileSystem:
             emulator = os.environ.get("STORAGE_EMULATOR_HOST")
             if emulator:
                 # The plain class, not fsspec's "gcs": gcsfs chooses that one when it is first imported
-                # (this module imports it early) from GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT, default on, and the
+                # from GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT, default on, and the
                 # extended class probes each bucket over gRPC, a 60 s timeout per bucket on an emulator.
                 return GCSFileSystem(endpoint_url=emulator, token="anon", project="voxrelay")
             return fsspec.filesystem("gcs")

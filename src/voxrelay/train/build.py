@@ -16,21 +16,20 @@ import torch
 from accelerate import Accelerator
 
 from voxrelay import storage
-from voxrelay.checkpoint.manager import CKPT_DIR, CheckpointManager
+from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.codecs.base import AudioCodec
 from voxrelay.config import RunConfig, TrainConfig
 from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.models.codec_lm.model import CodecLM
-from voxrelay.monitor.sinks import METRICS_FILE, TB_DIR, Monitor, build_monitor
-from voxrelay.paths import cache_dir, uri_key
+from voxrelay.monitor.sinks import TB_DIR, Monitor, build_monitor
+from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, cache_dir, uri_key
 from voxrelay.train import state as st
 from voxrelay.train.evaluate import SAMPLES_DIR
 from voxrelay.train.resume import broadcast_step, check_compatible, restore
 
 log = logging.getLogger(__name__)
-CONFIG_SNAPSHOT = "config.yaml"
 
 
 @dataclass

@@ -106,7 +106,7 @@ def train(run: Run) -> TrainResult:
             last = stop is not None or loop.step == tc.max_steps
             new_best = bool(results) and ck.keep_best and loop.evals_since_best == 0  # keep_best needs it saved
             if trigger.due(loop.step) or last or new_best:
-                trigger.saved(save_checkpoint(run, results, background=not last))
+                trigger.saved(save_checkpoint(run, results, background=not last, stopped=stop))
                 run.monitor.sync()
         return _finish(run, stop, bar)  # still watching: a second Ctrl-C while waiting aborts
 

@@ -59,9 +59,10 @@ def train_state(run, rngs: list[dict]) -> dict:
     }
 
 
-def save_checkpoint(run, metrics: dict | None = None, background: bool = True) -> float:
+def save_checkpoint(run, metrics: dict | None = None, background: bool = True, stopped: str | None = None) -> float:
     """Copy the state (rank 0) and hand it to the upload thread, which stages it on local disk
     and uploads it; ``background=False`` stages before returning (last or emergency save).
+    ``stopped``: why the run stops here early (recorded in the manifest; `status` shows it).
     Returns the seconds the training thread was blocked."""
     t0 = time.perf_counter()
     rngs = gather_rng()
@@ -71,7 +72,7 @@ def save_checkpoint(run, metrics: dict | None = None, background: bool = True) -
         run.checkpoints.save(
             run.loop.step,
             {MODEL_FILE: model_writer(model_state), STATE_FILE: state_writer(train_state(run, rngs))},
-            {"metrics": metrics or {}, "config_hash": run.cfg.hash()},
+            {"metrics": metrics or {}, "config_hash": run.cfg.hash(), **({"stopped": stopped} if stopped else {})},
             expected_bytes=expected, background=background,
         )
     run.accelerator.wait_for_everyone()

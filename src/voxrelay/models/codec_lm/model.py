@@ -30,9 +30,10 @@ from voxrelay.models.codec_lm.tokenizer import (
     looks_local,
 )
 from voxrelay.models.codec_lm.vocab import VocabLayout
+from voxrelay.paths import EXPORT_META
 
 FORMAT_VERSION = 1
-META_FILE = "voxrelay.json"
+META_FILE = EXPORT_META
 TOKENIZER_DIR = "tokenizer"
 IGNORE_INDEX = -100
 
