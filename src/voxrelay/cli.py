@@ -11,7 +11,6 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from voxrelay.errors import UserError
 
@@ -70,13 +69,11 @@ def prepare_cmd(
 def print_prepare_report(report) -> None:
     if not report.counts:  # a non-zero rank: rank 0 reports
         return
-    if report.rejects:
-        table = Table(title=f"{len(report.rejects)} rejected rows (all in rejects.jsonl)")
-        for col in ("where", "id", "reason"):
-            table.add_column(col)
-        for r in report.rejects[:30]:
-            table.add_row(r["where"], str(r["id"]), r["reason"])
-        err.print(table)
+    if report.rejects:  # one line per reject (`file:row id reason`): readable at any width and in logs
+        from voxrelay.data.prepare import format_rejects
+
+        for line in format_rejects(report.rejects, report.prepared_uri):
+            err.print(line, highlight=False, markup=False)
     c = report.counts
     out.print(
         f"prepared {c['train']} train + {c['eval']} eval utterances ({report.hours:.2f} h), "

@@ -21,7 +21,8 @@ def _run(tmp_path, *extra):
         " eval_size: 1}\n"
         "codec: {num_codebooks: 2, codebook_size: 8}\n"
     )
-    env = dict(os.environ, VOXRELAY_CACHE=str(tmp_path / "cache"), COLUMNS="200")
+    # a narrow terminal: the summary must still show every file, row, id and reason whole
+    env = dict(os.environ, VOXRELAY_CACHE=str(tmp_path / "cache"), COLUMNS="80")
     return subprocess.run(
         [sys.executable, "-m", "voxrelay", "prepare", str(config), *extra],
         capture_output=True, text=True, env=env, timeout=300,
@@ -41,7 +42,10 @@ def test_bad_rows_are_rejected_with_reasons(tmp_path):
     for bad_id, reason in EXPECTED_REASONS.items():
         assert reason in by_id[bad_id]["reason"], by_id[bad_id]
         assert "metadata.csv row" in by_id[bad_id]["where"]
-        assert bad_id in out  # the summary table names it
+        row = by_id[bad_id]["where"].rsplit(" ", 1)[1]
+        # one line per reject, `file:row id: reason`, the path relative to the dataset folder
+        assert f"  metadata.csv:{row} {bad_id}: {by_id[bad_id]['reason']}\n" in res.stderr, res.stderr
+    assert f"paths relative to {tmp_path / 'corpus'}:" in res.stderr
     assert "duplicate id 'd002'" in by_id["d002"]["reason"]
     assert index["counts"]["rejected"] == len(BAD_ROWS) + 1
 

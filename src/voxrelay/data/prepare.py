@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -317,6 +319,26 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
         _wait_for(sh.marker_uri(prepared, name), f"shard {name} from another process")
     index, rejects = _write_index(cfg, codec, plan, params)
     return PrepareReport(prepared, index["counts"], index["hours"], rejects, skipped, written)
+
+
+def format_rejects(rejects: list[dict], prepared_uri: str, limit: int = 30) -> list[str]:
+    """A header and one ``file:row id: reason`` line per reject (the first ``limit``), file paths
+    relative to the folder the sources share."""
+    where = [re.match(r"^(.*) (?:row|line) (\d+)$", r["where"]) for r in rejects]
+    files = [m.group(1) for m in where if m and os.path.isabs(m.group(1))]
+    base = os.path.commonpath(files) if files else ""
+    base = os.path.dirname(base) if base in files else base  # one file: relative to its folder
+    lines = [f"{len(rejects)} rejected rows (all in {storage.join(prepared_uri, sh.REJECTS_FILE)})"
+             + (f"; paths relative to {base}:" if base else ":")]
+    for r, m in zip(rejects[:limit], where, strict=False):
+        place = r["where"]
+        if m:
+            path = os.path.relpath(m.group(1), base) if base and os.path.isabs(m.group(1)) else m.group(1)
+            place = f"{path}:{m.group(2)}"
+        lines.append(f"  {place} {r['id']}: {r['reason']}")
+    if len(rejects) > limit:
+        lines.append(f"  ... and {len(rejects) - limit} more")
+    return lines
 
 
 def load_prepared_codec(prepared_uri: str, index: dict | None = None) -> AudioCodec:
