@@ -54,11 +54,12 @@ def s3_env_through(proxy: TcpProxy, server_env: dict[str, str]) -> dict[str, str
 
 
 def _reset(sock: socket.socket) -> None:
-    """Close with an RST (SO_LINGER 0), as a network failure does, rather than an orderly FIN."""
+    """Close with an RST (SO_LINGER 0), as a network failure does, rather than an orderly FIN.
+    SHUT_RD (it sends nothing) wakes a thread blocked in recv() on the socket first."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv() on it
+        sock.shutdown(socket.SHUT_RD)
     with contextlib.suppress(OSError):
         sock.close()
 
@@ -70,15 +71,10 @@ class TcpProxy:
         self.target = (target_host, target_port)
         self.port = port or stable_port()
         self.endpoint = f"http://{HOST}:{self.port}"
-        self.connections_served = 0  # accepted since start: a test can check clients went through it
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
-        self._sockets: set[socket.socket] = set()
+        self._pairs: set[_Pair] = set()
         self._threads: set[threading.Thread] = set()
-
-    @property
-    def up(self) -> bool:
-        return self._listener is not None
 
     def start(self) -> TcpProxy:
         """Listen on ``self.port`` (the same port after a cut)."""
@@ -100,20 +96,18 @@ class TcpProxy:
         once every thread of the proxy has ended."""
         with self._lock:
             listener, self._listener = self._listener, None
-            sockets, self._sockets = self._sockets, set()
+            pairs, self._pairs = self._pairs, set()
             threads = set(self._threads)
         if listener is not None:
             with contextlib.suppress(OSError):
                 listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (Linux)
             listener.close()
-        for sock in sockets:
-            _reset(sock)
+        for pair in pairs:
+            pair.reset()
         for thread in threads:
             thread.join(JOIN_TIMEOUT_S)
             if thread.is_alive():
                 raise RuntimeError(f"proxy thread {thread.name} did not end within {JOIN_TIMEOUT_S:.0f}s of cut()")
-
-    stop = cut
 
     def __enter__(self) -> TcpProxy:
         return self.start()
@@ -147,19 +141,18 @@ class TcpProxy:
                 _reset(client)  # the server itself is down: the client sees a reset
                 continue
             with self._lock:
-                if self._listener is not listener or len(self._sockets) >= 2 * MAX_CONNECTIONS:
+                if self._listener is not listener or len(self._pairs) >= MAX_CONNECTIONS:
                     _reset(client)
                     _reset(upstream)
                     continue
-                self.connections_served += 1
-                self._sockets |= {client, upstream}
                 pair = _Pair(client, upstream, self._forget)
+                self._pairs.add(pair)
                 self._spawn(pair.pump, client, upstream, name=f"proxy-up-{self.port}")
                 self._spawn(pair.pump, upstream, client, name=f"proxy-down-{self.port}")
 
-    def _forget(self, *socks: socket.socket) -> None:
+    def _forget(self, pair: _Pair) -> None:
         with self._lock:
-            self._sockets.difference_update(socks)
+            self._pairs.discard(pair)
 
 
 class _Pair:
@@ -169,23 +162,28 @@ class _Pair:
         self.socks = (client, upstream)
         self.forget = forget
         self.open_directions = 2
+        self.broken = False  # reset by cut() or a failed side: pass no orderly close on
         self.lock = threading.Lock()
+
+    def reset(self) -> None:
+        self.broken = True  # before the resets wake the pumps, so neither sends a FIN to its peer
+        for sock in self.socks:  # the client first: it sees the RST, not the server's side closing
+            _reset(sock)
 
     def pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(_CHUNK):
                 dst.sendall(data)
-            with contextlib.suppress(OSError):
+            if not self.broken:
                 dst.shutdown(socket.SHUT_WR)  # pass the half-close on (end of a request or response)
         except OSError:
-            for sock in self.socks:  # one side failed: the whole connection fails, as on a network
-                _reset(sock)
+            self.reset()  # one side failed: the whole connection fails, as on a network
         finally:
             with self.lock:
                 self.open_directions -= 1
                 last = self.open_directions == 0
             if last:
-                self.forget(*self.socks)
+                self.forget(self)
                 for sock in self.socks:
                     with contextlib.suppress(OSError):
                         sock.close()

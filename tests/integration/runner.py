@@ -54,6 +54,9 @@ class Trainer:
         )
         self.lines: list[str] = []
         self.first_step = threading.Event()
+        self._printed = threading.Condition()
+        self._step_lines = 0
+        self._ended = False
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -62,24 +65,28 @@ class Trainer:
             self.lines.append(line)
             if line.startswith("step "):
                 self.first_step.set()
+                with self._printed:
+                    self._step_lines += 1
+                    self._printed.notify_all()
         self.first_step.set()  # the process ended (finished or failed) without a step line
+        with self._printed:
+            self._ended = True
+            self._printed.notify_all()
+
+    def wait_step_lines(self, count: int, timeout: float) -> bool:
+        """Wait until this session printed ``count`` step lines; False if it ended or timed out first."""
+        with self._printed:
+            self._printed.wait_for(lambda: self._step_lines >= count or self._ended, timeout)
+            return self._step_lines >= count
 
     def kill(self) -> None:
-        """SIGKILL the job as a lost machine would: every process of it at the same moment. torchrun
-        starts its workers in sessions of their own, so each process group of the tree is first
-        frozen (SIGSTOP: none sees another die and reacts, none starts a new one), then killed."""
-        frozen: list[int] = []
-        while new := [g for g in dict.fromkeys(_groups(_process_tree(self.proc.pid))) if g not in frozen]:
-            for group in new:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(group, signal.SIGSTOP)
-            frozen += new
-        for group in frozen:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, signal.SIGKILL)
+        """SIGKILL the job as a lost machine would: every process of it at the same moment (a no-op
+        once it ended), then reap it."""
+        if self.proc.poll() is None:  # once reaped, its pid may belong to another process
+            _kill_tree(self.proc.pid)
         self.proc.wait()
         self._reader.join(30)  # the pipe closes with the last process: every line is in self.lines
-        assert not self._reader.is_alive(), f"a process of the job outlived SIGKILL (groups {frozen})"
+        assert not self._reader.is_alive(), "a process of the job outlived SIGKILL"
 
     def steps(self) -> list[int]:
         """The steps of the progress lines printed so far (``step N/M | ...``)."""
@@ -99,6 +106,21 @@ def _process_tree(pid: int) -> list[int]:
             with contextlib.suppress(OSError):
                 todo += [int(c) for c in children.read_text().split()]
     return tree
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and its descendants. torchrun starts its workers in sessions of their own,
+    so each process group of the tree is first frozen (SIGSTOP: none sees another die and reacts,
+    none starts a new process), then killed."""
+    frozen: list[int] = [os.getpgrp()]  # never the test's own group
+    while new := [g for g in dict.fromkeys(_groups(_process_tree(pid))) if g not in frozen]:
+        for group in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGSTOP)
+        frozen += new
+    for group in frozen[1:]:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
 
 
 def _groups(pids: list[int]) -> list[int]:

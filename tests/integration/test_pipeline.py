@@ -1,8 +1,10 @@
-"""prepare -> train -> synthesize -> export through the CLI, on a local root."""
+"""prepare -> train -> synthesize -> export through the CLI, on a local root, with the example
+config that the README's stage-by-stage commands use."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,8 @@ from tests.integration.tiny import tiny
 from voxrelay.cli import app, demo_config_path
 
 runner = CliRunner()
+REPO = Path(__file__).parents[2]
+EXAMPLE = REPO / "examples" / "demo.yaml"
 
 
 def invoke(*args: str):
@@ -23,7 +27,7 @@ def invoke(*args: str):
 
 def test_prepare_train_synthesize_export(tmp_path):
     root = tmp_path / "bucket"
-    cfg = demo_config_path()
+    cfg = EXAMPLE
     invoke("prepare", cfg, *tiny(str(root)))
     index = json.loads((root / "prepared/demo/index.json").read_text())
     assert index["counts"]["train"] > 0 and index["counts"]["eval"] == 3
@@ -70,6 +74,39 @@ def test_config_show_prints_resolved_config():
     assert "max_steps: 11" in res.output and "root: /tmp/x" in res.output
 
 
-def test_stage_by_stage_example_config_exists():
-    example = Path(__file__).parents[2] / "examples" / "demo.yaml"
-    assert example.read_text() == demo_config_path().read_text()
+# a commented-out setting in the example: "  # key: value" (a list item or a note does not match)
+OPTION = re.compile(r"^(\s+)# ([a-z_]+: \S.*)$")
+
+
+def test_example_config_is_the_embedded_demo_explained(tmp_path):
+    """examples/demo.yaml is a file of its own (not a link to the embedded demo) that resolves to
+    the same config as the embedded demo `voxrelay demo` runs; each group of commented-out settings
+    in it (consecutive lines), uncommented, is a valid config that changes what it says."""
+    from voxrelay.config import load_config
+
+    assert not EXAMPLE.is_symlink() and EXAMPLE.resolve() != demo_config_path().resolve()
+    base = load_config(EXAMPLE).to_dict()
+    assert base == load_config(demo_config_path()).to_dict()
+    lines = EXAMPLE.read_text().splitlines()
+    groups: list[list[int]] = []
+    for i, line in enumerate(lines):
+        if OPTION.match(line):
+            if groups and groups[-1][-1] == i - 1:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+    assert len(groups) >= 5, "the example shows alternatives for the settings users change"
+    for group in groups:
+        edited = list(lines)
+        for i in group:
+            edited[i] = OPTION.sub(r"\1\2", lines[i])
+        path = tmp_path / "edited.yaml"
+        path.write_text("\n".join(edited) + "\n")
+        changed = load_config(path).to_dict()  # a key that does not exist (any more) is an error
+        assert changed != base, [lines[i] for i in group]
+
+
+def test_readme_names_example_files_that_exist():
+    named = set(re.findall(r"examples/[\w./-]+\.ya?ml", (REPO / "README.md").read_text()))
+    assert "examples/demo.yaml" in named
+    assert [p for p in sorted(named) if not (REPO / p).is_file()] == []

@@ -1,54 +1,116 @@
-"""The bucket goes away mid-run: training goes on, checkpoints stay staged, and once the server is
-back the upload completes. A signal makes the run save, wait for the upload and exit with its code."""
+"""The network to the bucket goes away mid-run: training goes on, checkpoints stay staged on local
+disk, and once the network is back the ones made during the outage are committed. A signal makes
+the run save, wait for the upload and exit with its code.
+
+The outage is a TCP proxy in front of the S3 server that is cut and restored
+(tests/helpers/proxy.py): the bucket keeps its content, as in a real network outage.
+"""
 
 from __future__ import annotations
 
 import os
-import re
 import signal
+import socket
+import threading
 import time
+import urllib.request
+from pathlib import Path
 
-from tests.integration.runner import CONFIG, Trainer, env_for, final_weights, voxrelay
+import pytest
+
+from tests.helpers.proxy import TcpProxy, s3_env_through
+from tests.helpers.servers import HOST
+from tests.integration.runner import (
+    CONFIG,
+    FAST_FAIL,
+    Trainer,
+    env_for,
+    final_weights,
+    staged_steps,
+    staging_dir,
+    voxrelay,
+)
 from tests.integration.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.preemption import EXIT_PREEMPTED
-
-LONG = ("train.max_steps=250", "train.eval_every=1000", "checkpoint.every_steps=25", "train.log_every=5")
+from voxrelay.checkpoint.store import MANIFEST, CommittedStore, sha256_file
 
 
 def _env(tmp_path, fast_fail: bool = True) -> dict:
     env = env_for(tmp_path / "cache")
     env |= {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "STORAGE_EMULATOR", "GCSFS_"))}
-    if fast_fail:  # fail fast while the server is down (voxrelay's uploader keeps retrying)
-        env |= {"AWS_MAX_ATTEMPTS": "1", "VOXRELAY_RETRY_ATTEMPTS": "1"}
-    return env
+    return env | (FAST_FAIL if fast_fail else {})
 
 
 def _last_step(trainer: Trainer) -> int:
-    steps = [int(m.group(1)) for m in map(re.compile(r"^step (\d+)/").match, trainer.lines) if m]
+    steps = trainer.steps()
     return steps[-1] if steps else 0
 
 
-def test_s3_outage_during_training(tmp_path, s3_root, s3_server):
-    env = _env(tmp_path)
-    res = voxrelay("prepare", CONFIG, *tiny(s3_root), env=env)
-    assert res.returncode == 0, res.stderr
-    trainer = Trainer(s3_root, env, "name=outage", *LONG)
-    assert trainer.first_step.wait(120), trainer.output()
-    s3_server.stop()
-    try:
-        time.sleep(2)
-        during = _last_step(trainer)
-        time.sleep(3)
-        assert _last_step(trainer) > during, trainer.output()  # training never stopped
-        assert trainer.proc.poll() is None or "upload of step" in trainer.output()
-    finally:
-        s3_server.start()  # an empty bucket again: moto keeps nothing across restarts
-    assert trainer.proc.wait(timeout=300) == 0, trainer.output()
+def _wait_until(condition, trainer: Trainer, what: str, timeout: float = 120) -> None:
+    """Poll ``condition`` (a few ms apart) until it holds; fail naming ``what`` if the trainer
+    ended or ``timeout`` ran out first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert trainer.proc.poll() is None, f"the trainer ended before {what}:\n{trainer.output()}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f}s:\n{trainer.output()}"
+        time.sleep(0.01)
+
+
+def test_proxy_cut_refuses_and_resets_then_restore_listens_again(s3_server):
+    with TcpProxy(s3_server.port) as proxy:
+        with urllib.request.urlopen(f"{proxy.endpoint}/moto-api/", timeout=10) as resp:
+            assert resp.status == 200  # forwarded to the server
+        # open, nothing sent yet (accepted by the proxy, or still in its listen queue: reset either way)
+        idle = socket.create_connection((HOST, proxy.port), timeout=10)
+        proxy.cut()
+        assert not [t for t in threading.enumerate() if t.name.endswith(f"-{proxy.port}")]  # all ended
+        with pytest.raises(ConnectionResetError):
+            idle.recv(1)
+        idle.close()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((HOST, proxy.port), timeout=10)
+        proxy.restore()
+        with urllib.request.urlopen(f"{proxy.endpoint}/moto-api/", timeout=10) as resp:
+            assert resp.status == 200
+
+
+def test_outage_checkpoints_staged_during_it_are_committed_after(tmp_path, s3_root, s3_server):
+    """The proxy is cut after the first step: steps go on, an eval runs, checkpoints are staged
+    (not in the bucket), the last one too, and the run waits for its upload. The proxy is restored:
+    that checkpoint, made during the outage, is committed and the run ends with exit code 0."""
+    max_steps, every = 100, 20
+    run_uri = storage.join(s3_root, "runs", "outage")
+    staging = staging_dir(tmp_path / "cache", run_uri)
+    committed = CommittedStore(storage.join(run_uri, "checkpoints"))  # the server itself, not the proxy
+    with TcpProxy(s3_server.port) as proxy:
+        env = env_for(tmp_path / "cache", s3_env_through(proxy, s3_server.env()) | FAST_FAIL)
+        res = voxrelay("prepare", CONFIG, *tiny(s3_root), env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+        trainer = Trainer(s3_root, env, "name=outage", f"train.max_steps={max_steps}", "train.eval_every=50",
+                          f"checkpoint.every_steps={every}", "train.log_every=5")
+        try:
+            assert trainer.first_step.wait(120), trainer.output()
+            proxy.cut()
+            at_cut = _last_step(trainer)
+            # a checkpoint of the outage staged on local disk while training goes on
+            _wait_until(lambda: [s for s in staged_steps(staging) if at_cut < s < max_steps], trainer,
+                        "staged checkpoint during the outage")
+            _wait_until(lambda: _last_step(trainer) >= at_cut + 2 * every, trainer, "steps during the outage")
+            # the last one is staged before the final wait for its upload
+            _wait_until(lambda: max_steps in staged_steps(staging), trainer, f"staged step {max_steps}")
+            assert committed.list() == [], trainer.output()  # nothing made it through the cut proxy
+            proxy.restore()
+            assert trainer.proc.wait(timeout=300) == 0, trainer.output()
+        finally:
+            trainer.kill()  # (a no-op when it ended)
     out = trainer.output()
-    assert "failed" in out and "training goes on" in out
-    step, weights = final_weights(storage.join(s3_root, "runs", "outage"), tmp_path / "fetch")
-    assert step == 250 and weights
+    assert "upload of step" in out and "failed" in out  # the outage was noticed and reported
+    manifest = storage.read_json(storage.join(run_uri, "checkpoints", f"step-{max_steps:08d}", MANIFEST))
+    assert manifest["step"] == max_steps  # made during the outage, committed after it
+    assert staged_steps(staging) == []  # nothing is left to upload
+    step, weights = final_weights(run_uri, tmp_path / "fetch")
+    assert step == max_steps and weights
 
 
 def test_sigterm_saves_uploads_and_exits_with_code(tmp_path, gcs_root):
@@ -57,8 +119,7 @@ def test_sigterm_saves_uploads_and_exits_with_code(tmp_path, gcs_root):
     assert res.returncode == 0, res.stderr
     trainer = Trainer(gcs_root, env, "name=term", "train.max_steps=100000", "checkpoint.every_steps=100000",
                       "train.eval_every=100000", "train.log_every=1")
-    assert trainer.first_step.wait(120), trainer.output()
-    time.sleep(0.5)
+    assert trainer.wait_step_lines(3, 120), trainer.output()  # mid-run, a few steps in
     trainer.proc.send_signal(signal.SIGTERM)
     assert trainer.proc.wait(timeout=120) == EXIT_PREEMPTED, trainer.output()
     out = trainer.output()
@@ -71,27 +132,7 @@ def test_sigterm_saves_uploads_and_exits_with_code(tmp_path, gcs_root):
     assert res.returncode == 0 and f"resuming {storage.join(gcs_root, 'runs', 'term')} from step {step}" in res.stderr
 
 
-def test_time_limit_saves_and_exits_cleanly(tmp_path):
-    from voxrelay.checkpoint.preemption import EXIT_TIME_LIMIT
-
-    root = str(tmp_path / "root")
-    env = _env(tmp_path, fast_fail=False)
-    assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
-    res = voxrelay("train", CONFIG, *tiny(root, "train.max_steps=100000", "train.time_limit=2s",
-                                          "checkpoint.every_steps=100000", "train.eval_every=100000"), env=env)
-    assert res.returncode == EXIT_TIME_LIMIT, res.stderr
-    assert "train.time_limit" in res.stderr
-    step, _ = final_weights(storage.join(root, "runs", "demo"), tmp_path / "fetch")
-    assert 0 < step < 100000
-    # the limit counts training time over sessions: a new session stops again at once
-    res = voxrelay("train", CONFIG, *tiny(root, "train.max_steps=100000", "train.time_limit=2s",
-                                          "checkpoint.every_steps=100000", "train.eval_every=100000"), env=env)
-    assert res.returncode == EXIT_TIME_LIMIT
-    assert final_weights(storage.join(root, "runs", "demo"), tmp_path / "fetch")[0] == step + 1
-
-
 def test_second_sigint_aborts_at_once_and_leaves_no_broken_checkpoint(tmp_path):
-    from voxrelay.checkpoint.manager import CheckpointManager
     from voxrelay.checkpoint.preemption import EXIT_ABORTED
 
     root = str(tmp_path / "root")
@@ -102,18 +143,15 @@ def test_second_sigint_aborts_at_once_and_leaves_no_broken_checkpoint(tmp_path):
                       "train.log_every=1", "model.hidden_size=256", "model.num_layers=4", "model.intermediate_size=768")
     assert trainer.first_step.wait(120), trainer.output()
     ckpts = tmp_path / "root/runs/demo/checkpoints"
-    deadline = time.time() + 60
-    while not list(ckpts.glob("*/manifest.json")) and time.time() < deadline:
-        time.sleep(0.05)
+    _wait_until(lambda: list(ckpts.glob("*/manifest.json")), trainer, "committed checkpoint", 60)
     trainer.proc.send_signal(signal.SIGINT)
-    deadline = time.time() + 30
-    while "SIGINT received" not in trainer.output() and time.time() < deadline:
-        time.sleep(0.005)
+    _wait_until(lambda: "SIGINT received" in trainer.output(), trainer, "'SIGINT received'", 30)
     trainer.proc.send_signal(signal.SIGINT)
     assert trainer.proc.wait(timeout=60) == EXIT_ABORTED, trainer.output()
     assert "second SIGINT" in trainer.output()
-    mgr = CheckpointManager(storage.join(root, "runs", "demo"), staging_dir=tmp_path / "cache" / "fetch")
-    committed = mgr.store.list()
-    assert committed
-    for ckpt in committed:  # every committed checkpoint is whole
-        assert mgr.latest_valid(ckpt.step)[0].step == ckpt.step
+    committed = CommittedStore(storage.join(root, "runs", "demo", "checkpoints")).list()
+    assert committed, trainer.output()
+    for ckpt in committed:  # every committed checkpoint is whole: each file as its manifest says
+        for name, meta in ckpt.manifest["files"].items():
+            path = Path(ckpt.uri) / name
+            assert (path.stat().st_size, sha256_file(path)) == (meta["size"], meta["sha256"]), path

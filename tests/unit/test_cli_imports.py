@@ -20,8 +20,8 @@ try:
     runpy.run_module("voxrelay", run_name="__main__")
 except SystemExit as e:
     code = e.code or 0
-print(json.dumps({"code": code, "heavy": sorted(m for m in %r if m in sys.modules)}), file=sys.stderr)
-""" % (HEAVY,)
+print(json.dumps({"code": code, "heavy": sorted(m for m in HEAVY if m in sys.modules)}), file=sys.stderr)
+""".replace("HEAVY", repr(HEAVY))
 
 
 def _imports(*args: str) -> dict:

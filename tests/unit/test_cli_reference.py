@@ -36,7 +36,7 @@ def test_every_option_of_a_command_is_in_its_readme_section(command):
     options = {o for m in re.finditer(r"^│\s+(?:\*\s+)?(--[a-z][a-z-]*)(?:\s+(-[a-z])\b)?", res.output, re.M)
                for o in m.groups() if o} - {"--help"}
     section = _section(command)
-    missing = sorted(o for o in options if f"`{o}`" not in section and f"{o}," not in section and f", {o}`" not in section)
+    missing = sorted(o for o in options if not any(form in section for form in (f"`{o}`", f"{o},", f", {o}`")))
     assert not missing, f"README's `voxrelay {' '.join(command)}` section lacks {missing}; run scripts/update_readme.py"
     if command[0] in ("demo", "export", "prepare", "synthesize", "train"):
         assert options, res.output  # the options panel was read at all
