@@ -99,11 +99,13 @@ class Staging:
 class Uploader:
     """Background thread: uploads the newest staged checkpoint, retrying until it is committed."""
 
-    def __init__(self, store: CommittedStore, staging: Staging, max_staged: int = 3, max_backoff: float = 30.0):
+    def __init__(self, store: CommittedStore, staging: Staging, max_staged: int = 3, max_backoff: float = 30.0,
+                 base_backoff: float = 0.5):
         self.store = store
         self.staging = staging
         self.max_staged = max_staged
         self.max_backoff = max_backoff
+        self.base_backoff = base_backoff  # seconds before the 1st retry, doubled after each failure
         self.pending: list[Checkpoint] = []
         self.snapshot: tuple | None = None  # (step, writers, extra): staged by the thread, newest wins
         self.durable_step: int | None = None
@@ -199,11 +201,11 @@ class Uploader:
                 if not storage.is_transient(err, io_errors=True):
                     self._give_up(ckpt, err)
                     continue
-                delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 10))
+                delay = min(self.max_backoff, self.base_backoff * 2 ** min(failures - 1, 10))
                 log.warning("upload of step %d failed (%s); retrying in %.0fs, training goes on",
                             ckpt.step, self.last_error, delay)
-                with self._cond:
-                    self._cond.wait_for(lambda: self._closing, timeout=delay)
+                with self._cond:  # a new snapshot is staged at once: it must not wait in memory for the bucket
+                    self._cond.wait_for(lambda: self._closing or self.snapshot is not None, timeout=delay)
                 continue
             failures, self.last_error = 0, None
             self._committed(ckpt)

@@ -137,6 +137,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     optimizer = torch.optim.AdamW(
         model.module.parameters(), lr=cfg.train.lr, betas=(0.9, 0.95), weight_decay=cfg.train.weight_decay
     )
+    model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
     module, optimizer = accelerator.prepare(model.module, optimizer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.train))
     stream = build_stream(model, train_rows, cfg, rank, world)

@@ -242,3 +242,58 @@ def test_fetch_and_verify_refuse_a_tampered_manifest(mgr, tmp_path):
         verify_folder(dest, manifest)
     with pytest.raises(CheckpointError, match="not a plain file name"):
         mgr.store.upload(dest, manifest)
+
+
+class _CountingStore:
+    """A bucket whose every upload fails with ``error`` (a fake: the uploader's own logic is under test;
+    tests/integration exercises the real servers)."""
+
+    def __init__(self, error: Exception):
+        from voxrelay.checkpoint.store import CommittedStore
+
+        self.error, self.calls, self.store = error, 0, CommittedStore("memory://never")
+
+    def upload(self, folder, manifest):
+        self.calls += 1
+        raise self.error
+
+    def retain(self):
+        pass
+
+
+def _wait_until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_a_snapshot_is_staged_at_once_while_the_uploader_backs_off(tmp_path):
+    from voxrelay.checkpoint.staging import Staging, Uploader
+
+    store = _CountingStore(ConnectionError("connection refused"))
+    staging = Staging(tmp_path / "staging")
+    uploader = Uploader(store, staging, max_backoff=120, base_backoff=120)  # a 120 s wait after the 1st failure
+    uploader.start()
+    uploader.submit(staging.stage(1, _writers(1), {}))
+    assert _wait_until(lambda: store.calls == 1, 10)
+    uploader.submit_snapshot(2, _writers(2), {})
+    # written to disk within seconds, not after the backoff: a SIGKILL now loses only what is after step 2
+    assert _wait_until(lambda: 2 in [c.step for c in staging.list()], 20), "step 2 waited in memory"
+    assert store.calls >= 2  # and its upload was tried right away
+    assert not uploader.close(timeout=0.1)
+
+
+def test_a_permanent_upload_error_is_not_retried(tmp_path):
+    from voxrelay.checkpoint.staging import Staging, Uploader
+
+    store = _CountingStore(PermissionError("Access Denied"))
+    staging = Staging(tmp_path / "staging")
+    uploader = Uploader(store, staging, base_backoff=0.01)
+    uploader.start()
+    uploader.submit(staging.stage(1, _writers(1), {}))
+    assert not uploader.wait(timeout=30)  # returns as soon as the error is known to be permanent
+    assert "Access Denied" in uploader.fatal and store.calls == 1
+    assert [c.step for c in staging.list()] == [1]  # the checkpoint stays staged on local disk
+    uploader.close(timeout=1)
+    assert store.calls == 1

@@ -1,0 +1,27 @@
+"""build_run hands the loop a model in training mode, also when it is fine-tuned from pretrained
+weights (transformers' from_pretrained returns eval mode, which would silently turn dropout off)."""
+
+from __future__ import annotations
+
+from tests.integration.runner import CONFIG, env_for, voxrelay
+from tests.integration.tiny import tiny
+
+
+def test_init_from_trains_with_dropout_on(tmp_path, monkeypatch):
+    env, root = env_for(tmp_path / "cache"), str(tmp_path / "root")
+    for args in (("prepare", CONFIG, *tiny(root)), ("train", CONFIG, *tiny(root, "train.max_steps=2")),
+                 ("export", f"{root}/runs/demo", "-o", str(tmp_path / "export"))):
+        res = voxrelay(*args, env=env)
+        assert res.returncode == 0, res.stderr
+    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
+    from voxrelay.config import load_config
+    from voxrelay.train.build import build_run
+
+    cfg = load_config(CONFIG, tiny(root, "name=ft", "model.dropout=0.1", f"model.init_from={tmp_path / 'export'}"))
+    run = build_run(cfg)
+    try:
+        module = run.accelerator.unwrap_model(run.module)
+        assert module.config.attention_dropout == 0.1
+        assert run.module.training and all(m.training for m in module.modules())
+    finally:
+        run.checkpoints.close(5)
