@@ -58,3 +58,7 @@ def test_two_processes_split_the_shards(tmp_path):
     assert n >= 4
     # each rank wrote its own half: neither reused anything, both wrote
     assert "prepared" in outs[0] and f"shards written {(n + 1) // 2}" in outs[0]
+    names = [s["name"] for s in index["shards"]]  # in plan order: shard i belongs to rank i % 2
+    for rank, out in enumerate(outs):
+        wrote = {name for name in names if f"shard {name}:" in out}
+        assert wrote == set(names[rank::2]), (rank, wrote, out)
