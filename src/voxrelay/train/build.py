@@ -53,6 +53,11 @@ class Run:
     def model_state(self) -> dict[str, torch.Tensor]:
         return self.accelerator.unwrap_model(self.module).state_dict()
 
+    def close(self) -> None:
+        """Tear the process group down before the interpreter exits: left to exit-time destructors,
+        gloo's threads can abort the process ("terminate called without an active exception")."""
+        self.accelerator.end_training()
+
 
 def lr_lambda(tc: TrainConfig):
     """Linear warmup to 1, then cosine down to ``min_lr_ratio`` at max_steps (or constant)."""
