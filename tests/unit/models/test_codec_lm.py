@@ -10,17 +10,17 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from voxrelay.config import ModelConfig
 from voxrelay.errors import UserError
+from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.codec_lm.model import IGNORE_INDEX, CodecLM, SequenceTooLongError
 from voxrelay.models.codec_lm.vocab import VocabLayout
 
 K, C = 2, 16
 
 
-def tiny_cfg(**kw) -> ModelConfig:
+def tiny_cfg(**kw) -> CodecLMConfig:
     base = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_seq_len=256)
-    return ModelConfig(**{**base, **kw})
+    return CodecLMConfig(**{**base, **kw})
 
 
 def tiny_model(speakers: list[str] | None = None, seed: int = 0, **kw) -> CodecLM:

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from voxrelay.config import ModelConfig
 from voxrelay.errors import UserError, one_line
+from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.codec_lm.tokenizer import (
     TextTokenizer,
     load_saved_tokenizer,
@@ -76,7 +76,7 @@ class CodecLM:
     @classmethod
     def build(
         cls,
-        model_cfg: ModelConfig,
+        model_cfg: CodecLMConfig,
         num_codebooks: int,
         codebook_size: int,
         speakers: list[str],
@@ -287,7 +287,7 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generat
     return int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator))
 
 
-def _llama_config(cfg: ModelConfig, layout: VocabLayout) -> LlamaConfig:
+def _llama_config(cfg: CodecLMConfig, layout: VocabLayout) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=layout.vocab_size,
         hidden_size=cfg.hidden_size,
@@ -324,7 +324,7 @@ def _read_meta(folder: Path) -> dict[str, Any]:
 
 
 def _load_init(
-    cfg: ModelConfig, num_codebooks: int, codebook_size: int
+    cfg: CodecLMConfig, num_codebooks: int, codebook_size: int
 ) -> tuple[PreTrainedModel, TextTokenizer, VocabLayout]:
     """Weights, tokenizer and layout for ``cfg.init_from`` (a voxrelay folder or a plain causal LM)."""
     source = str(cfg.init_from)
