@@ -24,16 +24,19 @@ import torch  # noqa: E402
 from tests.helpers.servers import S3Server, apply_env  # noqa: E402
 from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, CheckpointManager, model_writer, state_writer  # noqa: E402
 from voxrelay.config import load_config  # noqa: E402
-from voxrelay.models.codec_lm.model import CodecLM  # noqa: E402
+from voxrelay.data.shards import EncodedUtterance  # noqa: E402
+from voxrelay.models.base import DataSpec  # noqa: E402
+from voxrelay.models.registry import build_model  # noqa: E402
 
 
 def make_state(hidden: int, layers: int) -> tuple[dict, dict, int]:
     cfg = load_config(None, [f"model.hidden_size={hidden}", f"model.num_layers={layers}",
                              f"model.intermediate_size={hidden * 3}", "model.num_heads=8"])
-    model = CodecLM.build(cfg.model, 4, 256, [], seed=0)
+    model = build_model(cfg.model, DataSpec(4, 256), seed=0)
     opt = torch.optim.AdamW(model.module.parameters())
-    batch = model.collate([model.encode_example("warm up", torch.zeros(4, 8).long().numpy())])
-    loss, _ = model.loss(model.module, batch)
+    batch = model.collate([model.example(EncodedUtterance("x", "warm up", None, None, 1.0,
+                                                           torch.zeros(4, 8).long().numpy()))])
+    loss = model.loss(model.module, batch).loss_sum
     loss.backward()
     opt.step()  # creates the AdamW moments
     params = sum(p.numel() for p in model.module.parameters())

@@ -19,25 +19,28 @@ import torch
 from accelerate import Accelerator
 
 from voxrelay.config import RunConfig, load_config
-from voxrelay.models.codec_lm.model import CodecLM
+from voxrelay.data.shards import EncodedUtterance
+from voxrelay.models.base import DataSpec, FamilyModel
+from voxrelay.models.registry import build_model
 from voxrelay.train.build import Run, lr_lambda
 from voxrelay.train.loop import train_step
 
 
-def make_batches(model: CodecLM, n: int, batch: int, frames: int, seed: int = 0) -> list[dict]:
+def make_batches(model: FamilyModel, n: int, batch: int, frames: int, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
         examples = [
-            model.encode_example("a sentence of about this many characters", rng.integers(0, 256, (4, frames)))
+            model.example(EncodedUtterance("x", "a sentence of about this many characters", None, None, 1.0,
+                                           rng.integers(0, 256, (4, frames))))
             for _ in range(batch)
         ]
         out.append(model.collate(examples))
     return out
 
 
-def bare_step(model: CodecLM, module, optimizer, scheduler, batch: dict, clip: float) -> None:
-    loss_sum, n = model.loss(module, batch)
+def bare_step(model: FamilyModel, module, optimizer, scheduler, batch: dict, clip: float) -> None:
+    loss_sum, n, _ = model.loss(module, batch)
     (loss_sum / n).backward()
     torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
     optimizer.step()
@@ -45,7 +48,7 @@ def bare_step(model: CodecLM, module, optimizer, scheduler, batch: dict, clip: f
     optimizer.zero_grad(set_to_none=True)
 
 
-def build(cfg: RunConfig, base: CodecLM, accelerator: Accelerator | None):
+def build(cfg: RunConfig, base: FamilyModel, accelerator: Accelerator | None):
     model = copy.deepcopy(base)
     opt = torch.optim.AdamW(model.module.parameters(), lr=cfg.train.lr, betas=(0.9, 0.95))
     module = model.module
@@ -64,7 +67,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(2)
     cfg = load_config(None, ["train.max_steps=100000"])
-    base = CodecLM.build(cfg.model, 4, 256, [], seed=0)
+    base = build_model(cfg.model, DataSpec(4, 256), seed=0)
     batches = make_batches(base, args.steps, args.batch, args.frames)
     accelerator = Accelerator(mixed_precision="no")
     m_ours, mod_ours, opt_ours, sch_ours = build(cfg, base, accelerator)

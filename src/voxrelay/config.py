@@ -10,12 +10,13 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from voxrelay.errors import UserError, one_line
+from voxrelay.models.codec_lm.config import CodecLMConfig
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -121,26 +122,11 @@ class CodecConfig(_Section):
     griffin_lim_iters: int = Field(32, gt=0, description="mel_kmeans: Griffin-Lim iterations when decoding")
 
 
-class ModelConfig(_Section):
-    family: Literal["codec_lm"] = Field("codec_lm", description="Model family (models/<family>/)")
-    tokenizer: str = Field("bytes", description="'bytes' (UTF-8 bytes) or a HF tokenizer name/path")
-    init_from: str | None = Field(
-        None, description="Pretrained weights: local folder or hub id (None = random init)"
-    )
-    hidden_size: int = Field(256, gt=0, description="Transformer width")
-    num_layers: int = Field(4, gt=0, description="Transformer layers")
-    num_heads: int = Field(4, gt=0, description="Attention heads")
-    intermediate_size: int = Field(768, gt=0, description="MLP width")
-    max_seq_len: int = Field(2048, gt=0, description="Longest token sequence (text + audio codes)")
-    dropout: float = Field(0.0, ge=0, lt=1, description="Attention dropout")
-
-    @model_validator(mode="after")
-    def _heads(self) -> ModelConfig:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
-            )
-        return self
+# One typed `model:` section per family, told apart by `model.family`; the implementations are
+# registered under the same names in voxrelay.models.registry (a test keeps the two in step).
+FAMILY_CONFIGS: dict[str, type[BaseModel]] = {"codec_lm": CodecLMConfig}
+DEFAULT_FAMILY = "codec_lm"
+ModelConfig = Annotated[Union[tuple(FAMILY_CONFIGS.values())], Field(discriminator="family")]  # noqa: UP007
 
 
 class TrainConfig(_Section):
@@ -250,7 +236,7 @@ class RunConfig(_Section):
     )
     data: DataConfig = Field(default_factory=DataConfig)
     codec: CodecConfig = Field(default_factory=CodecConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    model: ModelConfig = Field(default_factory=CodecLMConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
@@ -260,6 +246,19 @@ class RunConfig(_Section):
     @classmethod
     def _name(cls, v: str) -> str:
         return _check_name(v, "run name")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _family(cls, v: Any) -> Any:
+        """A section without `family` is codec_lm's (configs older than families); an unknown
+        family is named here, with the known ones, rather than as pydantic's union-tag error."""
+        if not isinstance(v, dict):
+            return v
+        family = v.get("family", DEFAULT_FAMILY)
+        if family not in FAMILY_CONFIGS:
+            raise ValueError(f"model.family={family!r} is not a model family; set model.family to one of: "
+                             f"{', '.join(sorted(FAMILY_CONFIGS))}")
+        return {**v, "family": family}
 
     @property
     def prepared_uri(self) -> str:
@@ -345,7 +344,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = list(e["loc"])
+        if loc[:1] == ["model"] and len(loc) > 1 and loc[1] in FAMILY_CONFIGS:
+            del loc[1]  # pydantic puts the union's tag in the path: model.codec_lm.hidden_size
+        key = ".".join(str(p) for p in loc) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key; check the spelling (`voxrelay config show` lists every key)"
@@ -392,17 +394,19 @@ def reference_markdown() -> str:
     def section(model: type[BaseModel], prefix: str) -> None:
         rows, subs = [], []
         for name, field in model.model_fields.items():
-            ann = field.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                subs.append((ann, f"{prefix}{name}."))
+            variants = _sections_of(field.annotation)
+            if variants:
+                subs.extend((sub, f"{prefix}{name}.") for sub in variants)
                 continue
             default = field.get_default(call_default_factory=True)
             if isinstance(default, list) and default and isinstance(default[0], BaseModel):
                 default = [d.model_dump(exclude_defaults=True) for d in default]
             rows.append(f"| `{prefix}{name}` | `{json.dumps(default)}` | {field.description or ''} |")
         if rows:
-            lines.extend([f"**{prefix.rstrip('.') or 'top level'}**", "", "| key | default | meaning |",
-                          "|---|---|---|", *rows, ""])
+            title = f"**{prefix.rstrip('.') or 'top level'}**"
+            if model in FAMILY_CONFIGS.values():  # one table per family, all under `model.`
+                title += f" (when `model.family: {model.model_fields['family'].default}`)"
+            lines.extend([title, "", "| key | default | meaning |", "|---|---|---|", *rows, ""])
         for sub, sub_prefix in subs:
             section(sub, sub_prefix)
 
@@ -412,3 +416,9 @@ def reference_markdown() -> str:
         default = "required" if field.is_required() else json.dumps(field.get_default(call_default_factory=True))
         lines.append(f"| `{name}` | `{default}` | {field.description or ''} |")
     return "\n".join(lines) + "\n"
+
+
+def _sections_of(annotation: Any) -> list[type[BaseModel]]:
+    """The section classes a field holds: one, or each variant of a union (``model``: one per family)."""
+    candidates = list(get_args(annotation)) if get_origin(annotation) is Union else [annotation]
+    return [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]

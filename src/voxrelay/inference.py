@@ -1,8 +1,10 @@
 """Synthesis from a run folder (latest checkpoint or a given step) or an exported folder, and export.
 
-An export folder holds ``model.safetensors`` + transformers ``config.json`` (loadable by
-``LlamaForCausalLM.from_pretrained``), ``voxrelay.json`` (tokenizer, vocabulary layout, speakers)
-and ``codec.json`` (+ ``codec.safetensors`` for the built-in codec).
+An export folder holds what the model's family writes (``save_pretrained``; for a Llama-based family
+``model.safetensors`` + transformers ``config.json``, loadable by ``LlamaForCausalLM.from_pretrained``),
+``voxrelay.json`` (family, tokenizer, vocabulary layout, speakers) and ``codec.json``
+(+ ``codec.safetensors`` for the built-in codec). Models are reached only through the family seam
+(:mod:`voxrelay.models.base`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from voxrelay.codecs.registry import codec_from_description
 from voxrelay.config import ConfigError, build_config
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.errors import UserError
-from voxrelay.models.codec_lm.model import META_FILE, CodecLM
-from voxrelay.paths import CONFIG_SNAPSHOT
+from voxrelay.models.base import DataSpec, FamilyModel
+from voxrelay.models.registry import build_model, load_model
+from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META
 
 CODEC_JSON = "codec.json"
 CODEC_STATE = "codec.safetensors"
@@ -33,7 +36,7 @@ class InferenceError(UserError, RuntimeError):
     """What to synthesise from cannot be loaded; the message says why and what to pass instead."""
 
 
-def load_from_run(run_uri: str, step: int | None = None) -> tuple[CodecLM, AudioCodec, int]:
+def load_from_run(run_uri: str, step: int | None = None) -> tuple[FamilyModel, AudioCodec, int]:
     """Model (weights of the latest valid checkpoint, or ``step``) + codec of a run folder."""
     snapshot = storage.join(run_uri, CONFIG_SNAPSHOT)
     if not storage.exists(snapshot):
@@ -44,21 +47,21 @@ def load_from_run(run_uri: str, step: int | None = None) -> tuple[CodecLM, Audio
         raise InferenceError(str(err)) from None
     index = load_index(cfg.prepared_uri)
     codec = load_prepared_codec(cfg.prepared_uri, index)
-    model = CodecLM.build(cfg.model, index["num_codebooks"], codec.codebook_size, index["speakers"], cfg.train.seed)
+    model = build_model(cfg.model, DataSpec.from_prepared(index, codec), cfg.train.seed)
     ckpt, weights = CheckpointManager(run_uri, cfg.checkpoint.keep_last).load_model(step)
     model.module.load_state_dict(weights)
     return model, codec, ckpt.step
 
 
-def load_from_export(folder: str) -> tuple[CodecLM, AudioCodec]:
+def load_from_export(folder: str) -> tuple[FamilyModel, AudioCodec]:
     path = Path(folder)
-    missing = [name for name in (META_FILE, CODEC_JSON) if not (path / name).is_file()]
+    missing = [name for name in (EXPORT_META, CODEC_JSON) if not (path / name).is_file()]
     if missing:
         raise InferenceError(
             f"{folder} is not a complete export folder (no {' or '.join(missing)}); pass a folder written by "
             "`voxrelay export`, or a run folder <root>/runs/<name>"
         )
-    model = CodecLM.from_pretrained(path)
+    model = load_model(path)
     try:
         desc = json.loads((path / CODEC_JSON).read_text())
     except json.JSONDecodeError as e:
@@ -67,7 +70,7 @@ def load_from_export(folder: str) -> tuple[CodecLM, AudioCodec]:
     return model, codec_from_description(desc, state)
 
 
-def load_any(source: str, step: int | None = None) -> tuple[CodecLM, AudioCodec, str]:
+def load_any(source: str, step: int | None = None) -> tuple[FamilyModel, AudioCodec, str]:
     """A run folder (local or remote) or an export folder -> (model, codec, description)."""
     if storage.is_local(source) and (Path(storage.local_path(source)) / CODEC_JSON).exists():
         if step is not None:
@@ -79,7 +82,7 @@ def load_any(source: str, step: int | None = None) -> tuple[CodecLM, AudioCodec,
 
 
 def synthesize(
-    model: CodecLM, codec: AudioCodec, text: str, out: str | Path, speaker: str | None = None,
+    model: FamilyModel, codec: AudioCodec, text: str, out: str | Path, speaker: str | None = None,
     temperature: float = 0.8, top_k: int = 50, seed: int = 0, max_seconds: float = 20.0,
 ) -> float:
     """Text -> wav file at the codec's rate; returns the duration in seconds."""
@@ -113,7 +116,7 @@ def check_export_output(out_dir: str | Path) -> Path:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InferenceError(f"export output {str(out)!r} is a file; pass a new or empty folder with -o")
-    if out.is_dir() and any(out.iterdir()) and not (out / META_FILE).is_file():
+    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_META).is_file():
         # never mix model files into a folder of the user's that is not a previous export
         raise InferenceError(
             f"export output {str(out)!r} is a folder that holds other files and no previous export; "
@@ -122,7 +125,7 @@ def check_export_output(out_dir: str | Path) -> Path:
     return out
 
 
-def export(model: CodecLM, codec: AudioCodec, out_dir: str | Path) -> Path:
+def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path) -> Path:
     out = check_export_output(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -56,9 +56,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     env = env_for(tmp / "cache", {"HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
     root = str(tmp / "root")
     w = World(tmp, root, f"{root}/runs/demo", env)
-    for args in (w.prepare(), w.train("train.max_steps=2")):
+    for args in (w.prepare(), w.train("train.max_steps=2"), ["export", w.run, "-o", str(tmp / "future")]):
         res = voxrelay(*args, env=env)
         assert res.returncode == 0, res.stdout + res.stderr
+    meta = json.loads((tmp / "future" / "voxrelay.json").read_text())  # an export of a family we do not know
+    (tmp / "future" / "voxrelay.json").write_text(json.dumps({**meta, "family": "future_tts"}))
     (tmp / "empty").mkdir()
     (tmp / "notyaml.yaml").write_text("name: [unclosed\n")
     _plain_lm(tmp / "lm-wrong-shapes", hidden_size=64)
@@ -98,6 +100,9 @@ CASES: dict[str, Case] = {
     "override-without-equals": lambda w: (w.prepare("train.max_steps"), ["'train.max_steps' is not key=value"], {}),
     "unknown-key": lambda w: (w.prepare("train.max_stepz=3"), ["train.max_stepz: unknown key"], {}),
     "config-show-unknown-key": lambda w: (["config", "show", CONFIG, "modle.hidden_size=8"], ["modle"], {}),
+    "config-show-unknown-family": lambda w: (
+        ["config", "show", CONFIG, "model.family=parlor"], ["model.family='parlor'", "one of: codec_lm"], {}),
+    "unknown-family": lambda w: (w.train("name=fam", "model.family=parlor"), ["model.family='parlor'", "codec_lm"], {}),
     # train: model, tokenizer, monitor
     "tokenizer-missing": lambda w: (
         w.train("name=tok", f"model.tokenizer={w.tmp}/no-tokenizer"), ["model.tokenizer=", "no-tokenizer"], {}),
@@ -119,6 +124,9 @@ CASES: dict[str, Case] = {
         ["synthesize", w.run, "Hello.", "-o", f"{w.tmp}/a.wav", "--voice", "xx-nope"], ["'xx-nope'", "en-us"], {}),
     "synthesize-not-a-run": lambda w: (
         ["synthesize", str(w.tmp / "empty"), "Hello.", "-o", f"{w.tmp}/a.wav"], ["empty is not a run folder"], {}),
+    "synthesize-export-of-unknown-family": lambda w: (
+        ["synthesize", str(w.tmp / "future"), "Hello.", "-o", f"{w.tmp}/a.wav"], ["'future_tts'", "known: codec_lm"],
+        {}),
     "synthesize-missing-step": lambda w: (
         ["synthesize", w.run, "Hello.", "-o", f"{w.tmp}/a.wav", "--step", "99"], ["no checkpoint at step 99"], {}),
     "synthesize-not-wav": lambda w: (

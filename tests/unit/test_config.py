@@ -109,3 +109,22 @@ def test_precision_no_survives_yaml(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("train:\n  precision: no\n")
     assert load_config(cfg).train.precision == "no"
+
+
+def test_reference_has_one_model_table_per_family():
+    from typing import Literal, Union
+
+    from pydantic import BaseModel
+
+    from voxrelay.config import _sections_of, reference_markdown
+
+    text = reference_markdown()
+    assert "**model** (when `model.family: codec_lm`)" in text
+    assert "| `model.family` | `\"codec_lm\"` |" in text and "| `model.hidden_size` | `256` |" in text
+
+    class Other(BaseModel):
+        family: Literal["other"] = "other"
+
+    assert _sections_of(Union[RunConfig, Other]) == [RunConfig, Other]  # noqa: UP007 (what pydantic hands over)
+    assert _sections_of(RunConfig) == [RunConfig]
+    assert _sections_of(list[Other]) == [] and _sections_of(int) == []

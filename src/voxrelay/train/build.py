@@ -22,7 +22,8 @@ from voxrelay.config import RunConfig, TrainConfig
 from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
-from voxrelay.models.codec_lm.model import CodecLM
+from voxrelay.models.base import DataSpec, FamilyModel
+from voxrelay.models.registry import build_model
 from voxrelay.monitor.sinks import TB_DIR, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, cache_dir, uri_key
 from voxrelay.train import state as st
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 class Run:
     cfg: RunConfig
     accelerator: Accelerator
-    model: CodecLM
+    model: FamilyModel
     module: torch.nn.Module  # model.module, wrapped by accelerate (DDP, precision)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -73,26 +74,26 @@ def lr_lambda(tc: TrainConfig):
     return f
 
 
-def _example_lengths(model: CodecLM, rows: list) -> tuple[list[int], list[int]]:
-    """Token length of every row; rows longer than model.max_seq_len are left out (with a warning)."""
+def _example_lengths(model: FamilyModel, rows: list) -> tuple[list[int], list[int]]:
+    """Length of every row's example; rows longer than the model's max_length are left out (with a warning)."""
     keep, lengths, dropped = [], [], []
     for i, r in enumerate(rows):
-        n = model.sequence_length(r.text, r.codes.shape[1], r.speaker)
-        if n > model.max_seq_len:
+        n = model.length(r)
+        if n > model.max_length:
             dropped.append(f"{r.id} ({n} tokens)")
             continue
         keep.append(i)
         lengths.append(n)
     if dropped:
-        log.warning("%d rows longer than model.max_seq_len=%d are left out of training (raise it to keep them): %s",
-                    len(dropped), model.max_seq_len, ", ".join(dropped[:5]))
+        log.warning("%d rows longer than %s=%d are left out of training (raise it to keep them): %s",
+                    len(dropped), model.max_length_key, model.max_length, ", ".join(dropped[:5]))
     return keep, lengths
 
 
-def build_stream(model: CodecLM, rows: list, cfg: RunConfig, rank: int, world: int) -> BatchStream:
+def build_stream(model: FamilyModel, rows: list, cfg: RunConfig, rank: int, world: int) -> BatchStream:
     keep, lengths = _example_lengths(model, rows)
     if not keep:
-        raise ValueError(f"no training row fits model.max_seq_len={cfg.model.max_seq_len}; raise it")
+        raise ValueError(f"no training row fits {model.max_length_key}={model.max_length}; raise it")
     plan = BatchPlan(
         lengths, [rows[i].duration for i in keep], cfg.train.seed,
         batch_tokens=cfg.train.batch_tokens, batch_seconds=cfg.train.batch_seconds,
@@ -100,7 +101,7 @@ def build_stream(model: CodecLM, rows: list, cfg: RunConfig, rank: int, world: i
 
     def make_batch(ids: list[int]) -> dict:
         picked = [rows[keep[i]] for i in ids]
-        batch = model.collate([model.encode_example(r.text, r.codes, r.speaker) for r in picked])
+        batch = model.collate([model.example(r) for r in picked])
         batch["audio_seconds"] = sum(r.duration for r in picked)
         return batch
 
@@ -127,7 +128,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     train_rows = PreparedDataset.open(cfg.prepared_uri, "train", index, max_bytes=cap).rows
     eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval", index, max_bytes=cap).rows, key=lambda r: r.id)
     st.seed_everything(cfg.train.seed)
-    model = CodecLM.build(cfg.model, index["num_codebooks"], codec.codebook_size, index["speakers"], cfg.train.seed)
+    model = build_model(cfg.model, DataSpec.from_prepared(index, codec), cfg.train.seed)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
     ck = cfg.checkpoint
     checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged)
@@ -139,8 +140,9 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     if found is not None:
         check_compatible(found[2], cfg, index, found[0].step, len(checkpoints.candidates()))
         model.module.load_state_dict(found[1])
-    optimizer = torch.optim.AdamW(
-        model.module.parameters(), lr=cfg.train.lr, betas=(0.9, 0.95), weight_decay=cfg.train.weight_decay
+    optimizer = torch.optim.AdamW(  # the family says which parameters train and which decay
+        model.param_groups(cfg.train.weight_decay), lr=cfg.train.lr, betas=(0.9, 0.95),
+        weight_decay=cfg.train.weight_decay,
     )
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
     module, optimizer = accelerator.prepare(model.module, optimizer)

@@ -10,28 +10,35 @@ import soundfile as sf
 import torch
 
 from voxrelay.metrics import mcd_dtw
+from voxrelay.models.base import LOSS_TOKENS
 
 SAMPLES_DIR = "samples"
 
 
 @torch.no_grad()
-def eval_loss(run) -> float:
+def eval_loss(run) -> dict[str, float]:
+    """``eval/loss`` (mean over the loss targets of every held-out row) and, for a family whose loss
+    has parts (e.g. per codebook), ``eval/loss/<part>`` on the same scale."""
     rows = run.eval_rows
     if not rows:
-        return float("nan")
+        return {"eval/loss": float("nan")}
     module, model = run.module, run.model
     was_training = module.training
     module.eval()
-    total, count = 0.0, 0
+    total, count, parts = 0.0, 0, {}
     for i in range(0, len(rows), 8):
-        batch = model.collate([model.encode_example(r.text, r.codes, r.speaker) for r in rows[i : i + 8]])
+        batch = model.collate([model.example(r) for r in rows[i : i + 8]])
+        batch.pop(LOSS_TOKENS)  # the loss returns its own count
         batch = {k: v.to(run.accelerator.device) for k, v in batch.items()}
         with run.accelerator.autocast():
-            loss, n = model.loss(module, batch)
-        total += float(loss)
-        count += int(n)
+            out = model.loss(module, batch)
+        total += float(out.loss_sum)
+        count += int(out.num_tokens)
+        for name, value in out.parts.items():
+            parts[name] = parts.get(name, 0.0) + float(value)
     module.train(was_training)
-    return total / max(count, 1)
+    n = max(count, 1)
+    return {"eval/loss": total / n} | {f"eval/loss/{name}": value / n for name, value in parts.items()}
 
 
 def synthesize_eval(run, step: int) -> dict[str, float]:
@@ -68,7 +75,7 @@ def _save_wav(run, step: int, utt_id: str, wav: np.ndarray, sample_rate: int) ->
 
 
 def evaluate(run, step: int) -> dict[str, float]:
-    results = {"eval/loss": eval_loss(run)}
+    results = eval_loss(run)
     if run.accelerator.is_main_process:
         results |= synthesize_eval(run, step)
     run.accelerator.wait_for_everyone()

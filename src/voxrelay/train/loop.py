@@ -12,6 +12,7 @@ import torch
 
 from voxrelay.checkpoint import preemption as pre
 from voxrelay.config import parse_duration
+from voxrelay.models.base import LOSS_TOKENS
 from voxrelay.monitor.progress import ProgressLine, Throughput
 from voxrelay.train.build import Run
 from voxrelay.train.evaluate import evaluate
@@ -46,7 +47,7 @@ def train_step(run: Run, micro_batches: list[dict]) -> StepStats:
     of loss tokens of the whole step, over every process (not averaged per micro-batch)."""
     acc, device = run.accelerator, run.accelerator.device
     seconds = sum(b.pop("audio_seconds") for b in micro_batches)
-    local_tokens = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro_batches)
+    local_tokens = sum(int(b.pop(LOSS_TOKENS)) for b in micro_batches)  # counted by the family's collate
     total = local_tokens
     if acc.num_processes > 1:
         total = int(acc.reduce(torch.tensor(local_tokens, device=device), "sum"))
@@ -56,7 +57,7 @@ def train_step(run: Run, micro_batches: list[dict]) -> StepStats:
         batch = {k: v.to(device) for k, v in batch.items()}
         sync = contextlib.nullcontext() if i == len(micro_batches) - 1 else acc.no_sync(run.module)
         with sync, acc.autocast():
-            loss, _ = run.model.loss(run.module, batch)
+            loss = run.model.loss(run.module, batch).loss_sum
             acc.backward(loss * scale)
         loss_sum += float(loss.detach())
     # the norm is computed even without clipping (max_norm=inf): a NaN/inf one must not reach the weights

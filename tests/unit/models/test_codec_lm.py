@@ -10,17 +10,18 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from voxrelay.config import ModelConfig
 from voxrelay.errors import UserError
+from voxrelay.models.base import LOSS_TOKENS
+from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.codec_lm.model import IGNORE_INDEX, CodecLM, SequenceTooLongError
 from voxrelay.models.codec_lm.vocab import VocabLayout
 
 K, C = 2, 16
 
 
-def tiny_cfg(**kw) -> ModelConfig:
+def tiny_cfg(**kw) -> CodecLMConfig:
     base = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_seq_len=256)
-    return ModelConfig(**{**base, **kw})
+    return CodecLMConfig(**{**base, **kw})
 
 
 def tiny_model(speakers: list[str] | None = None, seed: int = 0, **kw) -> CodecLM:
@@ -89,8 +90,9 @@ def test_loss_equals_manual_sum() -> None:
     model = tiny_model()
     exs = [model.encode_example("ab", random_codes(3, 1)), model.encode_example("abcdef", random_codes(5, 2))]
     batch = model.collate(exs)
-    loss_sum, n = model.loss(model.module, batch)
+    loss_sum, n, parts = model.loss(model.module, batch)
     assert int(n) == (K * 3 + 1) + (K * 5 + 1)  # audio ids + AUDIO_END of each example
+    assert int(batch[LOSS_TOKENS]) == int(n) and parts == {}  # collate counts what the loss will take
     manual, count = 0.0, 0
     with torch.no_grad():
         for ex in exs:  # unpadded, one by one
@@ -149,7 +151,7 @@ def test_overfits_one_example_and_generation_reproduces_it() -> None:
     opt = torch.optim.AdamW(model.module.parameters(), lr=3e-3)
     model.module.train()
     for _ in range(100):
-        loss_sum, n = model.loss(model.module, batch)
+        loss_sum, n, _ = model.loss(model.module, batch)
         opt.zero_grad()
         (loss_sum / n).backward()
         opt.step()

@@ -19,43 +19,43 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import LlamaForCausalLM, PreTrainedModel
 
-from voxrelay.config import ModelConfig
-from voxrelay.errors import UserError, one_line
-from voxrelay.models.codec_lm.tokenizer import (
-    TextTokenizer,
-    load_saved_tokenizer,
-    load_text_tokenizer,
-    looks_local,
+from voxrelay.errors import UserError
+from voxrelay.models.base import LOSS_TOKENS, Example, LossOutput, Row, module_classes
+from voxrelay.models.codec_lm.config import CodecLMConfig
+from voxrelay.models.codec_lm.loading import (
+    FORMAT_VERSION,
+    META_FILE,
+    TOKENIZER_DIR,
+    llama_config,
+    load_causal_lm,
+    load_init,
+    meta_init,
+    read_meta,
 )
+from voxrelay.models.codec_lm.tokenizer import TextTokenizer, load_saved_tokenizer, load_text_tokenizer
 from voxrelay.models.codec_lm.vocab import VocabLayout
-from voxrelay.paths import EXPORT_META
 
-FORMAT_VERSION = 1
-META_FILE = EXPORT_META
-TOKENIZER_DIR = "tokenizer"
 IGNORE_INDEX = -100
+# Llama's projections: what LoRA adapts by default (attention and MLP of every layer)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 class SequenceTooLongError(UserError, ValueError):
     """An utterance does not fit in ``model.max_seq_len`` tokens."""
 
 
-class ModelLoadError(UserError, ValueError):
-    """``model.init_from`` or a saved model folder cannot be loaded; the message names it and the fix."""
-
-
-class ModelNotFoundError(ModelLoadError, FileNotFoundError):
-    """A model folder that does not exist or was not written completely."""
-
-
 class CodecLM:
-    """A causal LM over text + codec ids, with its tokenizer, id layout and known speakers.
+    """A causal LM over text + codec ids, with its tokenizer, id layout and known speakers
+    (a :class:`~voxrelay.models.base.FamilyModel` of the ``codec_lm`` family).
 
     ``module`` is the ``transformers`` model (a ``LlamaForCausalLM`` when built from scratch);
     ``max_seq_len`` bounds training sequences and generation (text + audio ids).
     """
+
+    family = "codec_lm"
+    max_length_key = "model.max_seq_len"  # the config key of max_length, named in warnings
 
     def __init__(
         self,
@@ -71,32 +71,41 @@ class CodecLM:
         self.speakers = speakers
         self.max_seq_len = max_seq_len
 
+    @property
+    def max_length(self) -> int:
+        return self.max_seq_len
+
     # ---------------------------------------------------------------- construction and files
 
     @classmethod
     def build(
         cls,
-        model_cfg: ModelConfig,
+        model_cfg: CodecLMConfig,
         num_codebooks: int,
         codebook_size: int,
         speakers: list[str],
         seed: int,
+        meta: bool = False,
     ) -> CodecLM:
         """A new model: random init seeded by ``seed``, or weights from ``model_cfg.init_from``.
 
         ``init_from`` may be a plain causal-LM folder / hub id (its embeddings are resized to add
         the special and audio ids; ``model.tokenizer`` must be that model's tokenizer) or a folder
         written by :meth:`save_pretrained` (fine-tuning a voxrelay model; its layout is kept).
-        The global torch RNG is left untouched.
+        The global torch RNG is left untouched. ``meta=True``: the module is on the meta device
+        (no weights read or initialised), for planning.
         """
+        if meta:
+            module, tokenizer, layout = meta_init(model_cfg, num_codebooks, codebook_size)
+            return cls(module, tokenizer, layout, list(speakers), model_cfg.max_seq_len)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             if model_cfg.init_from:
-                module, tokenizer, layout = _load_init(model_cfg, num_codebooks, codebook_size)
+                module, tokenizer, layout = load_init(model_cfg, num_codebooks, codebook_size)
             else:
                 tokenizer = load_text_tokenizer(model_cfg.tokenizer)
                 layout = VocabLayout(tokenizer.vocab_size, num_codebooks, codebook_size)
-                module = LlamaForCausalLM._from_config(_llama_config(model_cfg, layout), attn_implementation="sdpa")
+                module = LlamaForCausalLM._from_config(llama_config(model_cfg, layout), attn_implementation="sdpa")
         return cls(module, tokenizer, layout, list(speakers), model_cfg.max_seq_len)
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
@@ -121,13 +130,21 @@ class CodecLM:
     def from_pretrained(cls, folder: str | os.PathLike[str]) -> CodecLM:
         """Load a folder written by :meth:`save_pretrained` (no network access)."""
         folder = Path(folder)
-        meta = _read_meta(folder)
+        meta = read_meta(folder)
         layout = VocabLayout.from_dict(meta["layout"])
         tokenizer = load_saved_tokenizer(folder / TOKENIZER_DIR)
         module = load_causal_lm(str(folder), f"model folder {str(folder)!r}", attn_implementation="sdpa")
         return cls(module, tokenizer, layout, list(meta["speakers"]), int(meta["max_seq_len"]))
 
-    # ---------------------------------------------------------------- training data
+    # ---------------------------------------------------------------- training data (the seam)
+
+    def length(self, row: Row) -> int:
+        """Tokens of the training sequence of a prepared row (see :meth:`sequence_length`)."""
+        return self.sequence_length(row.text, row.codes.shape[1], row.speaker)
+
+    def example(self, row: Row) -> Example:
+        """The training example of a prepared row; codec_lm has no use for ``row.description``."""
+        return self.encode_example(row.text, row.codes, row.speaker)
 
     def prompt_text(self, text: str, speaker: str | None) -> str:
         """The text the LM reads: ``"<speaker>: <text>"`` when the model knows speakers, else ``text``.
@@ -179,7 +196,8 @@ class CodecLM:
         """Right-pad examples of :meth:`encode_example` into a batch.
 
         Returns ``input_ids`` int64 [B, Lmax] (PAD after the end), ``attention_mask`` int64 [B, Lmax]
-        (1 on real tokens) and ``labels`` int64 [B, Lmax] (-100 on padding).
+        (1 on real tokens), ``labels`` int64 [B, Lmax] (-100 on padding) and ``LOSS_TOKENS`` (int64
+        scalar): the labelled positions :meth:`loss` predicts, i.e. after the causal shift.
         """
         if not examples:
             raise ValueError("collate needs at least one example")
@@ -192,15 +210,16 @@ class CodecLM:
             input_ids[i, :n] = torch.as_tensor(e["input_ids"], dtype=torch.long)
             labels[i, :n] = torch.as_tensor(e["labels"], dtype=torch.long)
             attention_mask[i, :n] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        num_targets = (labels[:, 1:] != IGNORE_INDEX).sum()  # position t predicts label t + 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, LOSS_TOKENS: num_targets}
 
-    def loss(self, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss(self, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         """Summed next-token cross-entropy over labelled positions, and their count.
 
         ``module`` is the (possibly accelerate/DDP/FSDP-wrapped) ``self.module``; ``batch`` comes from
-        :meth:`collate`, already on the module's device. Returns ``(loss_sum, num_tokens)``: a float32
-        scalar and an int64 scalar, so the loop can divide by the token count of a whole
-        gradient-accumulation window.
+        :meth:`collate`, already on the module's device. Returns ``(loss_sum, num_tokens, parts)``: a
+        float32 scalar, an int64 scalar (so the loop can divide by the token count of a whole
+        gradient-accumulation window) and no parts.
         """
         out = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         targets = batch["labels"][:, 1:]
@@ -208,7 +227,21 @@ class CodecLM:
         # Only labelled positions reach the (float32) softmax: saves memory on text and padding.
         logits = out.logits[:, :-1][keep].float()  # [N, V]
         loss_sum = F.cross_entropy(logits, targets[keep], reduction="sum")
-        return loss_sum, keep.sum()
+        return LossOutput(loss_sum, keep.sum(), {})
+
+    # ---------------------------------------------------------------- optimisation and strategies
+
+    def param_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """One group, every trainable parameter decayed alike (what codec_lm has always trained with)."""
+        return [{"params": [p for p in self.module.parameters() if p.requires_grad], "weight_decay": weight_decay}]
+
+    def lora_targets(self) -> list[str]:
+        return list(LORA_TARGETS)
+
+    def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
+        """The decoder layer class of whichever causal LM this is (transformers lists it in
+        ``_no_split_modules``: the blocks that must stay whole)."""
+        return module_classes(self.module, getattr(self.module, "_no_split_modules", None) or [])
 
     # ---------------------------------------------------------------- synthesis
 
@@ -285,109 +318,3 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generat
         pick = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=generator)
         return int(indices[pick])
     return int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator))
-
-
-def _llama_config(cfg: ModelConfig, layout: VocabLayout) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=layout.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_heads,
-        max_position_embeddings=cfg.max_seq_len,
-        attention_dropout=cfg.dropout,
-        tie_word_embeddings=False,
-        pad_token_id=layout.pad_id,
-        bos_token_id=layout.bos_id,
-        eos_token_id=layout.audio_end_id,
-    )
-
-
-def _read_meta(folder: Path) -> dict[str, Any]:
-    path = folder / META_FILE
-    if not path.is_file():
-        raise ModelNotFoundError(
-            f"{path} is missing: {folder} is not a complete voxrelay codec_lm folder "
-            "(save_pretrained writes voxrelay.json last; an interrupted save leaves none)"
-        )
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{path} is not valid JSON ({e}); save the model again") from e
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ModelLoadError(
-            f"{path}: format_version {meta.get('format_version')!r} is not supported by this voxrelay "
-            f"(expects {FORMAT_VERSION}); load it with the voxrelay version that wrote it"
-        )
-    return meta
-
-
-def _load_init(
-    cfg: ModelConfig, num_codebooks: int, codebook_size: int
-) -> tuple[PreTrainedModel, TextTokenizer, VocabLayout]:
-    """Weights, tokenizer and layout for ``cfg.init_from`` (a voxrelay folder or a plain causal LM)."""
-    source = str(cfg.init_from)
-    kwargs = {"attn_implementation": "sdpa", "attention_dropout": cfg.dropout}
-    if (Path(source) / META_FILE).is_file():
-        meta = _read_meta(Path(source))
-        layout = VocabLayout.from_dict(meta["layout"])
-        if (layout.num_codebooks, layout.codebook_size) != (num_codebooks, codebook_size):
-            raise ModelLoadError(
-                f"model.init_from={source!r} was trained on {layout.num_codebooks} codebooks x "
-                f"{layout.codebook_size} codes but the data has {num_codebooks} x {codebook_size}; "
-                "prepare the data with the same codec or start from another model"
-            )
-        if meta["tokenizer"] != cfg.tokenizer:
-            raise ModelLoadError(
-                f"model.init_from={source!r} uses tokenizer {meta['tokenizer']!r} but model.tokenizer is "
-                f"{cfg.tokenizer!r}; set model.tokenizer={meta['tokenizer']}"
-            )
-        tokenizer = load_saved_tokenizer(Path(source) / TOKENIZER_DIR)
-        return load_causal_lm(source, "model.init_from", **kwargs), tokenizer, layout
-    tokenizer = load_text_tokenizer(cfg.tokenizer)
-    module = load_causal_lm(source, "model.init_from", **kwargs)
-    lm_vocab = module.get_input_embeddings().weight.shape[0]
-    if tokenizer.vocab_size > lm_vocab:
-        raise ModelLoadError(
-            f"model.tokenizer={cfg.tokenizer!r} has {tokenizer.vocab_size} ids but model.init_from={source!r} "
-            f"embeds only {lm_vocab}; set model.tokenizer to the tokenizer of {source!r}"
-        )
-    # Special and audio ids go after every row the pretrained model has, so no text row is reused.
-    layout = VocabLayout(lm_vocab, num_codebooks, codebook_size)
-    module.resize_token_embeddings(layout.vocab_size)
-    module.config.pad_token_id = layout.pad_id
-    module.config.bos_token_id = layout.bos_id
-    module.config.eos_token_id = layout.audio_end_id
-    return module, tokenizer, layout
-
-
-def load_causal_lm(source: str, what: str, **kwargs: Any) -> PreTrainedModel:
-    """``AutoModelForCausalLM.from_pretrained(source)`` whose failures name ``what`` (e.g. ``model.init_from``)
-    and the fix; weights that leave part of the model random are refused rather than trained on."""
-    folder = Path(source).expanduser()
-    fix = "point it at a folder written by save_pretrained (config.json + model.safetensors) or at a HF hub id"
-    if not folder.is_dir() and looks_local(source):
-        raise ModelNotFoundError(f"{what}={source!r}: no such folder (and not a hub id); {fix}")
-    if folder.is_dir() and not (folder / "config.json").is_file():
-        raise ModelNotFoundError(f"{what}={source!r}: the folder has no config.json; {fix}")
-    where = "local folder" if folder.is_dir() else "hub id (it is not a local folder)"
-    try:
-        module, info = AutoModelForCausalLM.from_pretrained(
-            str(folder) if folder.is_dir() else source, output_loading_info=True, **kwargs
-        )
-    except OSError as e:  # no weights file, or a hub id that cannot be fetched
-        raise ModelNotFoundError(f"{what}={source!r} cannot be loaded as a {where} ({one_line(e)}); {fix}") from e
-    except (ValueError, KeyError) as e:  # config.json of no known causal LM
-        raise ModelLoadError(f"{what}={source!r} is not a causal LM ({one_line(e)[:300]}); {fix}") from e
-    except RuntimeError as e:  # weights whose shapes disagree with config.json
-        raise ModelLoadError(
-            f"{what}={source!r}: its weights do not fit its config.json ({one_line(e)[:300]}); {fix}"
-        ) from e
-    missing = list(info.get("missing_keys") or [])
-    if missing:
-        raise ModelLoadError(
-            f"{what}={source!r}: its weights lack {len(missing)} tensors of the model its config.json describes "
-            f"(e.g. {sorted(missing)[:3]}), which would start random; {fix}"
-        )
-    return module

@@ -1,0 +1,150 @@
+"""The seam between training/inference and a model family.
+
+A :class:`Family` (registered by name in :mod:`voxrelay.models.registry`, chosen by
+``model.family``) builds or loads a :class:`FamilyModel`: the module plus everything that turns
+prepared rows into batches, batches into a loss, and text into codes. ``train/``, evaluation,
+``inference`` and ``export`` use only what is declared here, so a family with continuous latents
+(VibeVoice), an encoder-decoder with a delay pattern (Parler) or a pretrained LM layout (Orpheus)
+plugs in without touching the loop.
+
+Shapes: a batch is a dict of tensors whose keys belong to the family, plus :data:`LOSS_TOKENS`
+(int64 scalar) put there by ``collate``; generated codes are int64 ``[K, T]``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+# Key that `collate` adds to a batch: how many targets the loss will average over, known before the
+# forward pass, so the loop can normalise a whole gradient-accumulation window over every process.
+LOSS_TOKENS = "loss_tokens"
+
+Example = dict[str, np.ndarray]  # one training example as the family encodes it (numpy, CPU)
+Batch = dict[str, "torch.Tensor"]  # collated examples (+ LOSS_TOKENS)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What a family learns from the prepared data before it can build a model.
+
+    ``num_codebooks`` K and ``codebook_size`` of the codec, the speakers of the data (sorted names,
+    may be empty), and the codec's ``frame_rate`` (frames per second) and ``sample_rate`` (Hz).
+    """
+
+    num_codebooks: int
+    codebook_size: int
+    speakers: list[str] = field(default_factory=list)
+    frame_rate: float | None = None
+    sample_rate: int | None = None
+
+    @classmethod
+    def from_prepared(cls, index: dict, codec: Any) -> DataSpec:
+        """From a prepared ``index.json`` and its codec (an :class:`~voxrelay.codecs.base.AudioCodec`)."""
+        return cls(int(index["num_codebooks"]), int(codec.codebook_size), list(index.get("speakers") or []),
+                   float(codec.frame_rate), int(codec.sample_rate))
+
+
+@runtime_checkable
+class Row(Protocol):
+    """A prepared utterance as a family sees it (:class:`voxrelay.data.shards.EncodedUtterance`)."""
+
+    text: str
+    speaker: str | None
+    description: str | None
+    codes: np.ndarray  # int [K, T]
+
+
+class LossOutput(NamedTuple):
+    """``loss_sum``: float32 scalar summed over the loss targets (with grad); ``num_tokens``: int64
+    scalar, their count; ``parts``: per-component sums for monitoring (e.g. per codebook, or a
+    diffusion term), each normalised by ``num_tokens`` when logged; may be empty."""
+
+    loss_sum: torch.Tensor
+    num_tokens: torch.Tensor
+    parts: dict[str, torch.Tensor]
+
+
+@runtime_checkable
+class FamilyModel(Protocol):
+    """A built model of some family: what the loop, evaluation, inference and export call."""
+
+    family: str  # the `model.family` name
+    module: torch.nn.Module  # the trainable torch module (what accelerate/DDP/FSDP wrap)
+    speakers: list[str]  # voices `synthesize --voice` accepts (empty: single speaker)
+    max_length: int  # longest example `length` accepts
+    max_length_key: str  # the config key that sets max_length (named in warnings and errors)
+
+    def length(self, row: Row) -> int:
+        """Size of the example of ``row`` for the batch plan (tokens incl. special ones); may exceed
+        ``max_length`` (the caller leaves such rows out)."""
+        ...
+
+    def example(self, row: Row) -> Example:
+        """One training example from a prepared row (text, speaker, description, codes)."""
+        ...
+
+    def collate(self, examples: list[Example]) -> Batch:
+        """Pad ``examples`` into a batch of CPU tensors with :data:`LOSS_TOKENS`."""
+        ...
+
+    def loss(self, module: torch.nn.Module, batch: Batch) -> LossOutput:
+        """``module`` is ``self.module`` possibly wrapped (DDP, FSDP, precision); ``batch`` is on its device."""
+        ...
+
+    def generate(self, text: str, speaker: str | None = None, max_frames: int | None = None,
+                 temperature: float = 0.8, top_k: int | None = 50, seed: int = 0) -> np.ndarray:
+        """Codes int64 [K, T] for ``text``, deterministic for a ``seed``; ``temperature <= 0`` is greedy."""
+        ...
+
+    def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
+        """Write a self-contained folder that :meth:`Family.load` reads (``voxrelay.json`` last, naming
+        the family); this is also the export format."""
+        ...
+
+    def param_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """Optimizer parameter groups of the trainable parameters (frozen encoders left out)."""
+        ...
+
+    def lora_targets(self) -> list[str]:
+        """Module names (or a regex) LoRA wraps by default."""
+        ...
+
+    def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
+        """The layer classes FSDP shards as units (e.g. the decoder layer)."""
+        ...
+
+
+class Family(Protocol):
+    """A model family: builds new models and loads saved ones."""
+
+    name: str
+
+    def build(self, cfg: Any, data: DataSpec, seed: int, meta: bool = False) -> FamilyModel:
+        """A model for ``cfg`` (this family's ``model:`` section) and ``data``: random init seeded by
+        ``seed``, or the weights of ``cfg.init_from`` (a local folder or hub id). ``meta=True``
+        builds on the meta device (shapes only: no weights read, no memory) for
+        planning. The global RNG is left untouched."""
+        ...
+
+    def load(self, folder: str | os.PathLike[str]) -> FamilyModel:
+        """A model saved by :meth:`FamilyModel.save_pretrained` (no network access)."""
+        ...
+
+
+def module_classes(module: torch.nn.Module, names: Sequence[str]) -> tuple[type[torch.nn.Module], ...]:
+    """The classes of ``module``'s submodules whose class name is in ``names`` (e.g. a transformers
+    model's ``_no_split_modules``), in order of first appearance."""
+    found: dict[str, type] = {}
+    for sub in module.modules():
+        name = type(sub).__name__
+        if name in names and name not in found:
+            found[name] = type(sub)
+    return tuple(found.values())

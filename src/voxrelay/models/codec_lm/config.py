@@ -1,0 +1,39 @@
+"""The ``model:`` section of a run config when ``model.family: codec_lm``.
+
+Imported by :mod:`voxrelay.config`, so it must stay free of torch/transformers (``--help`` and
+``config show`` import it).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class CodecLMConfig(BaseModel):
+    """A decoder-only Llama over ``[BOS, text, AUDIO_START, codes frame by frame, AUDIO_END]``."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    family: Literal["codec_lm"] = Field(
+        "codec_lm", description="Model family (src/voxrelay/models/<family>/); the other model.* keys depend on it"
+    )
+    tokenizer: str = Field("bytes", description="'bytes' (UTF-8 bytes) or a HF tokenizer name/path")
+    init_from: str | None = Field(
+        None, description="Pretrained weights: local folder or hub id (None = random init)"
+    )
+    hidden_size: int = Field(256, gt=0, description="Transformer width")
+    num_layers: int = Field(4, gt=0, description="Transformer layers")
+    num_heads: int = Field(4, gt=0, description="Attention heads")
+    intermediate_size: int = Field(768, gt=0, description="MLP width")
+    max_seq_len: int = Field(2048, gt=0, description="Longest token sequence (text + audio codes)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Attention dropout")
+
+    @model_validator(mode="after")
+    def _heads(self) -> CodecLMConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
+            )
+        return self

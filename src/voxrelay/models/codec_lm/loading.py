@@ -1,0 +1,174 @@
+"""Files of codec_lm: building the transformers module, ``init_from`` (a voxrelay folder or a plain
+causal LM, whose embeddings get the special and audio ids), and the ``voxrelay.json`` metadata."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedModel
+
+from voxrelay.errors import UserError, one_line
+from voxrelay.models.codec_lm.config import CodecLMConfig
+from voxrelay.models.codec_lm.tokenizer import (
+    TextTokenizer,
+    load_saved_tokenizer,
+    load_text_tokenizer,
+    looks_local,
+)
+from voxrelay.models.codec_lm.vocab import VocabLayout
+from voxrelay.paths import EXPORT_META
+
+FORMAT_VERSION = 1
+META_FILE = EXPORT_META
+TOKENIZER_DIR = "tokenizer"
+
+
+class ModelLoadError(UserError, ValueError):
+    """``model.init_from`` or a saved model folder cannot be loaded; the message names it and the fix."""
+
+
+class ModelNotFoundError(ModelLoadError, FileNotFoundError):
+    """A model folder that does not exist or was not written completely."""
+
+
+def llama_config(cfg: CodecLMConfig, layout: VocabLayout) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=layout.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.max_seq_len,
+        attention_dropout=cfg.dropout,
+        tie_word_embeddings=False,
+        pad_token_id=layout.pad_id,
+        bos_token_id=layout.bos_id,
+        eos_token_id=layout.audio_end_id,
+    )
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    path = folder / META_FILE
+    if not path.is_file():
+        raise ModelNotFoundError(
+            f"{path} is missing: {folder} is not a complete voxrelay codec_lm folder "
+            "(save_pretrained writes voxrelay.json last; an interrupted save leaves none)"
+        )
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON ({e}); save the model again") from e
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ModelLoadError(
+            f"{path}: format_version {meta.get('format_version')!r} is not supported by this voxrelay "
+            f"(expects {FORMAT_VERSION}); load it with the voxrelay version that wrote it"
+        )
+    return meta
+
+
+def load_init(
+    cfg: CodecLMConfig, num_codebooks: int, codebook_size: int
+) -> tuple[PreTrainedModel, TextTokenizer, VocabLayout]:
+    """Weights, tokenizer and layout for ``cfg.init_from`` (a voxrelay folder or a plain causal LM)."""
+    source = str(cfg.init_from)
+    kwargs = {"attn_implementation": "sdpa", "attention_dropout": cfg.dropout}
+    if (Path(source) / META_FILE).is_file():
+        meta = read_meta(Path(source))
+        layout = VocabLayout.from_dict(meta["layout"])
+        if (layout.num_codebooks, layout.codebook_size) != (num_codebooks, codebook_size):
+            raise ModelLoadError(
+                f"model.init_from={source!r} was trained on {layout.num_codebooks} codebooks x "
+                f"{layout.codebook_size} codes but the data has {num_codebooks} x {codebook_size}; "
+                "prepare the data with the same codec or start from another model"
+            )
+        if meta["tokenizer"] != cfg.tokenizer:
+            raise ModelLoadError(
+                f"model.init_from={source!r} uses tokenizer {meta['tokenizer']!r} but model.tokenizer is "
+                f"{cfg.tokenizer!r}; set model.tokenizer={meta['tokenizer']}"
+            )
+        tokenizer = load_saved_tokenizer(Path(source) / TOKENIZER_DIR)
+        return load_causal_lm(source, "model.init_from", **kwargs), tokenizer, layout
+    tokenizer = load_text_tokenizer(cfg.tokenizer)
+    module = load_causal_lm(source, "model.init_from", **kwargs)
+    lm_vocab = module.get_input_embeddings().weight.shape[0]
+    if tokenizer.vocab_size > lm_vocab:
+        raise ModelLoadError(
+            f"model.tokenizer={cfg.tokenizer!r} has {tokenizer.vocab_size} ids but model.init_from={source!r} "
+            f"embeds only {lm_vocab}; set model.tokenizer to the tokenizer of {source!r}"
+        )
+    # Special and audio ids go after every row the pretrained model has, so no text row is reused.
+    layout = VocabLayout(lm_vocab, num_codebooks, codebook_size)
+    module.resize_token_embeddings(layout.vocab_size)
+    module.config.pad_token_id = layout.pad_id
+    module.config.bos_token_id = layout.bos_id
+    module.config.eos_token_id = layout.audio_end_id
+    return module, tokenizer, layout
+
+
+def load_causal_lm(source: str, what: str, **kwargs: Any) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained(source)`` whose failures name ``what`` (e.g. ``model.init_from``)
+    and the fix; weights that leave part of the model random are refused rather than trained on."""
+    folder = Path(source).expanduser()
+    fix = "point it at a folder written by save_pretrained (config.json + model.safetensors) or at a HF hub id"
+    if not folder.is_dir() and looks_local(source):
+        raise ModelNotFoundError(f"{what}={source!r}: no such folder (and not a hub id); {fix}")
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise ModelNotFoundError(f"{what}={source!r}: the folder has no config.json; {fix}")
+    where = "local folder" if folder.is_dir() else "hub id (it is not a local folder)"
+    try:
+        module, info = AutoModelForCausalLM.from_pretrained(
+            str(folder) if folder.is_dir() else source, output_loading_info=True, **kwargs
+        )
+    except OSError as e:  # no weights file, or a hub id that cannot be fetched
+        raise ModelNotFoundError(f"{what}={source!r} cannot be loaded as a {where} ({one_line(e)}); {fix}") from e
+    except (ValueError, KeyError) as e:  # config.json of no known causal LM
+        raise ModelLoadError(f"{what}={source!r} is not a causal LM ({one_line(e)[:300]}); {fix}") from e
+    except RuntimeError as e:  # weights whose shapes disagree with config.json
+        raise ModelLoadError(
+            f"{what}={source!r}: its weights do not fit its config.json ({one_line(e)[:300]}); {fix}"
+        ) from e
+    missing = list(info.get("missing_keys") or [])
+    if missing:
+        raise ModelLoadError(
+            f"{what}={source!r}: its weights lack {len(missing)} tensors of the model its config.json describes "
+            f"(e.g. {sorted(missing)[:3]}), which would start random; {fix}"
+        )
+    return module
+
+
+def meta_init(
+    cfg: CodecLMConfig, num_codebooks: int, codebook_size: int
+) -> tuple[PreTrainedModel, TextTokenizer, VocabLayout]:
+    """What :func:`load_init` (or a random init) gives, with the module on the meta device: shapes
+    and parameter counts for planning, no weights read (only config.json of ``init_from``)."""
+    source = cfg.init_from
+    if source and (Path(source) / META_FILE).is_file():
+        layout = VocabLayout.from_dict(read_meta(Path(source))["layout"])
+        tokenizer = load_saved_tokenizer(Path(source) / TOKENIZER_DIR)
+        lm_config = _auto_config(source)
+    elif source:
+        tokenizer = load_text_tokenizer(cfg.tokenizer)
+        lm_config = _auto_config(source)
+        layout = VocabLayout(lm_config.vocab_size, num_codebooks, codebook_size)
+    else:
+        tokenizer = load_text_tokenizer(cfg.tokenizer)
+        layout = VocabLayout(tokenizer.vocab_size, num_codebooks, codebook_size)
+        lm_config = llama_config(cfg, layout)
+    lm_config.vocab_size = layout.vocab_size  # as resize_token_embeddings leaves a plain LM
+    with torch.device("meta"):
+        module = AutoModelForCausalLM.from_config(lm_config, attn_implementation="sdpa")
+    return module, tokenizer, layout
+
+
+def _auto_config(source: str) -> PretrainedConfig:
+    try:
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(
+            f"model.init_from={source!r}: its config.json cannot be read ({one_line(e)[:300]}); point it at a "
+            "folder written by save_pretrained (config.json + model.safetensors) or at a HF hub id"
+        ) from e
