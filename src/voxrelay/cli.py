@@ -102,7 +102,7 @@ def train_cmd(
     result = train(run)
     if run.accelerator.is_main_process:
         out.print(f"trained to step {result.step}; run folder {run.cfg.run_uri}", highlight=False)
-    run.close()
+    run.exit(result.exit_code)
     raise typer.Exit(result.exit_code)
 
 

@@ -54,10 +54,21 @@ class Run:
     def model_state(self) -> dict[str, torch.Tensor]:
         return self.accelerator.unwrap_model(self.module).state_dict()
 
-    def close(self) -> None:
-        """Tear the process group down before the interpreter exits: left to exit-time destructors,
-        gloo's threads can abort the process ("terminate called without an active exception")."""
-        self.accelerator.end_training()
+    def exit(self, code: int) -> None:
+        """End the process once everything is committed and every rank is done: under torch.distributed,
+        exit-time destructors of gloo's threads can abort it ("terminate called without an active
+        exception", SIGABRT) after a successful run, so streams are flushed and the interpreter's
+        finalization is skipped."""
+        import logging
+        import os
+        import sys
+
+        self.accelerator.wait_for_everyone()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.accelerator.num_processes > 1:
+            os._exit(code)
 
 
 def lr_lambda(tc: TrainConfig):
