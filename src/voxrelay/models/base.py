@@ -113,13 +113,41 @@ class FamilyModel(Protocol):
         """Optimizer parameter groups of the trainable parameters (frozen encoders left out)."""
         ...
 
-    def lora_targets(self) -> list[str]:
-        """Module names (or a regex) LoRA wraps by default."""
+    def lora_defaults(self) -> LoraDefaults:
+        """What ``train.lora`` uses for the keys a config leaves unset (see :class:`LoraDefaults`)."""
         ...
 
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """The layer classes FSDP shards as units (e.g. the decoder layer)."""
         ...
+
+
+@dataclass(frozen=True)
+class LoraDefaults:
+    """A family's LoRA defaults: rank ``r``, ``alpha``, ``dropout``, ``rslora`` (alpha / sqrt(r) scaling),
+    ``target_modules`` (module names, or one regex string, that get adapters) and ``modules_to_save``
+    (modules trained in full beside the adapters, e.g. ``lm_head`` and ``embed_tokens`` when the vocabulary
+    has new audio ids)."""
+
+    r: int
+    alpha: float
+    dropout: float
+    rslora: bool
+    target_modules: list[str] | str
+    modules_to_save: list[str]
+
+
+def decay_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Optimizer groups of ``module``'s trainable parameters: matrices decayed by ``weight_decay``; norms,
+    biases and other 1-d parameters not (decaying a norm's gain pulls it towards 0, not towards "simpler").
+    Empty groups are left out; frozen parameters are left out."""
+    decay, no_decay = [], []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
 
 
 class Family(Protocol):

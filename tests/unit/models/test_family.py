@@ -89,13 +89,17 @@ def test_example_length_and_loss_token_count() -> None:
 
 def test_strategy_hooks() -> None:
     model = tiny()
-    (group,) = model.param_groups(0.05)
-    assert group["weight_decay"] == 0.05
-    assert [id(p) for p in group["params"]] == [id(p) for p in model.module.parameters()]
+    decay, no_decay = model.param_groups(0.05)
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.05, 0.0)
+    named = dict(model.module.named_parameters())
+    assert {n for n, p in named.items() if any(p is q for q in no_decay["params"])} == \
+        {n for n in named if "norm" in n}  # Llama's RMSNorm gains (it has no biases)
+    assert len(decay["params"]) + len(no_decay["params"]) == len(named)
     model.module.lm_head.weight.requires_grad_(False)  # a frozen part is left out of the optimizer
-    assert len(model.param_groups(0.0)[0]["params"]) == len(list(model.module.parameters())) - 1
+    assert sum(len(g["params"]) for g in model.param_groups(0.0)) == len(named) - 1
     names = {name.rsplit(".", 1)[-1] for name, _ in model.module.named_modules()}
-    assert model.lora_targets() and set(model.lora_targets()) <= names
+    lora = model.lora_defaults()
+    assert lora.target_modules and set(lora.target_modules) <= names and set(lora.modules_to_save) <= names
     assert model.fsdp_layer_classes() == (LlamaDecoderLayer,)
 
 

@@ -22,7 +22,15 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM, PreTrainedModel
 
 from voxrelay.errors import UserError
-from voxrelay.models.base import LOSS_TOKENS, Example, LossOutput, Row, module_classes
+from voxrelay.models.base import (
+    LOSS_TOKENS,
+    Example,
+    LoraDefaults,
+    LossOutput,
+    Row,
+    decay_groups,
+    module_classes,
+)
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.codec_lm.loading import (
     FORMAT_VERSION,
@@ -232,11 +240,14 @@ class CodecLM:
     # ---------------------------------------------------------------- optimisation and strategies
 
     def param_groups(self, weight_decay: float) -> list[dict[str, Any]]:
-        """One group, every trainable parameter decayed alike (what codec_lm has always trained with)."""
-        return [{"params": [p for p in self.module.parameters() if p.requires_grad], "weight_decay": weight_decay}]
+        """Trainable matrices decayed, norms and biases not (:func:`~voxrelay.models.base.decay_groups`)."""
+        return decay_groups(self.module, weight_decay)
 
-    def lora_targets(self) -> list[str]:
-        return list(LORA_TARGETS)
+    def lora_defaults(self) -> LoraDefaults:
+        """Adapters on every attention and MLP projection; the embeddings and head train in full, since the
+        audio ids are new rows there (with ``init_from`` a plain LM they start random)."""
+        return LoraDefaults(r=32, alpha=64, dropout=0.0, rslora=True, target_modules=list(LORA_TARGETS),
+                            modules_to_save=["lm_head", "embed_tokens"])
 
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """The decoder layer class of whichever causal LM this is (transformers lists it in
