@@ -8,30 +8,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedModel
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 
-from voxrelay.errors import UserError, one_line
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.codec_lm.tokenizer import (
     TextTokenizer,
     load_saved_tokenizer,
     load_text_tokenizer,
-    looks_local,
 )
 from voxrelay.models.codec_lm.vocab import VocabLayout
+from voxrelay.models.hf import (  # noqa: F401  (ModelLoadError, ModelNotFoundError: re-exported)
+    ModelLoadError,
+    ModelNotFoundError,
+    auto_config,
+    load_causal_lm,
+)
 from voxrelay.paths import EXPORT_META
 
 FORMAT_VERSION = 1
 META_FILE = EXPORT_META
 TOKENIZER_DIR = "tokenizer"
-
-
-class ModelLoadError(UserError, ValueError):
-    """``model.init_from`` or a saved model folder cannot be loaded; the message names it and the fix."""
-
-
-class ModelNotFoundError(ModelLoadError, FileNotFoundError):
-    """A model folder that does not exist or was not written completely."""
 
 
 def llama_config(cfg: CodecLMConfig, layout: VocabLayout) -> LlamaConfig:
@@ -109,37 +105,6 @@ def load_init(
     return module, tokenizer, layout
 
 
-def load_causal_lm(source: str, what: str, **kwargs: Any) -> PreTrainedModel:
-    """``AutoModelForCausalLM.from_pretrained(source)`` whose failures name ``what`` (e.g. ``model.init_from``)
-    and the fix; weights that leave part of the model random are refused rather than trained on."""
-    folder = Path(source).expanduser()
-    fix = "point it at a folder written by save_pretrained (config.json + model.safetensors) or at a HF hub id"
-    if not folder.is_dir() and looks_local(source):
-        raise ModelNotFoundError(f"{what}={source!r}: no such folder (and not a hub id); {fix}")
-    if folder.is_dir() and not (folder / "config.json").is_file():
-        raise ModelNotFoundError(f"{what}={source!r}: the folder has no config.json; {fix}")
-    where = "local folder" if folder.is_dir() else "hub id (it is not a local folder)"
-    try:
-        module, info = AutoModelForCausalLM.from_pretrained(
-            str(folder) if folder.is_dir() else source, output_loading_info=True, **kwargs
-        )
-    except OSError as e:  # no weights file, or a hub id that cannot be fetched
-        raise ModelNotFoundError(f"{what}={source!r} cannot be loaded as a {where} ({one_line(e)}); {fix}") from e
-    except (ValueError, KeyError) as e:  # config.json of no known causal LM
-        raise ModelLoadError(f"{what}={source!r} is not a causal LM ({one_line(e)[:300]}); {fix}") from e
-    except RuntimeError as e:  # weights whose shapes disagree with config.json
-        raise ModelLoadError(
-            f"{what}={source!r}: its weights do not fit its config.json ({one_line(e)[:300]}); {fix}"
-        ) from e
-    missing = list(info.get("missing_keys") or [])
-    if missing:
-        raise ModelLoadError(
-            f"{what}={source!r}: its weights lack {len(missing)} tensors of the model its config.json describes "
-            f"(e.g. {sorted(missing)[:3]}), which would start random; {fix}"
-        )
-    return module
-
-
 def meta_init(
     cfg: CodecLMConfig, num_codebooks: int, codebook_size: int
 ) -> tuple[PreTrainedModel, TextTokenizer, VocabLayout]:
@@ -149,10 +114,10 @@ def meta_init(
     if source and (Path(source) / META_FILE).is_file():
         layout = VocabLayout.from_dict(read_meta(Path(source))["layout"])
         tokenizer = load_saved_tokenizer(Path(source) / TOKENIZER_DIR)
-        lm_config = _auto_config(source)
+        lm_config = auto_config(source)
     elif source:
         tokenizer = load_text_tokenizer(cfg.tokenizer)
-        lm_config = _auto_config(source)
+        lm_config = auto_config(source)
         layout = VocabLayout(lm_config.vocab_size, num_codebooks, codebook_size)
     else:
         tokenizer = load_text_tokenizer(cfg.tokenizer)
@@ -162,13 +127,3 @@ def meta_init(
     with torch.device("meta"):
         module = AutoModelForCausalLM.from_config(lm_config, attn_implementation="sdpa")
     return module, tokenizer, layout
-
-
-def _auto_config(source: str) -> PretrainedConfig:
-    try:
-        return AutoConfig.from_pretrained(source)
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelLoadError(
-            f"model.init_from={source!r}: its config.json cannot be read ({one_line(e)[:300]}); point it at a "
-            "folder written by save_pretrained (config.json + model.safetensors) or at a HF hub id"
-        ) from e

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from voxrelay.errors import UserError, one_line
+from voxrelay.models.hf import looks_local
 
 BYTES_SPEC = "bytes"
 _MARKER = "voxrelay_tokenizer.json"
@@ -31,11 +32,6 @@ class TokenizerError(UserError, ValueError):
 
 class TokenizerNotFoundError(TokenizerError, FileNotFoundError):
     """A tokenizer folder that does not exist or was not written completely."""
-
-
-def looks_local(spec: str) -> bool:
-    """True when ``spec`` can only be a local path: hub ids are ``name`` or ``owner/name``."""
-    return spec.startswith((".", "/", "~")) or spec.count("/") > 1
 
 
 @runtime_checkable

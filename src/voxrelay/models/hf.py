@@ -1,0 +1,66 @@
+"""Loading ``transformers`` causal LMs for any family (``model.init_from``, saved folders), with errors
+that name the config key and the fix instead of transformers' tracebacks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from voxrelay.errors import UserError, one_line
+
+FIX = "point it at a folder written by save_pretrained (config.json + model.safetensors) or at a HF hub id"
+
+
+class ModelLoadError(UserError, ValueError):
+    """``model.init_from`` or a saved model folder cannot be loaded; the message names it and the fix."""
+
+
+class ModelNotFoundError(ModelLoadError, FileNotFoundError):
+    """A model folder that does not exist or was not written completely."""
+
+
+def looks_local(spec: str) -> bool:
+    """True when ``spec`` can only be a local path: hub ids are ``name`` or ``owner/name``."""
+    return spec.startswith((".", "/", "~")) or spec.count("/") > 1
+
+
+def load_causal_lm(source: str, what: str, **kwargs: Any) -> Any:
+    """``AutoModelForCausalLM.from_pretrained(source)`` whose failures name ``what`` (e.g. ``model.init_from``)
+    and the fix; weights that leave part of the model random are refused rather than trained on."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(source).expanduser()
+    if not folder.is_dir() and looks_local(source):
+        raise ModelNotFoundError(f"{what}={source!r}: no such folder (and not a hub id); {FIX}")
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise ModelNotFoundError(f"{what}={source!r}: the folder has no config.json; {FIX}")
+    where = "local folder" if folder.is_dir() else "hub id (it is not a local folder)"
+    try:
+        module, info = AutoModelForCausalLM.from_pretrained(
+            str(folder) if folder.is_dir() else source, output_loading_info=True, **kwargs
+        )
+    except OSError as e:  # no weights file, or a hub id that cannot be fetched
+        raise ModelNotFoundError(f"{what}={source!r} cannot be loaded as a {where} ({one_line(e)}); {FIX}") from e
+    except (ValueError, KeyError) as e:  # config.json of no known causal LM
+        raise ModelLoadError(f"{what}={source!r} is not a causal LM ({one_line(e)[:300]}); {FIX}") from e
+    except RuntimeError as e:  # weights whose shapes disagree with config.json
+        raise ModelLoadError(
+            f"{what}={source!r}: its weights do not fit its config.json ({one_line(e)[:300]}); {FIX}"
+        ) from e
+    missing = list(info.get("missing_keys") or [])
+    if missing:
+        raise ModelLoadError(
+            f"{what}={source!r}: its weights lack {len(missing)} tensors of the model its config.json describes "
+            f"(e.g. {sorted(missing)[:3]}), which would start random; {FIX}"
+        )
+    return module
+
+
+def auto_config(source: str, what: str = "model.init_from") -> Any:
+    """``AutoConfig.from_pretrained(source)`` (config.json only: no weights read), errors naming ``what``."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"{what}={source!r}: its config.json cannot be read ({one_line(e)[:300]}); {FIX}") from e
