@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from voxrelay.errors import UserError, one_line
 from voxrelay.models.codec_lm.config import CodecLMConfig
+from voxrelay.models.orpheus.config import OrpheusConfig
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -124,7 +125,7 @@ class CodecConfig(_Section):
 
 # One typed `model:` section per family, told apart by `model.family`; the implementations are
 # registered under the same names in voxrelay.models.registry (a test keeps the two in step).
-FAMILY_CONFIGS: dict[str, type[BaseModel]] = {"codec_lm": CodecLMConfig}
+FAMILY_CONFIGS: dict[str, type[BaseModel]] = {"codec_lm": CodecLMConfig, "orpheus": OrpheusConfig}
 DEFAULT_FAMILY = "codec_lm"
 ModelConfig = Annotated[Union[tuple(FAMILY_CONFIGS.values())], Field(discriminator="family")]  # noqa: UP007
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 # name -> "module:attribute" of a class implementing voxrelay.models.base.Family
 FAMILIES: dict[str, str] = {
     "codec_lm": "voxrelay.models.codec_lm.family:CodecLMFamily",
+    "orpheus": "voxrelay.models.orpheus.family:OrpheusFamily",
 }
 
 

@@ -44,6 +44,7 @@ from voxrelay.models.codec_lm.loading import (
 )
 from voxrelay.models.codec_lm.tokenizer import TextTokenizer, load_saved_tokenizer, load_text_tokenizer
 from voxrelay.models.codec_lm.vocab import VocabLayout
+from voxrelay.models.sampling import sample
 
 IGNORE_INDEX = -100
 # Llama's projections: what LoRA adapts by default (attention and MLP of every layer)
@@ -311,21 +312,10 @@ class CodecLM:
             candidates = logits[lo:hi]
             if can_end:
                 candidates = torch.cat([candidates, logits[layout.audio_end_id : layout.audio_end_id + 1]])
-            choice = _sample(candidates, temperature, top_k, generator)
+            choice = sample(candidates, temperature, top_k, generator)
             if can_end and choice == hi - lo:
                 break
             audio.append(lo + choice)
             step_input = torch.tensor([[lo + choice]], dtype=torch.long, device=device)
         return audio
 
-
-def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator) -> int:
-    """Index into ``logits`` [N]: argmax when ``temperature <= 0``, else top-k sampling."""
-    if temperature <= 0:
-        return int(torch.argmax(logits))
-    scaled = logits / temperature
-    if top_k and top_k < scaled.numel():
-        values, indices = torch.topk(scaled, top_k)
-        pick = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=generator)
-        return int(indices[pick])
-    return int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator))

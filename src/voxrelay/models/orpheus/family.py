@@ -1,0 +1,45 @@
+"""The ``orpheus`` entry of the family registry."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from voxrelay.config import ConfigError
+from voxrelay.models.base import DataSpec
+from voxrelay.models.orpheus import layout as L
+from voxrelay.models.orpheus.config import OrpheusConfig
+from voxrelay.models.orpheus.loading import build_module, load_tokenizer, meta_module, tokenizer_source
+from voxrelay.models.orpheus.model import Orpheus
+
+
+class OrpheusFamily:
+    """A :class:`~voxrelay.models.base.Family`: Orpheus-TTS over SNAC 24 kHz codes (3 codebooks x 4096)."""
+
+    name = "orpheus"
+
+    def build(self, cfg: OrpheusConfig, data: DataSpec, seed: int, meta: bool = False) -> Orpheus:
+        check_data(data)
+        source = tokenizer_source(cfg)
+        tokenizer = load_tokenizer(source, "model.tokenizer" if cfg.tokenizer else "model.init_from")
+        if meta:
+            module = meta_module(cfg)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                module = build_module(cfg)
+        return Orpheus(module, tokenizer, list(data.speakers), cfg.max_seq_len, cfg.loss_on)
+
+    def load(self, folder: str | os.PathLike[str]) -> Orpheus:
+        return Orpheus.from_pretrained(folder)
+
+
+def check_data(data: DataSpec) -> None:
+    """Orpheus' ids hold 7 codes of 4,096 per frame: the data must be SNAC with vq_strides [4, 2, 1]."""
+    if (data.num_codebooks, data.codebook_size) != (L.CODES_PER_FRAME, L.CODEBOOK_SIZE):
+        raise ConfigError(
+            f"model.family=orpheus needs SNAC codes (7 per frame, 4096 each: codec.type=snac, "
+            f"codec.path=hubertsiuzdak/snac_24khz) but the prepared data has {data.num_codebooks} x "
+            f"{data.codebook_size}; prepare with that codec under another data.name"
+        )

@@ -1,0 +1,210 @@
+"""The ``orpheus`` family: Orpheus-TTS' exact sequence layout (see :mod:`.layout`) on a Llama-3 causal LM.
+
+Upstream fine-tuning runs batch 1 with no padding; here batches of any size are right-padded with the pad
+id 128263, attention mask 0 and label -100 there. The loss covers the whole sequence (upstream) or only the
+speech (``model.loss_on``). A saved folder is an HF folder upstream code loads as is: ``config.json`` +
+``model.safetensors`` (``LlamaForCausalLM.from_pretrained``), the tokenizer with Orpheus' custom tokens at
+the folder's root (``AutoTokenizer.from_pretrained``), and ``voxrelay.json`` written last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from voxrelay.errors import UserError
+from voxrelay.models.base import LOSS_TOKENS, Example, LoraDefaults, LossOutput, Row, decay_groups, module_classes
+from voxrelay.models.hf import ModelLoadError, ModelNotFoundError, load_causal_lm
+from voxrelay.models.orpheus import layout as L
+from voxrelay.models.orpheus.loading import load_tokenizer
+from voxrelay.models.sampling import sample
+from voxrelay.paths import EXPORT_META
+
+FORMAT_VERSION = 1
+IGNORE_INDEX = -100
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SPEECH_LABELS = (L.END_OF_SPEECH, L.END_OF_AI)  # besides the audio ids, what loss_on=speech learns
+
+
+class OrpheusPromptError(UserError, ValueError):
+    """A text (or voice) that cannot be turned into an Orpheus prompt."""
+
+
+class Orpheus:
+    """A :class:`~voxrelay.models.base.FamilyModel` of the ``orpheus`` family.
+
+    ``module``: a ``LlamaForCausalLM`` with 156,940 embedding rows; ``tokenizer``: the Llama-3 tokenizer with
+    Orpheus' custom tokens; ``speakers``: voices of the training data (the prompt is ``"{speaker}: {text}"``).
+    """
+
+    family = "orpheus"
+    max_length_key = "model.max_seq_len"
+
+    def __init__(self, module: Any, tokenizer: Any, speakers: list[str], max_seq_len: int, loss_on: str) -> None:
+        self.module = module
+        self.tokenizer = tokenizer
+        self.speakers = speakers
+        self.max_length = max_seq_len
+        self.loss_on = loss_on
+
+    # ---------------------------------------------------------------- sequences
+
+    def prompt_text(self, text: str, speaker: str | None) -> str:
+        """``"{speaker}: {text}"`` (upstream multi-speaker format), or ``text``. Emotive tags (``<laugh>``,
+        ``<sigh>`` ...) are plain text to the tokenizer, as upstream. A model trained on known speakers refuses
+        others; one trained without speakers accepts any name (e.g. the voices of an Orpheus fine-tune)."""
+        if speaker is None:
+            return text
+        if self.speakers and speaker not in self.speakers:
+            shown = ", ".join(repr(s) for s in self.speakers[:10])
+            raise OrpheusPromptError(f"unknown voice {speaker!r}; this model knows {len(self.speakers)}: {shown}")
+        return f"{speaker}: {text}"
+
+    def prompt_ids(self, text: str, speaker: str | None = None) -> list[int]:
+        """``[128259, BOS, text ids, 128009, 128260, 128261, 128257]`` (upstream's training prefix and
+        inference prompt)."""
+        return L.prompt_ids(self.tokenizer.encode(self.prompt_text(text, speaker), add_special_tokens=False))
+
+    def length(self, row: Row) -> int:
+        return len(self.prompt_ids(row.text, row.speaker)) + L.CODES_PER_FRAME * row.codes.shape[1] + 2
+
+    def example(self, row: Row) -> Example:
+        """``input_ids`` int64 [L] = prompt + audio ids + [128258, 128262]; ``labels`` int64 [L]: equal to
+        ``input_ids`` (loss_on=all) or -100 outside the audio ids and the two end ids (loss_on=speech)."""
+        prompt = self.prompt_ids(row.text, row.speaker)
+        ids = np.concatenate([np.asarray(prompt, dtype=np.int64), L.codes_to_ids(row.codes),
+                              np.asarray([L.END_OF_SPEECH, L.END_OF_AI], dtype=np.int64)])
+        labels = ids.copy()
+        if self.loss_on == "speech":
+            labels[: len(prompt)] = IGNORE_INDEX
+        return {"input_ids": ids, "labels": labels}
+
+    def collate(self, examples: list[Example]) -> dict[str, torch.Tensor]:
+        """Right-pad into ``input_ids``/``attention_mask``/``labels`` int64 [B, Lmax] (pad 128263, mask 0,
+        label -100 on padding) + ``LOSS_TOKENS``: the labelled positions after the causal shift."""
+        if not examples:
+            raise ValueError("collate needs at least one example")
+        lmax = max(len(e["input_ids"]) for e in examples)
+        input_ids = torch.full((len(examples), lmax), L.PAD, dtype=torch.long)
+        labels = torch.full((len(examples), lmax), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros((len(examples), lmax), dtype=torch.long)
+        for i, e in enumerate(examples):
+            n = len(e["input_ids"])
+            input_ids[i, :n] = torch.as_tensor(e["input_ids"])
+            labels[i, :n] = torch.as_tensor(e["labels"])
+            mask[i, :n] = 1
+        return {"input_ids": input_ids, "attention_mask": mask, "labels": labels,
+                LOSS_TOKENS: (labels[:, 1:] != IGNORE_INDEX).sum()}
+
+    def loss(self, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+        """Summed next-token cross-entropy over labelled positions (float32 softmax over only those rows of
+        the 156,940-way logits), their count, and the speech part of the sum (``speech``) for monitoring."""
+        out = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        targets = batch["labels"][:, 1:]
+        keep = targets != IGNORE_INDEX
+        kept = targets[keep]
+        losses = F.cross_entropy(out.logits[:, :-1][keep].float(), kept, reduction="none")
+        speech = (kept >= L.AUDIO_START) & (kept < L.AUDIO_END_ID)
+        return LossOutput(losses.sum(), keep.sum(), {"speech": losses.detach()[speech].sum()})
+
+    # ---------------------------------------------------------------- optimisation and strategies
+
+    def param_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        return decay_groups(self.module, weight_decay)
+
+    def lora_defaults(self) -> LoraDefaults:
+        """Upstream's LoRA (finetune/lora.py): r 32, alpha 64, rsLoRA, every projection; lm_head and
+        embed_tokens trained in full (they hold the audio tokens), still tied."""
+        return LoraDefaults(r=32, alpha=64, dropout=0.0, rslora=True, target_modules=list(LORA_TARGETS),
+                            modules_to_save=["lm_head", "embed_tokens"])
+
+    def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
+        return module_classes(self.module, getattr(self.module, "_no_split_modules", None) or [])
+
+    # ---------------------------------------------------------------- synthesis
+
+    @torch.no_grad()
+    def generate(self, text: str, speaker: str | None = None, max_frames: int | None = None,
+                 temperature: float = 0.8, top_k: int | None = 50, seed: int = 0) -> np.ndarray:
+        """SNAC codes int64 [7, T] for ``text``, deterministic for a ``seed``; ``temperature <= 0`` is greedy.
+
+        Sampling is restricted to the ids upstream decoding would keep (position k of a frame: its 4,096
+        audio ids; end_of_speech only at a frame boundary after one frame), then decoded as upstream."""
+        prompt = self.prompt_ids(text, speaker)
+        budget = (self.max_length - len(prompt) - 1) // L.CODES_PER_FRAME
+        if budget < 1:
+            raise OrpheusPromptError(f"the prompt of {text[:40]!r} takes {len(prompt)} tokens, leaving no room for "
+                                     f"one frame in model.max_seq_len={self.max_length}; shorten the text")
+        max_frames = budget if max_frames is None else max(1, min(max_frames, budget))
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            ids = self._decode(prompt, max_frames, temperature, top_k, seed)
+        finally:
+            self.module.train(was_training)
+        return L.ids_to_codes(np.asarray(prompt + ids, dtype=np.int64))
+
+    def _decode(self, prompt: list[int], max_frames: int, temperature: float, top_k: int | None,
+                seed: int) -> list[int]:
+        """KV-cached sampling; returns the generated ids (audio ids, then END_OF_SPEECH if it ended)."""
+        device = next(self.module.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(seed)
+        step_input, past, out_ids = torch.tensor([prompt], device=device), None, []
+        while len(out_ids) < max_frames * L.CODES_PER_FRAME:
+            out = self.module(input_ids=step_input, past_key_values=past, use_cache=True)
+            past, logits = out.past_key_values, out.logits[0, -1].float()
+            k = len(out_ids) % L.CODES_PER_FRAME
+            lo = int(L.OFFSETS[k])
+            candidates = logits[lo : lo + L.CODEBOOK_SIZE]
+            can_end = k == 0 and out_ids
+            if can_end:
+                candidates = torch.cat([candidates, logits[L.END_OF_SPEECH : L.END_OF_SPEECH + 1]])
+            choice = sample(candidates, temperature, top_k, generator)
+            if can_end and choice == L.CODEBOOK_SIZE:
+                return [*out_ids, L.END_OF_SPEECH]
+            out_ids.append(lo + choice)
+            step_input = torch.tensor([[lo + choice]], device=device)
+        return out_ids
+
+    # ---------------------------------------------------------------- files
+
+    def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
+        """HF folder (weights, config.json, generation_config.json, tokenizer at the root) + ``voxrelay.json``
+        last."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        gen = getattr(self.module, "generation_config", None)
+        if gen is not None:  # what upstream inference stops and pads on
+            gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = L.END_OF_SPEECH, L.PAD, L.BOS
+        self.module.save_pretrained(str(folder))
+        self.tokenizer.save_pretrained(str(folder))
+        meta = {"format_version": FORMAT_VERSION, "family": self.family, "speakers": list(self.speakers),
+                "max_seq_len": self.max_length, "loss_on": self.loss_on}
+        tmp = folder / (EXPORT_META + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=2))
+        tmp.replace(folder / EXPORT_META)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | os.PathLike[str]) -> Orpheus:
+        """Load a folder written by :meth:`save_pretrained` (no network access)."""
+        folder = Path(folder)
+        path = folder / EXPORT_META
+        if not path.is_file():
+            raise ModelNotFoundError(f"{path} is missing: {folder} is not a complete voxrelay orpheus folder "
+                                     "(save_pretrained writes voxrelay.json last; an interrupted save leaves none)")
+        try:
+            meta = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ModelLoadError(f"{path} is not valid JSON ({e}); save the model again") from e
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ModelLoadError(f"{path}: format_version {meta.get('format_version')!r} is not supported by this "
+                                 f"voxrelay (expects {FORMAT_VERSION}); load it with the voxrelay that wrote it")
+        module = load_causal_lm(str(folder), f"model folder {str(folder)!r}", attn_implementation="sdpa")
+        tokenizer = load_tokenizer(str(folder), f"model folder {str(folder)!r}")
+        return cls(module, tokenizer, list(meta["speakers"]), int(meta["max_seq_len"]), meta["loss_on"])
