@@ -119,6 +119,18 @@ def test_optimizer_and_schedule_changes_are_incompatible_on_resume():
         assert config_changes(old, load_config(None, [override]).to_dict()) == ([], [key])
 
 
+def test_config_saved_before_a_key_existed_still_resumes():
+    # a checkpoint written before train.optimizer/betas/eps existed ran AdamW (0.9, 0.95), eps 1e-8
+    from voxrelay.config import config_changes
+
+    old = RunConfig().to_dict()
+    for key in ("optimizer", "betas", "eps"):
+        del old["train"][key]
+    assert config_changes(old, RunConfig().to_dict()) == ([], [])
+    assert config_changes(old, load_config(None, ["train.optimizer=adamw_8bit"]).to_dict()) == (
+        [], ["train.optimizer"])
+
+
 def test_precision_no_survives_yaml(tmp_path):
     # YAML 1.1 reads a bare `no` as false: the documented value must still work in files and overrides
     assert load_config(None, ["train.precision=no"]).train.precision == "no"
