@@ -22,8 +22,9 @@ from voxrelay.config import RunConfig, load_config
 from voxrelay.data.shards import EncodedUtterance
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model
-from voxrelay.train.build import Run, lr_lambda
+from voxrelay.train.build import Run
 from voxrelay.train.loop import train_step
+from voxrelay.train.optim import lr_lambda
 
 
 def make_batches(model: FamilyModel, n: int, batch: int, frames: int, seed: int = 0) -> list[dict]:

@@ -140,10 +140,24 @@ class TrainConfig(_Section):
         6000, gt=0, description="Budget per batch in tokens incl. padding (set this or batch_seconds)"
     )
     lr: float = Field(1e-3, gt=0, description="Peak learning rate")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine: final lr as a fraction of lr")
-    schedule: Literal["cosine", "constant"] = Field("cosine", description="LR schedule after warmup")
-    warmup_steps: int = Field(20, ge=0, description="Linear warmup steps")
-    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    optimizer: Literal["adamw", "adamw_8bit", "adafactor"] = Field(
+        "adamw", description="adamw: torch AdamW (8 bytes of state per parameter); adamw_8bit: bitsandbytes "
+        "AdamW8bit (~2 bytes; `pip install 'voxrelay[bnb]'`); adafactor: transformers Adafactor with this lr and "
+        "schedule, factored second moments and no first moment (least memory; betas and eps do not apply)",
+    )
+    betas: tuple[float, float] = Field((0.9, 0.95), description="adamw/adamw_8bit: (beta1, beta2), each in [0, 1)")
+    eps: float = Field(1e-8, gt=0, description="adamw/adamw_8bit: term added to the denominator")
+    schedule: Literal["cosine", "linear", "constant", "constant_with_warmup"] = Field(
+        "cosine", description="LR schedule, named as HF transformers' get_scheduler: cosine / linear: warmup, then "
+        "decay to min_lr_ratio x lr at max_steps; constant: lr from step 0, NO warmup; constant_with_warmup",
+    )
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="cosine/linear: final lr as a fraction of lr (HF's schedules end at 0)"
+    )
+    warmup_steps: int = Field(20, ge=0, description="Linear warmup steps (all schedules but constant)")
+    weight_decay: float = Field(
+        0.01, ge=0, description="Decoupled weight decay of weight matrices (norms, biases and other 1-d parameters: 0)"
+    )
     precision: Literal["no", "bf16", "fp16"] = Field("no", description="Mixed precision (accelerate)")
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step")
     clip_norm: float | None = Field(1.0, gt=0, description="Gradient clipping max norm (None = off)")
@@ -171,6 +185,13 @@ class TrainConfig(_Section):
     @classmethod
     def _precision(cls, v: Any) -> Any:
         return "no" if v is False else v  # YAML reads a bare `no` as false
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"betas {list(v)} must each be in [0, 1), e.g. [0.9, 0.95]")
+        return v
 
     @field_validator("time_limit", "total_time_limit")
     @classmethod
@@ -301,9 +322,20 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): data}
 
 
+def _with_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A saved config with the keys added since it was written set to their defaults: a new key's
+    default keeps the behaviour runs had before it existed (train.optimizer: adamw), so a run saved
+    by an older voxrelay still resumes. A config that no longer validates is compared as it is."""
+    try:
+        return RunConfig.model_validate(data).to_dict()
+    except ValidationError:
+        return data
+
+
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """Dotted keys that differ between two config dicts -> (allowed on resume, incompatible)."""
-    a, b = _flatten(old), _flatten(new)
+    """Dotted keys that differ between two config dicts -> (allowed on resume, incompatible).
+    ``old`` (a checkpoint's) may lack keys added since; they count as their default."""
+    a, b = _flatten(_with_defaults(old)), _flatten(new)
     changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     safe = [k for k in changed if any(k == s or (s.endswith(".") and k.startswith(s)) for s in RESUME_SAFE_KEYS)]
     return safe, [k for k in changed if k not in safe]

@@ -36,6 +36,10 @@ def test_override_values_are_typed():
         ("model.hidden_size=130", "divisible by num_heads"),
         ("checkpoint.keep_last=1", "checkpoint.keep_last"),
         ("train.time_limit=soon", "not a duration"),
+        ("train.optimizer=sgd", "train.optimizer"),
+        ("train.betas=[0.9, 1.0]", "train.betas"),
+        ("train.eps=0", "train.eps"),
+        ("train.schedule=cosine_with_restarts", "train.schedule"),
     ],
 )
 def test_bad_values_name_key_value_and_fix(override, expected):
@@ -101,6 +105,30 @@ def test_resume_changes_are_classified():
     assert safe == ["checkpoint.keep_last", "monitor.tensorboard", "train.max_steps"]
     assert bad == ["codec.num_codebooks", "model.hidden_size", "train.lr"]
     assert config_changes(old, old) == ([], [])
+
+
+def test_optimizer_and_schedule_changes_are_incompatible_on_resume():
+    # the saved optimizer state cannot be loaded into another optimizer; betas/eps/schedule change the
+    # trajectory like lr does, so a resumed run would not continue as if uninterrupted
+    from voxrelay.config import config_changes
+
+    old = RunConfig().to_dict()
+    for override in ("train.optimizer=adafactor", "train.betas=[0.9,0.999]", "train.eps=1e-6",
+                     "train.schedule=linear"):
+        key = override.split("=")[0]
+        assert config_changes(old, load_config(None, [override]).to_dict()) == ([], [key])
+
+
+def test_config_saved_before_a_key_existed_still_resumes():
+    # a checkpoint written before train.optimizer/betas/eps existed ran AdamW (0.9, 0.95), eps 1e-8
+    from voxrelay.config import config_changes
+
+    old = RunConfig().to_dict()
+    for key in ("optimizer", "betas", "eps"):
+        del old["train"][key]
+    assert config_changes(old, RunConfig().to_dict()) == ([], [])
+    assert config_changes(old, load_config(None, ["train.optimizer=adamw_8bit"]).to_dict()) == (
+        [], ["train.optimizer"])
 
 
 def test_precision_no_survives_yaml(tmp_path):

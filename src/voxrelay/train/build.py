@@ -7,7 +7,6 @@ The loop then receives built objects (:class:`Run`) and never mentions a backend
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from accelerate import Accelerator
 from voxrelay import storage
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.codecs.base import AudioCodec
-from voxrelay.config import RunConfig, TrainConfig
+from voxrelay.config import RunConfig
 from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
@@ -28,6 +27,8 @@ from voxrelay.monitor.sinks import TB_DIR, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, cache_dir, uri_key
 from voxrelay.train import state as st
 from voxrelay.train.evaluate import SAMPLES_DIR
+from voxrelay.train.optim import build_optimizer, build_scheduler, check_available
+from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
 from voxrelay.train.resume import broadcast_step, check_compatible, restore
 
 log = logging.getLogger(__name__)
@@ -69,20 +70,6 @@ class Run:
         sys.stderr.flush()
         if self.accelerator.num_processes > 1:
             os._exit(code)
-
-
-def lr_lambda(tc: TrainConfig):
-    """Linear warmup to 1, then cosine down to ``min_lr_ratio`` at max_steps (or constant)."""
-
-    def f(step: int) -> float:
-        if step < tc.warmup_steps:
-            return (step + 1) / (tc.warmup_steps + 1)
-        if tc.schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - tc.warmup_steps) / max(1, tc.max_steps - tc.warmup_steps))
-        return tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return f
 
 
 def _example_lengths(model: FamilyModel, rows: list) -> tuple[list[int], list[int]]:
@@ -133,6 +120,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available())
     rank, world = accelerator.process_index, accelerator.num_processes
     storage.check_root(cfg.root)
+    check_available(cfg.train)  # a missing optional package, before data and weights are loaded
     index = load_index(cfg.prepared_uri)
     codec = load_prepared_codec(cfg.prepared_uri, index)
     cap = int(cfg.cache.max_gb * 2**30)
@@ -151,13 +139,11 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     if found is not None:
         check_compatible(found[2], cfg, index, found[0].step, len(checkpoints.candidates()))
         model.module.load_state_dict(found[1])
-    optimizer = torch.optim.AdamW(  # the family says which parameters train and which decay
-        model.param_groups(cfg.train.weight_decay), lr=cfg.train.lr, betas=(0.9, 0.95),
-        weight_decay=cfg.train.weight_decay,
-    )
+    # the family says which parameters train and which decay
+    optimizer = build_optimizer(cfg.train, model.param_groups(cfg.train.weight_decay))
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
     module, optimizer = accelerator.prepare(model.module, optimizer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.train))
+    scheduler = build_scheduler(cfg.train, optimizer)
     stream = build_stream(model, train_rows, cfg, rank, world)
     run_dir = local_run_dir(cfg.run_uri)
     run = Run(

@@ -1,0 +1,103 @@
+"""The optimizer (``train.optimizer``) and the learning-rate schedule (``train.schedule``) of a run.
+
+Both are built from :class:`~voxrelay.config.TrainConfig` and the parameter groups a family gives
+(:meth:`FamilyModel.param_groups`: matrices decayed, norms/biases/1-d parameters at weight_decay 0);
+every optimizer keeps those per-group weight decays. Their ``state_dict()`` go into the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from voxrelay.config import ConfigError, TrainConfig
+
+log = logging.getLogger(__name__)
+
+Groups = list[dict[str, Any]]
+
+
+def _adamw(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=tc.betas, eps=tc.eps, weight_decay=tc.weight_decay)
+
+
+def _bitsandbytes():
+    """bitsandbytes, imported only when asked for (it is the optional extra ``voxrelay[bnb]``)."""
+    try:
+        import bitsandbytes
+    except ImportError as e:
+        raise ConfigError(
+            f"train.optimizer=adamw_8bit needs bitsandbytes ({e}): pip install 'voxrelay[bnb]', "
+            "or set train.optimizer=adamw"
+        ) from None
+    return bitsandbytes
+
+
+def _adamw_8bit(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:
+    # tensors under bitsandbytes' min_8bit_size (4096 elements) keep 32-bit states: small ones cost little
+    return _bitsandbytes().optim.AdamW8bit(
+        groups, lr=tc.lr, betas=tc.betas, eps=tc.eps, weight_decay=tc.weight_decay
+    )
+
+
+def _adafactor(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:
+    from transformers.optimization import Adafactor
+
+    # as HF Trainer's optim="adafactor": our lr and schedule (not Adafactor's relative step, not
+    # scaled by the parameter's RMS); beta1=None keeps no first moment (the memory saving), and
+    # Adafactor's own eps pair (1e-30, 1e-3) is used: train.betas / train.eps are AdamW's
+    return Adafactor(groups, lr=tc.lr, weight_decay=tc.weight_decay, beta1=None,
+                     relative_step=False, scale_parameter=False, warmup_init=False)
+
+
+# train.optimizer -> builder; a test keeps these keys equal to the config's Literal
+OPTIMIZERS: dict[str, Callable[[TrainConfig, Groups], torch.optim.Optimizer]] = {
+    "adamw": _adamw, "adamw_8bit": _adamw_8bit, "adafactor": _adafactor,
+}
+
+
+def check_available(tc: TrainConfig) -> None:
+    """Raise ConfigError now (before data and weights are loaded) if the optimizer's package is missing."""
+    if tc.optimizer == "adamw_8bit":
+        _bitsandbytes()
+
+
+def build_optimizer(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:
+    """``tc.optimizer`` over ``groups``; a group's own ``weight_decay`` (0 for norms and biases) wins
+    over ``tc.weight_decay``."""
+    return OPTIMIZERS[tc.optimizer](tc, groups)
+
+
+def lr_lambda(tc: TrainConfig) -> Callable[[int], float]:
+    """Multiplier of ``tc.lr`` at optimizer step ``step`` (0-based), by ``tc.schedule``, with the
+    names of HF transformers' ``get_scheduler``. Warmup (all but ``constant``) is linear,
+    ``(step + 1) / (warmup_steps + 1)``, so step 0 already moves the weights. Decays (cosine,
+    linear) end at ``min_lr_ratio`` at ``max_steps`` and stay there (HF's end at 0)."""
+    warmup, floor = tc.warmup_steps, tc.min_lr_ratio
+
+    def f(step: int) -> float:
+        if tc.schedule == "constant":
+            return 1.0
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if tc.schedule == "constant_with_warmup":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, tc.max_steps - warmup))
+        if tc.schedule == "linear":
+            return floor + (1 - floor) * (1 - progress)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def build_scheduler(tc: TrainConfig, optimizer: torch.optim.Optimizer) -> LambdaLR:
+    """The schedule of ``tc`` on ``optimizer`` (stepped once per optimizer step)."""
+    if tc.schedule == "constant" and tc.warmup_steps:
+        log.warning("train.schedule=constant has no warmup (as in HF transformers): train.warmup_steps=%d is "
+                    "not used; set train.schedule=constant_with_warmup to warm up", tc.warmup_steps)
+    return LambdaLR(optimizer, lr_lambda(tc))

@@ -1,0 +1,176 @@
+"""train.optimizer and train.schedule: exact resume of every optimizer through a checkpoint's
+state dicts, each schedule's lr curve against values computed by hand, and no weight decay on
+norms and biases whatever the optimizer."""
+
+from __future__ import annotations
+
+import io
+import math
+import sys
+from typing import get_args
+
+import pytest
+import torch
+
+from voxrelay.config import ConfigError, TrainConfig, load_config
+from voxrelay.errors import UserError
+from voxrelay.models.base import decay_groups
+from voxrelay.train.optim import OPTIMIZERS, build_optimizer, build_scheduler, lr_lambda
+
+OPTIMIZER_NAMES = get_args(TrainConfig.model_fields["optimizer"].annotation)
+STEPS = 8
+
+
+def _tc(*overrides: str) -> TrainConfig:
+    return load_config(None, ["train.max_steps=8", "train.warmup_steps=2", "train.weight_decay=0.1",
+                              *overrides]).train
+
+
+def _module(seed: int = 0) -> torch.nn.Module:
+    # the first matrix has 8192 elements, above bitsandbytes' min_8bit_size (4096): its states are 8-bit
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128), torch.nn.GELU(),
+                               torch.nn.Linear(128, 4))
+
+
+def _built(tc: TrainConfig, module: torch.nn.Module):
+    optimizer = build_optimizer(tc, decay_groups(module, tc.weight_decay))
+    return optimizer, build_scheduler(tc, optimizer)
+
+
+def _train(module, optimizer, scheduler, steps: range) -> None:
+    for step in steps:
+        g = torch.Generator().manual_seed(step)  # the batch of a step depends on the step only
+        x, y = torch.randn(16, 64, generator=g), torch.randn(16, 4, generator=g)
+        torch.nn.functional.mse_loss(module(x), y).backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def _through_checkpoint(state: dict) -> dict:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def _resumed(tc: TrainConfig, load_state: bool) -> torch.nn.Module:
+    module = _module()
+    optimizer, scheduler = _built(tc, module)
+    _train(module, optimizer, scheduler, range(STEPS // 2))
+    saved = _through_checkpoint({"model": module.state_dict(), "optimizer": optimizer.state_dict(),
+                                 "scheduler": scheduler.state_dict()})
+    module = _module(seed=1)  # a new process: other initial weights, replaced by the checkpoint's
+    module.load_state_dict(saved["model"])
+    optimizer, scheduler = _built(tc, module)
+    if load_state:
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+    _train(module, optimizer, scheduler, range(STEPS // 2, STEPS))
+    return module
+
+
+@pytest.mark.parametrize("name", OPTIMIZER_NAMES)
+def test_resume_through_state_dicts_is_exact(name):
+    tc = _tc(f"train.optimizer={name}")
+    straight = _module()
+    _train(straight, *_built(tc, straight), range(STEPS))
+    resumed = _resumed(tc, load_state=True)
+    for (key, a), b in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), f"{name}: {key} differs after resume"
+    # the comparison can fail: without the optimizer and scheduler state the weights differ
+    forgot = _resumed(tc, load_state=False)
+    assert not all(torch.equal(a, b) for a, b in zip(straight.state_dict().values(), forgot.state_dict().values(),
+                                                      strict=True))
+
+
+@pytest.mark.parametrize("name", OPTIMIZER_NAMES)
+def test_norms_and_biases_get_no_weight_decay(name):
+    tc = _tc(f"train.optimizer={name}", "train.lr=0.5")
+    module = _module()
+    optimizer, _ = _built(tc, module)
+    decayed, kept = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.1 and kept["weight_decay"] == 0.0
+    assert {id(p) for p in kept["params"]} == {id(p) for n, p in module.named_parameters() if p.ndim == 1}
+    # with zero gradients only weight decay moves a parameter: matrices shrink, 1-d parameters stay
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    for p in module.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for n, p in module.named_parameters():
+        if p.ndim == 1:
+            assert torch.equal(p, before[n]), f"{name}: {n} was decayed"
+        else:
+            expected = before[n] * (1 - tc.lr * lr_lambda(tc)(0) * 0.1)
+            assert torch.allclose(p, expected, rtol=1e-5, atol=1e-6), f"{name}: {n} not decayed by lr x wd"
+
+
+def test_default_is_the_adamw_runs_had_before_the_option():
+    optimizer, _ = _built(TrainConfig(), _module())
+    assert type(optimizer) is torch.optim.AdamW
+    group = optimizer.param_groups[0]
+    assert (group["initial_lr"], group["betas"], group["eps"], group["weight_decay"], group["amsgrad"]) == (
+        1e-3, (0.9, 0.95), 1e-8, 0.01, False)
+
+
+@pytest.mark.parametrize("name", ["adamw", "adamw_8bit"])
+def test_betas_and_eps_reach_adam(name):
+    optimizer, _ = _built(_tc(f"train.optimizer={name}", "train.betas=[0.8, 0.99]", "train.eps=1e-6"), _module())
+    assert all((g["betas"], g["eps"]) == ((0.8, 0.99), 1e-6) for g in optimizer.param_groups)
+
+
+def test_adafactor_uses_our_lr_and_schedule():
+    tc = _tc("train.optimizer=adafactor", "train.betas=[0.8, 0.9]")
+    optimizer, _ = _built(tc, _module())
+    group = optimizer.param_groups[0]
+    assert (group["relative_step"], group["scale_parameter"], group["warmup_init"], group["beta1"]) == (
+        False, False, False, None)
+    assert group["lr"] == pytest.approx(tc.lr / 3)  # warmup step 0 of 2: 1/3 of lr
+
+
+def test_8bit_without_bitsandbytes_names_the_fix(monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # `import bitsandbytes` raises ImportError
+    with pytest.raises(ConfigError) as info:
+        _built(_tc("train.optimizer=adamw_8bit"), _module())
+    assert isinstance(info.value, UserError)
+    assert "pip install 'voxrelay[bnb]'" in str(info.value) and "train.optimizer=adamw" in str(info.value)
+
+
+def test_every_configurable_optimizer_is_built():
+    assert set(OPTIMIZERS) == set(OPTIMIZER_NAMES)
+
+
+def _lrs(schedule: str, steps: list[int]) -> list[float]:
+    """lr at each of ``steps`` (0-based optimizer steps) with lr=1, warmup 4, max_steps 14, floor 0.1."""
+    tc = load_config(None, [f"train.schedule={schedule}", "train.lr=1", "train.warmup_steps=4",
+                            "train.max_steps=14", "train.min_lr_ratio=0.1"]).train
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=tc.lr)
+    scheduler = build_scheduler(tc, optimizer)
+    out = []
+    for step in range(max(steps) + 1):
+        if step in steps:
+            out.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return out
+
+
+STEPS_CHECKED = [0, 3, 4, 6, 9, 14, 20]  # warmup, its last step, peak, early decay, mid, end, past the end
+
+
+@pytest.mark.parametrize(("schedule", "expected"), [
+    # warmup (step + 1) / 5; decay progress (step - 4) / 10: 0.2 at step 6, 0.5 at step 9
+    ("cosine", [0.2, 0.8, 1.0, 0.1 + 0.45 * (1 + math.cos(0.2 * math.pi)), 0.55, 0.1, 0.1]),
+    ("linear", [0.2, 0.8, 1.0, 0.1 + 0.9 * 0.8, 0.55, 0.1, 0.1]),
+    ("constant", [1.0] * 7),
+    ("constant_with_warmup", [0.2, 0.8, 1.0, 1.0, 1.0, 1.0, 1.0]),
+])
+def test_schedule_curves(schedule, expected):
+    assert _lrs(schedule, STEPS_CHECKED) == pytest.approx(expected, rel=1e-12)
+
+
+def test_constant_warns_that_warmup_is_unused(caplog):
+    with caplog.at_level("WARNING", logger="voxrelay.train.optim"):
+        _lrs("constant", [0])
+    assert "constant_with_warmup" in caplog.text
