@@ -44,8 +44,9 @@ class Trainer:
     """A `voxrelay train` child process (with ``nproc`` > 1 a torchrun job) in a session of its
     own, whose output lines (stdout and stderr) are collected as they come."""
 
-    def __init__(self, root: str, env: dict, *overrides: str, nproc: int = 1):
-        args = ["-m", "voxrelay", "train", CONFIG, *tiny(root, *overrides)]
+    def __init__(self, root: str, env: dict, *overrides: str, nproc: int = 1, config: str = CONFIG,
+                 settings=tiny):  # noqa: ANN001 (settings: (root, *overrides) -> the command line's overrides)
+        args = ["-m", "voxrelay", "train", config, *settings(root, *overrides)]
         if nproc > 1:
             args = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
         self.proc = subprocess.Popen(
