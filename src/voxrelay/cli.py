@@ -153,13 +153,15 @@ def export_cmd(
     run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>)"),
     output: Path = typer.Option(..., "-o", "--output", help="Output folder"),
     step: int = typer.Option(None, "--step", help="Checkpoint step (default: latest valid)"),
+    adapter_only: bool = typer.Option(
+        False, "--adapter-only", help="LoRA runs: write the adapter (peft files) instead of the merged model; "
+        "synthesize rebuilds the base from model.init_from (or the seeded random init)",
+    ),
 ):
-    """Write model.safetensors + config (+ codec) that synthesize and transformers can load."""
-    from voxrelay.inference import check_export_output, export, load_from_run
+    """Write model.safetensors + config (+ codec) that synthesize and transformers can load (LoRA: merged)."""
+    from voxrelay.inference import export_run
 
-    check_export_output(output)
-    model, codec, at = load_from_run(run, step)
-    export(model, codec, output)
+    at = export_run(run, output, step, adapter_only)
     out.print(f"exported step {at} to {output}", highlight=False)
 
 

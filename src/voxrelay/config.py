@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from voxrelay.errors import UserError, one_line
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.orpheus.config import OrpheusConfig
+from voxrelay.train.lora_config import LoraConfig
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -180,6 +182,16 @@ class TrainConfig(_Section):
     early_stopping_patience: int | None = Field(
         None, gt=0, description="Stop when the eval loss has not improved for this many evaluations (None = off)"
     )
+    lora: LoraConfig | None = Field(
+        None, description="null: full fine-tune. A section (`{}` or `true` for the family's defaults) trains LoRA "
+        "adapters on a frozen base model; checkpoints then hold the adapters and modules_to_save only",
+    )
+
+    @field_validator("lora", mode="before")
+    @classmethod
+    def _lora(cls, v: Any) -> Any:
+        # `train.lora=true` on a command line turns LoRA on with the family's defaults; false turns it off
+        return {} if v is True else None if v is False else v
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -364,9 +376,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         parts = key.strip().split(".")
         node = data
         for part in parts[:-1]:
-            if not isinstance(node.get(part, {}), dict):
+            child = node.get(part)
+            if child is None:  # absent, or an optional section that is off (train.lora: null): create it
+                child = node[part] = {}
+            elif not isinstance(child, dict):
                 raise ConfigError(f"override {key!r}: {part!r} is a value, not a section")
-            node = node.setdefault(part, {})
+            node = child
         value = _parse_value(raw)
         if parts[-1] in ("name", "root", "path", "hub_id", "tokenizer", "init_from") and value is not None:
             value = str(raw)  # names and paths are strings even when they look like numbers
@@ -430,7 +445,8 @@ def reference_markdown() -> str:
             variants = _sections_of(field.annotation)
             if variants:
                 subs.extend((sub, f"{prefix}{name}.") for sub in variants)
-                continue
+                if type(None) not in get_args(field.annotation):
+                    continue  # an optional section (train.lora) also gets a row: what null means
             default = field.get_default(call_default_factory=True)
             if isinstance(default, list) and default and isinstance(default[0], BaseModel):
                 default = [d.model_dump(exclude_defaults=True) for d in default]
@@ -453,5 +469,5 @@ def reference_markdown() -> str:
 
 def _sections_of(annotation: Any) -> list[type[BaseModel]]:
     """The section classes a field holds: one, or each variant of a union (``model``: one per family)."""
-    candidates = list(get_args(annotation)) if get_origin(annotation) is Union else [annotation]
+    candidates = list(get_args(annotation)) if get_origin(annotation) in (Union, UnionType) else [annotation]
     return [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]

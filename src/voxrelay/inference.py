@@ -5,13 +5,21 @@ An export folder holds what the model's family writes (``save_pretrained``; for 
 ``voxrelay.json`` (family, tokenizer, vocabulary layout, speakers) and ``codec.json``
 (+ ``codec.safetensors`` for the built-in codec). Models are reached only through the family seam
 (:mod:`voxrelay.models.base`).
+
+A run trained with ``train.lora`` is exported merged (the adapters folded into the base: a plain model of
+its family) unless ``adapter_only``: then the folder holds peft's ``adapter_config.json`` +
+``adapter_model.safetensors`` with the family's other files, and ``voxrelay.json`` gains a ``lora`` note
+saying how to rebuild the base (the run's ``model`` section, data spec and seed, so ``init_from`` or the
+seeded random init) and its hash; synthesis rebuilds that base, checks the hash and adds the adapters.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -21,15 +29,27 @@ from voxrelay import storage
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.codecs.base import AudioCodec, FittableCodec
 from voxrelay.codecs.registry import codec_from_description
-from voxrelay.config import ConfigError, build_config
+from voxrelay.config import ConfigError, RunConfig, build_config
 from voxrelay.data.prepare import load_index, load_prepared_codec
-from voxrelay.errors import UserError
+from voxrelay.errors import UserError, one_line
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model, load_model
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META
+from voxrelay.train.resume import BASE_HASH
+from voxrelay.train.strategies import (
+    apply_lora,
+    base_hash,
+    check_base,
+    describe_base,
+    load_trainable,
+    quiet_peft,
+)
 
 CODEC_JSON = "codec.json"
 CODEC_STATE = "codec.safetensors"
+LORA_NOTE = "lora"  # key of voxrelay.json in an adapter-only export: how to rebuild the base
+ADAPTER_CONFIG = "adapter_config.json"  # peft's file names
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 class InferenceError(UserError, RuntimeError):
@@ -38,19 +58,85 @@ class InferenceError(UserError, RuntimeError):
 
 def load_from_run(run_uri: str, step: int | None = None) -> tuple[FamilyModel, AudioCodec, int]:
     """Model (weights of the latest valid checkpoint, or ``step``) + codec of a run folder."""
+    model, codec, at, _ = _load_run(run_uri, step)
+    return model, codec, at
+
+
+def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, int, dict[str, Any] | None]:
+    """:func:`load_from_run`, plus for a LoRA run the note an adapter-only export keeps (else None)."""
+    cfg = _run_config(run_uri)
+    index = load_index(cfg.prepared_uri)
+    codec = load_prepared_codec(cfg.prepared_uri, index)
+    data = DataSpec.from_prepared(index, codec)
+    model = build_model(cfg.model, data, cfg.train.seed)
+    ckpt, weights = CheckpointManager(run_uri, cfg.checkpoint.keep_last).load_model(step)
+    if cfg.train.lora is None:
+        model.module.load_state_dict(weights)
+        return model, codec, ckpt.step, None
+    base = base_hash(model.module)
+    check_base(ckpt.manifest.get(BASE_HASH), base, describe_base(cfg.model, cfg.train.seed),
+               f"cannot load {run_uri} at step {ckpt.step}", "make the run's base reachable as it was (the same "
+               "model.init_from weights; for a random init the same torch version)")
+    apply_lora(model, cfg.train.lora)
+    load_trainable(model.module, weights, f"checkpoint {ckpt.uri}")
+    note = {"base": describe_base(cfg.model, cfg.train.seed), "base_hash": base, "seed": cfg.train.seed,
+            "model": cfg.model.model_dump(mode="json"), "data": dataclasses.asdict(data)}
+    return model, codec, ckpt.step, note
+
+
+def _run_config(run_uri: str) -> RunConfig:
     snapshot = storage.join(run_uri, CONFIG_SNAPSHOT)
     if not storage.exists(snapshot):
         raise InferenceError(f"{run_uri} is not a run folder (no {CONFIG_SNAPSHOT}); pass <root>/runs/<name>")
     try:
-        cfg = build_config(yaml.safe_load(storage.read_text(snapshot)), snapshot)
+        return build_config(yaml.safe_load(storage.read_text(snapshot)), snapshot)
     except ConfigError as err:
         raise InferenceError(str(err)) from None
-    index = load_index(cfg.prepared_uri)
-    codec = load_prepared_codec(cfg.prepared_uri, index)
-    model = build_model(cfg.model, DataSpec.from_prepared(index, codec), cfg.train.seed)
-    ckpt, weights = CheckpointManager(run_uri, cfg.checkpoint.keep_last).load_model(step)
-    model.module.load_state_dict(weights)
-    return model, codec, ckpt.step
+
+
+def _read_meta(folder: Path) -> dict[str, Any]:
+    """voxrelay.json of an export folder; {} when unreadable (the family's loader reports it with its fix)."""
+    try:
+        meta = json.loads((folder / EXPORT_META).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _load_adapter_export(path: Path) -> FamilyModel:
+    """An adapter-only export: its base rebuilt as the run built it (``lora`` note of voxrelay.json), the
+    base's hash checked, then peft's adapter files loaded onto it."""
+    import peft
+    from safetensors import safe_open
+
+    note = _read_meta(path)[LORA_NOTE]
+    fix = "run synthesize where that base is reachable as it was, or export the run merged (without --adapter-only)"
+    try:
+        model_cfg = build_config({"model": note["model"]}).model
+        data, seed = DataSpec(**note["data"]), int(note["seed"])
+    except (ConfigError, KeyError, TypeError, ValueError) as e:
+        raise InferenceError(f"{path / EXPORT_META}: its {LORA_NOTE!r} note is damaged ({one_line(e)[:200]}); "
+                             "export the run again") from None
+    missing = [name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (path / name).is_file()]
+    if missing:
+        raise InferenceError(f"{path} is an adapter-only export without {' or '.join(missing)}; export the run again")
+    try:
+        model = build_model(model_cfg, data, seed)
+    except UserError as e:
+        raise InferenceError(f"{path} is an adapter-only export whose base ({note.get('base')}) cannot be built "
+                             f"here: {e}; {fix}") from None
+    check_base(note.get("base_hash"), base_hash(model.module), str(note.get("base")),
+               f"cannot load the adapter-only export {path}", fix)
+    with quiet_peft():
+        model.module = peft.PeftModel.from_pretrained(model.module, str(path))
+    with safe_open(str(path / ADAPTER_WEIGHTS), "pt") as f:
+        saved = set(f.keys())
+    expected = set(peft.get_peft_model_state_dict(model.module))
+    if saved != expected:  # peft only warns about missing adapter tensors (they would stay at their init)
+        raise InferenceError(f"{path / ADAPTER_WEIGHTS} does not fit {ADAPTER_CONFIG}: missing "
+                             f"{sorted(expected - saved)[:2]}, unexpected {sorted(saved - expected)[:2]}; "
+                             "export the run again")
+    return model
 
 
 def load_from_export(folder: str) -> tuple[FamilyModel, AudioCodec]:
@@ -61,7 +147,7 @@ def load_from_export(folder: str) -> tuple[FamilyModel, AudioCodec]:
             f"{folder} is not a complete export folder (no {' or '.join(missing)}); pass a folder written by "
             "`voxrelay export`, or a run folder <root>/runs/<name>"
         )
-    model = load_model(path)
+    model = _load_adapter_export(path) if LORA_NOTE in _read_meta(path) else load_model(path)
     try:
         desc = json.loads((path / CODEC_JSON).read_text())
     except json.JSONDecodeError as e:
@@ -111,8 +197,9 @@ def check_synthesis_args(out: str | Path, temperature: float, top_k: int = 50, m
         raise InferenceError(f"top_k must be >= 0 and max_seconds > 0, got top_k={top_k}, max_seconds={max_seconds}")
 
 
-def check_export_output(out_dir: str | Path) -> Path:
-    """``out_dir`` as a Path, or an error when exporting there would overwrite something else."""
+def check_export_output(out_dir: str | Path, adapter_only: bool | None = None) -> Path:
+    """``out_dir`` as a Path, or an error when exporting there would overwrite something else (or, with
+    ``adapter_only`` given, leave an export of the other kind's weights beside the new files)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InferenceError(f"export output {str(out)!r} is a file; pass a new or empty folder with -o")
@@ -122,13 +209,44 @@ def check_export_output(out_dir: str | Path) -> Path:
             f"export output {str(out)!r} is a folder that holds other files and no previous export; "
             "pass a new or empty folder with -o"
         )
+    if adapter_only is not None and (out / EXPORT_META).is_file():
+        previous = LORA_NOTE in _read_meta(out)
+        if previous != adapter_only:
+            kinds = ("an adapter-only export", "a merged model") if previous else ("a full export", "an adapter")
+            raise InferenceError(f"export output {str(out)!r} holds {kinds[0]}; writing {kinds[1]} there would leave "
+                                 "the old weights beside the new ones: pass a new or empty folder with -o")
     return out
 
 
-def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path) -> Path:
-    out = check_export_output(out_dir)
+def export_run(run_uri: str, out_dir: str | Path, step: int | None = None, adapter_only: bool = False) -> int:
+    """Export a run's checkpoint (latest valid, or ``step``); returns its step. See :func:`export`."""
+    check_export_output(out_dir, adapter_only)
+    if adapter_only and _run_config(run_uri).train.lora is None:  # before loading a model for nothing
+        raise InferenceError(f"--adapter-only applies to runs trained with train.lora; {run_uri} trained every "
+                             "weight: export it without --adapter-only")
+    model, codec, at, note = _load_run(run_uri, step)
+    export(model, codec, out_dir, note, adapter_only)
+    return at
+
+
+def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path, lora_note: dict[str, Any] | None = None,
+           adapter_only: bool = False) -> Path:
+    """Write ``model`` (and the codec) into ``out_dir``. A LoRA model (``lora_note`` from the run) is merged
+    first unless ``adapter_only``: then the folder holds peft's adapter files and the note."""
+    out = check_export_output(out_dir, adapter_only)
+    if adapter_only and lora_note is None:
+        raise InferenceError("--adapter-only applies to runs trained with train.lora; export without it")
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    if lora_note is not None and not adapter_only:
+        model.module = model.module.merge_and_unload()  # W + scale * B @ A: a plain model of the family
+    model.save_pretrained(out)  # with a PeftModel as module, a transformers family writes peft's adapter files
+    if adapter_only:
+        if not (out / ADAPTER_WEIGHTS).is_file():  # a family that saves its module otherwise
+            model.module.save_pretrained(str(out))
+        meta = _read_meta(out) | {LORA_NOTE: lora_note}
+        tmp = out / (EXPORT_META + ".tmp")  # replaced atomically: voxrelay.json marks a complete folder
+        tmp.write_text(json.dumps(meta, indent=2))
+        tmp.replace(out / EXPORT_META)
     (out / CODEC_JSON).write_text(json.dumps(codec.describe(), indent=2))
     if isinstance(codec, FittableCodec):
         (out / CODEC_STATE).write_bytes(codec.state_bytes())

@@ -1,10 +1,11 @@
 """Exact resumption: a run killed (SIGKILL) at any moment and resumed ends with weights equal,
 tensor for tensor, to an uninterrupted run; also with 2 gloo DDP processes (killed while its newest
-checkpoint is staged on local disk only), and 2 -> 1 processes.
+checkpoint is staged on local disk only), and 2 -> 1 processes; also with LoRA adapters (a frozen
+base, checkpoints holding the trained tensors only).
 
-The runs use dropout (``model.dropout``), so every step draws from the torch RNG: a resume that
-did not restore the RNG state of each process would train on other dropout masks and end with
-other weights.
+The runs use dropout (``model.dropout``, and ``train.lora.dropout`` with LoRA), so every step draws
+from the torch RNG: a resume that did not restore the RNG state of each process would train on other
+dropout masks and end with other weights.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from voxrelay.checkpoint.store import MANIFEST, CommittedStore, parse_step, read
 
 STEPS = 12
 DROPOUT = "model.dropout=0.1"  # the steps draw from the RNG (see the module docstring)
+LORA = ("train.lora.r=4", "train.lora.dropout=0.1")
 
 
 @pytest.fixture(scope="module")
@@ -70,24 +72,28 @@ def _cursor(base: Path, name: str, step: int) -> dict:
     return load_state(folder / STATE_FILE)["data"]
 
 
-def test_kill_and_resume_is_bit_exact(prepared):
-    _train(prepared, "straight")
+@pytest.mark.parametrize("extra", [(), LORA], ids=["full", "lora"])
+def test_kill_and_resume_is_bit_exact(prepared, extra):
+    tag = "-lora" if extra else ""
+    _train(prepared, f"straight{tag}", *extra)
     # the same run, killed with SIGKILL right after the checkpoint of step 4 is committed
-    trainer = Trainer(str(prepared / "root"), env_for(prepared / "cache"), "name=killed",
-                      f"train.max_steps={STEPS}", "train.eval_every=100", DROPOUT)
-    manifest = prepared / "root/runs/killed/checkpoints/step-00000004/manifest.json"
+    trainer = Trainer(str(prepared / "root"), env_for(prepared / "cache"), f"name=killed{tag}",
+                      f"train.max_steps={STEPS}", "train.eval_every=100", DROPOUT, *extra)
+    manifest = prepared / f"root/runs/killed{tag}/checkpoints/step-00000004/manifest.json"
     deadline = time.time() + 120
     while not manifest.exists() and time.time() < deadline and trainer.proc.poll() is None:
         time.sleep(0.01)
     trainer.kill()
     assert manifest.exists(), trainer.output()
-    res = _train(prepared, "killed")
+    res = _train(prepared, f"killed{tag}", *extra)
     resumed = _resumed_step(res.stderr)
     assert 4 <= resumed < STEPS, res.stderr  # the resumed session really trained
-    step_a, a = _weights(prepared, "straight")
-    step_b, b = _weights(prepared, "killed")
+    step_a, a = _weights(prepared, f"straight{tag}")
+    step_b, b = _weights(prepared, f"killed{tag}")
     assert step_a == step_b == STEPS
     assert_same_weights(a, b)
+    # with LoRA the checkpoint holds the adapters and the modules trained in full, nothing of the frozen base
+    assert all(".lora_" in k or ".modules_to_save." in k for k in a) == bool(extra)
 
 
 def _resumed_step(stderr: str) -> int:
@@ -109,13 +115,17 @@ def test_config_changes_on_resume(prepared):
     assert _weights(prepared, "cfg")[1]["model.embed_tokens.weight"].shape[1] == 64
 
 
-def test_ddp_two_processes_resume_exactly(prepared):
+@pytest.mark.parametrize("extra", [(), LORA], ids=["full", "lora"])
+def test_ddp_two_processes_resume_exactly(prepared, extra):
     # constant lr: raising max_steps on resume (allowed) would otherwise stretch the cosine schedule
-    _train(prepared, "ddp-straight", "train.schedule=constant", nproc=2)
-    _train(prepared, "ddp-split", "train.schedule=constant", f"train.max_steps={STEPS // 2}", nproc=2)
-    res = _train(prepared, "ddp-split", "train.schedule=constant", nproc=2)
+    tag = "-lora" if extra else ""
+    _train(prepared, f"ddp-straight{tag}", "train.schedule=constant", *extra, nproc=2)
+    _train(prepared, f"ddp-split{tag}", "train.schedule=constant", f"train.max_steps={STEPS // 2}", *extra, nproc=2)
+    res = _train(prepared, f"ddp-split{tag}", "train.schedule=constant", *extra, nproc=2)
     assert _resumed_step(res.stderr) == STEPS // 2
-    assert_same_weights(_weights(prepared, "ddp-straight")[1], _weights(prepared, "ddp-split")[1])
+    straight = _weights(prepared, f"ddp-straight{tag}")[1]
+    assert_same_weights(straight, _weights(prepared, f"ddp-split{tag}")[1])
+    assert all(".lora_" in k or ".modules_to_save." in k for k in straight) == bool(extra)
 
 
 def test_two_to_one_process_resume_continues_at_the_same_sample(prepared):

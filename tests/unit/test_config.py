@@ -156,3 +156,46 @@ def test_reference_has_one_model_table_per_family():
     assert _sections_of(Union[RunConfig, Other]) == [RunConfig, Other]  # noqa: UP007 (what pydantic hands over)
     assert _sections_of(RunConfig) == [RunConfig]
     assert _sections_of(list[Other]) == [] and _sections_of(int) == []
+
+
+def test_lora_is_off_by_default_and_each_key_defaults_to_the_familys():
+    assert RunConfig().train.lora is None
+    lora = load_config(None, ["train.lora.r=16"]).train.lora  # the dotted override creates the section
+    assert lora is not None and lora.r == 16
+    assert {k: getattr(lora, k) for k in type(lora).model_fields if k != "r"} == dict.fromkeys(
+        ["alpha", "dropout", "rslora", "target_modules", "modules_to_save"])
+    assert load_config(None, ["train.lora=true"]).train.lora == load_config(None, ["train.lora={}"]).train.lora
+    assert load_config(None, ["train.lora=true"]).train.lora.r is None
+    assert load_config(None, ["train.lora.r=8", "train.lora=null"]).train.lora is None
+    lists = load_config(None, ["train.lora.target_modules=[q_proj, v_proj]", "train.lora.modules_to_save=[]"])
+    assert (lists.train.lora.target_modules, lists.train.lora.modules_to_save) == (["q_proj", "v_proj"], [])
+
+
+def test_lora_section_from_yaml(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  lora: {}\n")
+    assert load_config(cfg).train.lora.model_dump() == dict.fromkeys(
+        ["r", "alpha", "dropout", "rslora", "target_modules", "modules_to_save"])
+    cfg.write_text("train:\n  lora: null\n")  # off in the file, on from the command line
+    assert load_config(cfg).train.lora is None
+    assert load_config(cfg, ["train.lora.r=16", "train.lora.dropout=0.1"]).train.lora.dropout == 0.1
+
+
+@pytest.mark.parametrize(("override", "key"), [("train.lora.r=0", "train.lora.r"), ("train.lora.dropout=1.5",
+                         "train.lora.dropout"), ("train.lora.rank=8", "train.lora.rank: unknown key")])
+def test_bad_lora_values_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key):
+        load_config(None, [override])
+
+
+def test_lora_changes_are_incompatible_on_resume():
+    from voxrelay.config import config_changes
+
+    full = RunConfig().to_dict()
+    lora = load_config(None, ["train.lora.r=16"]).to_dict()
+    assert config_changes(full, lora)[1] and config_changes(lora, full)[1]  # turning it on or off
+    assert config_changes(lora, load_config(None, ["train.lora.r=8"]).to_dict()) == ([], ["train.lora.r"])
+    # a checkpoint written before train.lora existed resumes as a full fine-tune
+    old = RunConfig().to_dict()
+    del old["train"]["lora"]
+    assert config_changes(old, full) == ([], [])

@@ -53,3 +53,29 @@ def test_folders_that_are_neither_run_nor_export(tmp_path: Path) -> None:
         load_any(str(tmp_path))
     with pytest.raises(UserError, match="--step applies to run folders"):
         load_any(str(tmp_path), step=3)
+
+
+def test_adapter_only_export_of_a_full_fine_tune_is_refused_before_loading(tmp_path: Path) -> None:
+    from voxrelay.config import RunConfig
+    from voxrelay.inference import export_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(RunConfig().to_yaml())  # no prepared data, no checkpoint: nothing loads
+    with pytest.raises(UserError, match=r"--adapter-only applies to runs trained with train.lora; .* trained every "
+                       "weight: export it without --adapter-only"):
+        export_run(str(run), tmp_path / "out", adapter_only=True)
+
+
+def test_an_export_is_never_mixed_with_one_of_the_other_kind(tmp_path: Path) -> None:
+    full, adapter = tmp_path / "full", tmp_path / "adapter"
+    full.mkdir()
+    adapter.mkdir()
+    (full / "voxrelay.json").write_text('{"family": "codec_lm"}')
+    (adapter / "voxrelay.json").write_text('{"family": "codec_lm", "lora": {"base_hash": "x"}}')
+    assert check_export_output(full, adapter_only=False) == full
+    assert check_export_output(adapter, adapter_only=True) == adapter
+    with pytest.raises(UserError, match="holds a full export; writing an adapter there would leave the old weights"):
+        check_export_output(full, adapter_only=True)
+    with pytest.raises(UserError, match="holds an adapter-only export; writing a merged model there"):
+        check_export_output(adapter, adapter_only=False)

@@ -29,7 +29,8 @@ from voxrelay.train import state as st
 from voxrelay.train.evaluate import SAMPLES_DIR
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
-from voxrelay.train.resume import broadcast_step, check_compatible, restore
+from voxrelay.train.resume import broadcast_step, check_compatible, load_weights, restore
+from voxrelay.train.strategies import apply_lora, base_hash, trainable_state
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,13 @@ class Run:
     local_dir: Path
     data_fingerprint: dict | str = ""
     resumed_from: int | None = None
+    base_hash: str | None = None  # with train.lora: the frozen base's fingerprint (strategies.base_hash)
 
     def model_state(self) -> dict[str, torch.Tensor]:
-        return self.accelerator.unwrap_model(self.module).state_dict()
+        """What a checkpoint holds: every weight, or with LoRA the trained tensors only (the frozen
+        base is rebuilt from the config and checked against ``base_hash``)."""
+        module = self.accelerator.unwrap_model(self.module)
+        return module.state_dict() if self.base_hash is None else trainable_state(module)
 
     def exit(self, code: int) -> None:
         """End the process once everything is committed and every rank is done: under torch.distributed,
@@ -128,6 +133,8 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval", index, max_bytes=cap).rows, key=lambda r: r.id)
     st.seed_everything(cfg.train.seed)
     model = build_model(cfg.model, DataSpec.from_prepared(index, codec), cfg.train.seed)
+    base = base_hash(model.module) if cfg.train.lora is not None else None
+    apply_lora(model, cfg.train.lora)  # its init draws from the RNG seeded above: fresh runs stay reproducible
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
     ck = cfg.checkpoint
     checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged)
@@ -138,7 +145,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
     if found is not None:
         check_compatible(found[2], cfg, index, found[0].step, len(checkpoints.candidates()))
-        model.module.load_state_dict(found[1])
+        load_weights(model, found, cfg, base, len(checkpoints.candidates()))
     # the family says which parameters train and which decay
     optimizer = build_optimizer(cfg.train, model.param_groups(cfg.train.weight_decay))
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
@@ -149,7 +156,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     run = Run(
         cfg, accelerator, model, module, optimizer, scheduler, stream, eval_rows, codec, checkpoints,
         build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process), st.LoopState(), run_dir,
-        fingerprint(index),
+        fingerprint(index), base_hash=base,
     )
     if found is not None:
         restore(run, found[2])

@@ -1,7 +1,8 @@
 """What a checkpoint of a run holds, and how a run is restored from one.
 
 ``train_state.pt`` keys: loop counters, optimizer, scheduler, data cursor, RNG of every rank,
-the resolved config and a fingerprint of the prepared data. On resume, changed config keys are
+the resolved config, a fingerprint of the prepared data and, with LoRA, the hash of the frozen base
+(also in the manifest, for synthesis and export, which read no train state). On resume, changed config keys are
 classified (:func:`voxrelay.config.config_changes`): allowed ones are applied, incompatible ones
 stop with an error listing them (use ``--fresh`` or another run name).
 """
@@ -19,6 +20,9 @@ from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, model_writer, st
 from voxrelay.config import ConfigError, config_changes
 from voxrelay.data import identity as ident
 from voxrelay.train import state as st
+from voxrelay.train.strategies import check_base, describe_base, load_trainable
+
+BASE_HASH = "base_hash"  # manifest key: the LoRA base's hash, read by synthesis and export
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,7 @@ def train_state(run, rngs: list[dict]) -> dict:
         st.K_CONFIG_HASH: run.cfg.hash(),
         st.K_CONFIG: run.cfg.to_dict(),
         st.K_DATA_FINGERPRINT: run.data_fingerprint,
+        st.K_BASE_HASH: run.base_hash,
         # fp16 on a GPU: the loss scale must survive too
         st.K_SCALER: run.accelerator.scaler.state_dict() if run.accelerator.scaler is not None else None,
     }
@@ -72,7 +77,8 @@ def save_checkpoint(run, metrics: dict | None = None, background: bool = True, s
         run.checkpoints.save(
             run.loop.step,
             {MODEL_FILE: model_writer(model_state), STATE_FILE: state_writer(train_state(run, rngs))},
-            {"metrics": metrics or {}, "config_hash": run.cfg.hash(), **({"stopped": stopped} if stopped else {})},
+            {"metrics": metrics or {}, "config_hash": run.cfg.hash(), **({"stopped": stopped} if stopped else {}),
+             **({BASE_HASH: run.base_hash} if run.base_hash else {})},
             expected_bytes=expected, background=background,
         )
     run.accelerator.wait_for_everyone()
@@ -101,6 +107,25 @@ def check_compatible(saved: dict, run_cfg, index: dict, step: int, num_checkpoin
         )
     if safe:
         log.info("resuming with changed settings: %s", ", ".join(safe))
+
+
+def load_weights(model, found: tuple, run_cfg, base: str | None, num_checkpoints: int) -> None:
+    """The weights of ``found`` (checkpoint, tensors, train state) into ``model.module`` before accelerate
+    wraps it: every tensor, or with LoRA (``base`` = the hash of the base just built) the trained ones,
+    once the checkpoint's base hash matches."""
+    ckpt, weights, state = found
+    if base is None:
+        model.module.load_state_dict(weights)
+        return
+    check_base(
+        state.get(st.K_BASE_HASH), base, describe_base(run_cfg.model, run_cfg.train.seed),
+        f"cannot resume {run_cfg.run_uri} from step {ckpt.step}",
+        "to continue this run, give it that base again (the same model.init_from weights: pin a hub revision; "
+        f"for a random init the same torch version). To train on the new base, use another run name "
+        f"(name={run_cfg.name}-2). Last resort: --fresh deletes this run's {num_checkpoints} checkpoint(s) "
+        "and metrics and starts over",
+    )
+    load_trainable(model.module, weights, f"checkpoint {ckpt.uri}")
 
 
 def restore(run, state: dict) -> None:

@@ -21,6 +21,7 @@ K_CONFIG_HASH = "config_hash"
 K_CONFIG = "config"
 K_SCALER = "grad_scaler"
 K_DATA_FINGERPRINT = "data_fingerprint"
+K_BASE_HASH = "base_hash"  # with LoRA: fingerprint of the frozen base (strategies.base_hash); else None
 
 
 @dataclass

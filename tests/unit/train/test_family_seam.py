@@ -74,6 +74,7 @@ def test_eval_logs_the_parts_of_the_loss(run):
 
 
 @pytest.mark.parametrize("path", ["train/build.py", "train/loop.py", "train/evaluate.py", "train/resume.py",
+                                  "train/strategies.py",
                                   "inference.py", "cli.py"])
 def test_generic_code_names_no_family(path):
     text = (SRC / path).read_text()
