@@ -1,0 +1,105 @@
+"""The Orpheus LoRA recipe end to end on a CPU: ``examples/orpheus-lora.yaml`` itself, made tiny by overrides
+(a tiny random Llama with Orpheus' vocabulary and tied embeddings, a Llama-3-style tokenizer, a tiny random
+SNAC at 24 kHz): prepare -> train with LoRA -> SIGKILL -> resume, bit-exact against a straight run ->
+synthesize -> export -> the folder loads with ``LlamaForCausalLM.from_pretrained`` and its tokenizer maps
+Orpheus' special tokens to upstream's ids."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from tests.helpers.orpheus import save_llama3_tokenizer, save_tiny_llama, save_tiny_snac
+from tests.integration.runner import Trainer, assert_same_weights, env_for, final_weights, voxrelay
+
+EXAMPLE = str(Path(__file__).parents[2] / "examples" / "orpheus-lora.yaml")
+STEPS = 6
+
+
+def settings(parts: Path):
+    def tiny_orpheus(root: str, *extra: str) -> list[str]:
+        return [
+            f"root={root}",
+            "data.sources=[{type: demo, minutes: 0.6, seed: 1, voices: [en-us, en-gb+f3]}]",
+            "data.eval_size=2", "data.shard_size=8",
+            f"codec.path={parts / 'snac'}", f"model.init_from={parts / 'orpheus'}", "model.max_seq_len=1024",
+            "model.dropout=0.1", "train.lora.dropout=0.1",  # every step draws from the RNG: resume must restore it
+            "train.precision=no", f"train.max_steps={STEPS}", "train.batch_tokens=1500", "train.grad_accum=1",
+            "train.warmup_steps=1", "train.eval_every=100", "train.eval_synth=1", "train.log_every=1",
+            "train.time_limit=null", "checkpoint.every_minutes=null", "checkpoint.every_steps=2", *extra,
+        ]
+    return tiny_orpheus
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory):
+    base = tmp_path_factory.mktemp("orpheus")
+    parts = base / "parts"
+    tok = save_llama3_tokenizer(parts / "llama3-tokenizer")
+    save_tiny_llama(parts / "orpheus", tok)
+    save_tiny_snac(parts / "snac")
+    env = env_for(base / "cache")
+    res = voxrelay("prepare", EXAMPLE, *settings(parts)(str(base / "root")), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return base, parts, env
+
+
+def _train(base: Path, parts: Path, env: dict, name: str, *extra: str):
+    res = voxrelay("train", EXAMPLE, *settings(parts)(str(base / "root"), f"name={name}", *extra), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res
+
+
+def test_orpheus_lora_prepare_train_kill_resume_synthesize_export(setup, tmp_path: Path):
+    base, parts, env = setup
+    index = json.loads((base / "root/prepared/my-voices-snac/index.json").read_text())
+    assert (index["codec"]["type"], index["num_codebooks"]) == ("snac", 7)
+
+    _train(base, parts, env, "straight")
+    trainer = Trainer(str(base / "root"), env, "name=killed", config=EXAMPLE, settings=settings(parts))
+    manifest = base / "root/runs/killed/checkpoints/step-00000002/manifest.json"
+    deadline = time.time() + 300
+    while not manifest.exists() and time.time() < deadline and trainer.proc.poll() is None:
+        time.sleep(0.01)
+    trainer.kill()
+    assert manifest.exists(), trainer.output()
+    res = _train(base, parts, env, "killed")
+    resumed = int(re.search(r"resuming \S+ from step (\d+)", res.stderr).group(1))
+    assert 2 <= resumed < STEPS, res.stderr
+    step_a, a = final_weights(str(base / "root/runs/straight"), base / "cache/fetch")
+    step_b, b = final_weights(str(base / "root/runs/killed"), base / "cache/fetch")
+    assert step_a == step_b == STEPS
+    assert any("lora_" in k for k in a) and not any("layers.0.mlp.up_proj.base_layer" in k for k in a), sorted(a)
+    assert_same_weights(a, b)
+
+    run = base / "root/runs/killed"
+    wav = tmp_path / "hi.wav"
+    res = voxrelay("synthesize", str(run), "hello <laugh> there", "-o", str(wav), "--voice", "en-us", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    audio, sr = sf.read(wav)
+    assert sr == 24000 and audio.size > 0 and np.isfinite(audio).all()
+
+    out = tmp_path / "export"
+    res = voxrelay("export", str(run), "-o", str(out), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    lm = LlamaForCausalLM.from_pretrained(str(out))  # merged: a plain Llama, no peft needed
+    assert lm.config.vocab_size == 156940 and not any("lora" in k for k in lm.state_dict())
+    trained = {k.replace("base_model.model.", ""): v for k, v in b.items()}
+    head = next(v for k, v in trained.items() if k.endswith("embed_tokens.modules_to_save.default.weight"))
+    assert torch.equal(lm.get_input_embeddings().weight, head)  # the trained embeddings, still tied to lm_head
+    assert lm.lm_head.weight.data_ptr() == lm.get_input_embeddings().weight.data_ptr()
+    tok = AutoTokenizer.from_pretrained(str(out))
+    special = {"<|begin_of_text|>": 128000, "<|eot_id|>": 128009, "<custom_token_1>": 128257,
+               "<custom_token_2>": 128258, "<custom_token_3>": 128259, "<custom_token_4>": 128260,
+               "<custom_token_5>": 128261, "<custom_token_6>": 128262, "<custom_token_7>": 128263,
+               "<custom_token_10>": 128266}
+    assert {t: tok.convert_tokens_to_ids(t) for t in special} == special
