@@ -6,7 +6,7 @@ from pathlib import Path
 import typer
 
 from voxrelay.cli import app
-from voxrelay.config import reference_markdown
+from voxrelay.config_reference import reference_markdown
 
 BLOCKS = {
     "config-reference": reference_markdown,

@@ -1,0 +1,50 @@
+"""The README's configuration reference, generated from the config classes of :mod:`voxrelay.config`
+(``scripts/update_readme.py`` writes it; a test keeps README.md in sync)."""
+
+from __future__ import annotations
+
+import json
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import BaseModel
+
+from voxrelay.config import FAMILY_CONFIGS, RunConfig, SourceConfig
+
+
+def reference_markdown() -> str:
+    """The configuration reference (every key, default, description) as Markdown tables."""
+    lines: list[str] = []
+
+    def section(model: type[BaseModel], prefix: str) -> None:
+        rows, subs = [], []
+        for name, field in model.model_fields.items():
+            variants = _sections_of(field.annotation)
+            if variants:
+                subs.extend((sub, f"{prefix}{name}.") for sub in variants)
+                if type(None) not in get_args(field.annotation):
+                    continue  # an optional section (train.lora) also gets a row: what null means
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, list) and default and isinstance(default[0], BaseModel):
+                default = [d.model_dump(exclude_defaults=True) for d in default]
+            rows.append(f"| `{prefix}{name}` | `{json.dumps(default)}` | {field.description or ''} |")
+        if rows:
+            title = f"**{prefix.rstrip('.') or 'top level'}**"
+            if model in FAMILY_CONFIGS.values():  # one table per family, all under `model.`
+                title += f" (when `model.family: {model.model_fields['family'].default}`)"
+            lines.extend([title, "", "| key | default | meaning |", "|---|---|---|", *rows, ""])
+        for sub, sub_prefix in subs:
+            section(sub, sub_prefix)
+
+    section(RunConfig, "")
+    lines.extend(["**data.sources[]** (each source)", "", "| key | default | meaning |", "|---|---|---|"])
+    for name, field in SourceConfig.model_fields.items():
+        default = "required" if field.is_required() else json.dumps(field.get_default(call_default_factory=True))
+        lines.append(f"| `{name}` | `{default}` | {field.description or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def _sections_of(annotation: Any) -> list[type[BaseModel]]:
+    """The section classes a field holds: one, or each variant of a union (``model``: one per family)."""
+    candidates = list(get_args(annotation)) if get_origin(annotation) in (Union, UnionType) else [annotation]
+    return [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
