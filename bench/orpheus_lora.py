@@ -1,5 +1,6 @@
 """Orpheus tiny: step time and checkpoint size, full fine-tune vs LoRA (family defaults: r 32, alpha 64,
-rsLoRA, every projection, lm_head + embed_tokens trained in full and tied), side by side in one process.
+rsLoRA, every projection, lm_head + embed_tokens trained in full and tied), and LoRA with the adapters alone
+(train.lora.modules_to_save=[]), side by side in one process.
 
 The model is the CI test's (tests/helpers/orpheus.py: a 1-layer Llama of width 32 with Orpheus' 156,940-id
 vocabulary and tied embeddings); batches are random SNAC frames of the given length. Repeats alternate
@@ -38,13 +39,16 @@ from voxrelay.train.strategies import apply_lora, trainable_state  # noqa: E402
 DATA = DataSpec(7, 4096, [], 11.71875, 24000)
 
 
-def build(tokenizer: Path, hidden: int, lora: bool):
+VARIANTS = {"full": None, "lora": LoraConfig(), "lora, adapters only": LoraConfig(modules_to_save=[])}
+
+
+def build(tokenizer: Path, hidden: int, lora: LoraConfig | None):
     heads = max(2, hidden // 32)
     cfg = OrpheusConfig(tokenizer=str(tokenizer), hidden_size=hidden, num_layers=1 if hidden <= 64 else 4,
                         num_heads=heads, num_kv_heads=1, intermediate_size=2 * hidden, max_seq_len=4096)
     model = build_model(cfg, DATA, 0)
     torch.manual_seed(0)
-    apply_lora(model, LoraConfig() if lora else None)
+    apply_lora(model, lora)
     model.module.train()
     return model, build_optimizer(TrainConfig(lr=1e-4), model.param_groups(0.01))
 
@@ -79,7 +83,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = save_llama3_tokenizer(Path(tmp) / "tok")
-        runs = {name: build(tokenizer, args.hidden, name == "lora") for name in ("full", "lora")}
+        runs = {name: build(tokenizer, args.hidden, lora) for name, lora in VARIANTS.items()}
     data = batches(runs["full"][0], args.steps, args.batch, args.frames)
     times: dict[str, list[float]] = {name: [] for name in runs}
     for model, opt in runs.values():
@@ -98,7 +102,7 @@ def main() -> None:
         trained = sum(p.numel() for p in model.module.parameters() if p.requires_grad)
         weights, state = checkpoint_bytes(model, opt)
         each = ", ".join(f"{t:.0f}" for t in times[name])
-        print(f"{name:5s} {statistics.median(times[name]):8.1f} ms/step (runs {each})"
+        print(f"{name:20s} {statistics.median(times[name]):8.1f} ms/step (runs {each})"
               f" | trained {trained:,} of {total:,} params | checkpoint {weights / 2**20:.2f} MiB weights + "
               f"{state / 2**20:.2f} MiB optimizer")
     print(f"ratio {statistics.median(times['lora']) / statistics.median(times['full']):.3f}")
