@@ -27,8 +27,16 @@ from typing import Any
 from voxrelay.config import RunConfig
 from voxrelay.errors import UserError
 from voxrelay.plan_formulas import (
-    FRAGMENTATION, GB, OVERHEAD_FIXED, Param, Shape, activation_bytes, grad_bytes, logits_bytes, optimizer_bytes,
-    overhead_bytes, per_token_bytes, weight_bytes,
+    GB,
+    Param,
+    Shape,
+    activation_bytes,
+    grad_bytes,
+    logits_bytes,
+    optimizer_bytes,
+    overhead_bytes,
+    per_token_bytes,
+    weight_bytes,
 )
 
 GIB = 2**30
