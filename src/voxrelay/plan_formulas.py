@@ -118,8 +118,8 @@ def optimizer_bytes(params: list[Param], optimizer: str, shards: int = 1) -> int
             else:
                 total += 2 * n + 2 * 4 * math.ceil(n / BNB_BLOCK)
         return total + (BNB_QMAPS if any(p.shard_numel(shards) >= BNB_MIN_8BIT for p in trainable) else 0)
-    if optimizer == "adafactor":  # factored second moment (row + column) of matrices, no first moment
-        total = 0
+    if optimizer == "adafactor":  # factored second moment (row + column) of matrices, no first moment,
+        total = 4 * len(trainable)  # and the parameter's RMS, a float32 scalar tensor
         for p in trainable:
             shape = _shard_shape(p.shape, shards)
             if len(shape) >= 2:
