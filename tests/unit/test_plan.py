@@ -6,13 +6,18 @@ the Orpheus-3B plan reproduces FACTS' figures and seed 001's observations."""
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from tests.helpers.orpheus import save_llama3_tokenizer
+from voxrelay.cli import app, demo_config_path
 from voxrelay.config import load_config
 from voxrelay.models.base import DataSpec
 from voxrelay.models.registry import build_model
@@ -264,3 +269,27 @@ def test_gpu_memory_parsing() -> None:
             parse_gpu_memory(bad, None)
     with pytest.raises(PlanError, match="a100-40gb"):
         parse_gpu_memory(None, "v100")
+
+
+def test_plan_without_data_or_seq_len_exits_2_naming_the_fix(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "voxrelay", "plan", str(demo_config_path()), f"root={tmp_path}"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "--seq-len" in res.stderr and "voxrelay prepare" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_plan_json_prices_every_strategy(tmp_path: Path) -> None:
+    args = ["plan", str(demo_config_path()), f"root={tmp_path}", *TINY_CODEC_LM[:4], "--seq-len", "512",
+            "--gpus", "2", "--gpu-memory", "1.5135GB", "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    keys = {"strategy", "gpus", "lora", "optimizer", "cpu_offload", "gradient_checkpointing", "seq_len",
+            "per_gpu_bytes", "fits"}
+    assert all(keys <= row.keys() for row in rows)
+    assert {(r["strategy"], r["gpus"]) for r in rows} == {("ddp", 1), ("fsdp", 1), ("ddp", 2), ("fsdp", 2)}
+    for r in rows:
+        b = r["per_gpu_bytes"]
+        assert b["total"] == sum(v for k, v in b.items() if k != "total")
+        assert r["fits"] == (b["total"] <= 1.5135e9) and r["seq_len"] == 512
+    assert any(r["fits"] for r in rows) and not all(r["fits"] for r in rows)  # 1.5 GB of overhead + a few MB
