@@ -293,3 +293,32 @@ def test_plan_json_prices_every_strategy(tmp_path: Path) -> None:
         assert b["total"] == sum(v for k, v in b.items() if k != "total")
         assert r["fits"] == (b["total"] <= 1.5135e9) and r["seq_len"] == 512
     assert any(r["fits"] for r in rows) and not all(r["fits"] for r in rows)  # 1.5 GB of overhead + a few MB
+
+
+def test_lengths_come_from_the_prepared_data(tmp_path: Path, monkeypatch) -> None:
+    """Without --seq-len the micro-batch is the batch budget (or the longest example, when longer); the
+    longest and 95th-percentile examples are the family's lengths of the prepared rows."""
+    from tests.integration.tiny import tiny
+    from voxrelay.data.loader import PreparedDataset
+    from voxrelay.data.prepare import prepare
+    from voxrelay.plan_model import lengths, read_index
+
+    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(demo_config_path(), tiny(str(tmp_path / "root"), "train.batch_tokens=100"))
+    assert read_index(cfg) is None
+    prepare(cfg)
+    index = read_index(cfg)
+    _, model = model_facts(cfg, index)
+    sizes = sorted(model.length(r) for r in PreparedDataset.open(cfg.prepared_uri, "train", index).rows)
+    got = lengths(cfg, model, index, None)
+    assert (got.max_len, got.budget, got.tokens) == (sizes[-1], 100, sizes[-1])  # longer than the budget
+    assert sizes[0] <= got.p95_len <= sizes[-1]
+    cfg.train.batch_tokens = 10 * sizes[-1]
+    assert lengths(cfg, model, index, None).tokens == 10 * sizes[-1]
+    by_seconds = load_config(demo_config_path(), tiny(str(tmp_path / "root"), "train.batch_tokens=null",
+                                                      "train.batch_seconds=2.0"))
+    per_second = lengths(by_seconds, model, index, None).budget / 2.0
+    assert 50 < per_second < 1000  # text + 2 codebooks x 62.5 frames/s of this codec
+    res = CliRunner().invoke(app, ["plan", str(demo_config_path()), *tiny(str(tmp_path / "root")), "--json"])
+    assert res.exit_code == 0, res.output
+    assert {r["seq_len"] for r in json.loads(res.output)} == {max(3000, sizes[-1])}
