@@ -120,7 +120,7 @@ def plan_cmd(
 ):
     """Predict memory per GPU (weights, grads, optimizer, activations, logits) of each training strategy."""
     from voxrelay.config import load_config
-    from voxrelay.plan import make_plan, parse_gpu_memory
+    from voxrelay.plan import configured, make_plan, parse_gpu_memory
 
     cfg = load_config(config, overrides or [])  # before the heavy imports: a config error comes at once
     gpu_bytes = parse_gpu_memory(gpu_memory, gpu)
@@ -135,7 +135,7 @@ def plan_cmd(
     if as_json:
         print(to_json(plan))
     else:
-        print_plan(plan, out)
+        print_plan(plan, out, configured(cfg, gpus))
 
 
 @app.command("status")

@@ -197,11 +197,22 @@ def strategies(gpus: int, optimizer: str) -> list[Strategy]:
     return out
 
 
+def configured(cfg: RunConfig, gpus: int) -> Strategy:
+    """The strategy the config asks for on ``gpus`` GPUs; the strategy keys (train.strategy,
+    train.gradient_checkpointing, train.cpu_offload) default to DDP without either where a config has none."""
+    tc = cfg.train
+    return Strategy(getattr(tc, "strategy", "ddp") or "ddp", gpus, tc.lora is not None, tc.optimizer,
+                    bool(getattr(tc, "cpu_offload", False)), bool(getattr(tc, "gradient_checkpointing", False)))
+
+
 def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gpu_bytes: int) -> Plan:
     if gpus < 1:
         raise PlanError(f"--gpus {gpus} must be at least 1")
     rows = []
-    for st in strategies(gpus, cfg.train.optimizer):
+    priced = strategies(gpus, cfg.train.optimizer)
+    if configured(cfg, gpus) not in priced:  # e.g. LoRA with 8-bit Adam: price the config's own choice too
+        priced.append(configured(cfg, gpus))
+    for st in priced:
         compute = compute_mode(cfg, st.strategy)
         b = per_gpu(facts, st, lengths.tokens, compute)
         rows.append(PlanRow(st, lengths.tokens, b, b["total"] <= gpu_bytes, max_tokens(facts, st, compute, gpu_bytes)))

@@ -7,7 +7,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from voxrelay.plan import Plan, PlanRow
+from voxrelay.plan import Plan, PlanRow, Strategy
 from voxrelay.plan_formulas import GB
 
 COLUMNS = ("weights", "grads", "optimizer", "activations", "logits", "overhead", "total")
@@ -36,7 +36,8 @@ def short_name(r: PlanRow) -> str:
     return " ".join(w for w in words if w)
 
 
-def print_plan(plan: Plan, console: Console) -> None:
+def print_plan(plan: Plan, console: Console, mine: Strategy) -> None:
+    """The tables, then the config's own strategy (``mine``) and the recommendation."""
     ln = plan.lengths
     console.print(f"{plan.total_params / 1e9:.2f}B parameters; trained: full {plan.trainable[False] / 1e9:.2f}B, "
                   f"LoRA {plan.trainable[True] / 1e6:.1f}M. GPU: {plan.gpu_bytes / GB:.1f} GB. "
@@ -54,10 +55,14 @@ def print_plan(plan: Plan, console: Console) -> None:
             if r.strategy.gpus == gpus:
                 table.add_row(*_row_cells(r))
         console.print(table)
-    _print_advice(plan, console)
+    _print_advice(plan, console, mine)
 
 
-def _print_advice(plan: Plan, console: Console) -> None:
+def _print_advice(plan: Plan, console: Console, mine: Strategy) -> None:
+    row = next(r for r in plan.rows if r.strategy == mine)
+    verdict = "fits" if row.fits else "[red]does not fit[/]"
+    console.print(f"this config ({mine.name}): {_gb(row.per_gpu_bytes['total'])} GB per GPU, {verdict}; "
+                  f"up to {row.max_tokens:,} tokens per micro-batch")
     best, full = plan.recommended(), plan.recommended(lora=False)
     if best is None:
         console.print("[red]nothing fits[/]: lower the micro-batch (train.batch_tokens / --seq-len), "

@@ -322,3 +322,25 @@ def test_lengths_come_from_the_prepared_data(tmp_path: Path, monkeypatch) -> Non
     res = CliRunner().invoke(app, ["plan", str(demo_config_path()), *tiny(str(tmp_path / "root")), "--json"])
     assert res.exit_code == 0, res.output
     assert {r["seq_len"] for r in json.loads(res.output)} == {max(3000, sizes[-1])}
+
+
+def test_recommendation_is_the_fewest_gpus_then_the_least_exotic(orpheus_3b) -> None:
+    cfg, facts = orpheus_3b["float32"]
+    a100_40 = parse_gpu_memory(None, "a100-40gb")
+    best = make_plan(cfg, facts, Lengths(2048, "test"), 4, a100_40).recommended()
+    assert best.strategy == Strategy("ddp", 1, True, "adamw", gradient_checkpointing=True)  # LoRA + gc on one
+    full = make_plan(cfg, facts, Lengths(8192, "test"), 4, parse_gpu_memory("80GB", None)).recommended(lora=False)
+    assert full.strategy == Strategy("ddp", 1, False, "adamw_8bit", gradient_checkpointing=True)
+    nothing = make_plan(cfg, facts, Lengths(8192, "test"), 1, parse_gpu_memory("8GB", None))
+    assert nothing.recommended() is None
+
+
+def test_the_configs_own_strategy_is_priced(orpheus_3b) -> None:
+    from voxrelay.plan import configured
+
+    cfg, facts = orpheus_3b["float32"]
+    lora = load_config(None, ["train.lora={}"]).train.lora
+    lora_8bit = cfg.model_copy(update={"train": cfg.train.model_copy(update={"optimizer": "adamw_8bit", "lora": lora})})
+    mine = configured(lora_8bit, 2)
+    assert mine == Strategy("ddp", 2, True, "adamw_8bit")
+    assert mine in [r.strategy for r in make_plan(lora_8bit, facts, Lengths(2048, "t"), 2, 80 * GB).rows]
