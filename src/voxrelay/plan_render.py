@@ -61,8 +61,8 @@ def print_plan(plan: Plan, console: Console, mine: Strategy) -> None:
 def _print_advice(plan: Plan, console: Console, mine: Strategy) -> None:
     row = next(r for r in plan.rows if r.strategy == mine)
     verdict = "fits" if row.fits else "[red]does not fit[/]"
-    console.print(f"this config ({mine.name}): {_gb(row.per_gpu_bytes['total'])} GB per GPU, {verdict}; "
-                  f"up to {row.max_tokens:,} tokens per micro-batch")
+    room = f"up to {row.max_tokens:,} tokens per micro-batch" if row.max_tokens else "no micro-batch fits"
+    console.print(f"this config ({mine.name}): {_gb(row.per_gpu_bytes['total'])} GB per GPU, {verdict}; {room}")
     best, full = plan.recommended(), plan.recommended(lora=False)
     if best is None:
         console.print("[red]nothing fits[/]: lower the micro-batch (train.batch_tokens / --seq-len), "
