@@ -31,8 +31,10 @@ layers' Linears and the output head): counted with the activations, because that
 Logits: the loss keeps 4 bytes x vocab per labelled token (fp32 log-softmax); the backward pass peaks at
 ~14 bytes x vocab per token (FACTS, measured): the ``logits`` column is that peak.
 
-Gradient checkpointing (transformers' per-layer checkpoint): each layer keeps only its input (residual
-dtype x h per token) plus, during backward, one layer's recomputed activations.
+Gradient checkpointing (transformers' per-layer checkpoint, reentrant or not): the forward pass keeps each
+layer's input (residual dtype x h per token: 2h bf16, 4h fp32/autocast) and the final norm's tensors
+(measured exactly); backward adds one recomputed layer's activations at a time (not measured: assumed
+equal to a layer of the forward pass).
 """
 
 from __future__ import annotations
@@ -140,11 +142,11 @@ def layer_activation_bytes(s: Shape, compute: str) -> int:
     return ch * s.hidden + ckv * s.kv_dim + ci * s.intermediate + cnh * s.heads + const + cr * s.lora_targets
 
 
-def outside_activation_bytes(s: Shape, compute: str) -> int:
-    """Per token, outside the layers: final norm, RoPE tables, input ids."""
-    if compute == "bf16":
-        return 6 * s.hidden + 4 * s.head_dim + 12
-    return 8 * s.hidden + 8 * s.head_dim + 12
+def outside_activation_bytes(s: Shape, compute: str, checkpointing: bool = False) -> int:
+    """Per token, outside the layers: final norm, RoPE tables (cos, sin; under gradient checkpointing only
+    the recomputed layer keeps them), input ids."""
+    rope = 0 if checkpointing else (4 if compute == "bf16" else 8) * s.head_dim
+    return (6 if compute == "bf16" else 8) * s.hidden + rope + 12
 
 
 def activation_bytes(s: Shape, tokens: int, compute: str, checkpointing: bool, autocast_copies: int = 0) -> int:
@@ -157,7 +159,7 @@ def activation_bytes(s: Shape, tokens: int, compute: str, checkpointing: bool, a
         autocast_copies = autocast_copies // max(1, s.layers)  # only the recomputed layer's copies live
     else:
         layers = s.layers * per_layer
-    return tokens * (layers + outside_activation_bytes(s, compute)) + autocast_copies
+    return tokens * (layers + outside_activation_bytes(s, compute, checkpointing)) + autocast_copies
 
 
 def logits_bytes(vocab: int, tokens: int, peak: bool = True) -> int:
@@ -174,4 +176,5 @@ def per_token_bytes(s: Shape, compute: str, checkpointing: bool) -> float:
     residual = 2 if compute == "bf16" else 4
     per_layer = layer_activation_bytes(s, compute)
     layers = s.layers * residual * s.hidden + per_layer if checkpointing else s.layers * per_layer
-    return (layers + outside_activation_bytes(s, compute) + LOGITS_PEAK_PER_VOCAB * s.vocab) * (1 + FRAGMENTATION)
+    outside = outside_activation_bytes(s, compute, checkpointing)
+    return (layers + outside + LOGITS_PEAK_PER_VOCAB * s.vocab) * (1 + FRAGMENTATION)

@@ -344,3 +344,20 @@ def test_the_configs_own_strategy_is_priced(orpheus_3b) -> None:
     mine = configured(lora_8bit, 2)
     assert mine == Strategy("ddp", 2, True, "adamw_8bit")
     assert mine in [r.strategy for r in make_plan(lora_8bit, facts, Lengths(2048, "t"), 2, 80 * GB).rows]
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+@pytest.mark.parametrize("compute", ["bf16", "autocast", "fp32"])
+def test_checkpointed_forward_saves_layer_inputs_only(compute: str, reentrant: bool) -> None:
+    """Under transformers' gradient checkpointing the forward pass saves each layer's input and the final
+    norm's tensors: exactly the formula without its one recomputed layer (which backward adds)."""
+    dtype, ctx = COMPUTE[compute]
+    torch.manual_seed(0)
+    for h, i, nh, kv in LLAMAS:
+        module = _llama(h, i, nh, kv, 3, dtype, False)
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        module.train()
+        shape = shape_of(module)
+        measured = _decoder_saved(module, False, 96, ctx)
+        recomputed_layer = 96 * layer_activation_bytes(shape, compute)
+        assert activation_bytes(shape, 96, compute, True) - recomputed_layer == measured, (h, i, nh, kv)
