@@ -106,6 +106,38 @@ def train_cmd(
     raise typer.Exit(result.exit_code)
 
 
+@app.command("plan")
+def plan_cmd(
+    config: Path = typer.Argument(..., help="YAML config"),
+    overrides: list[str] = OVERRIDES,
+    gpus: int = typer.Option(1, "--gpus", help="GPUs available; 1, 2, 4, ... up to this many are priced"),
+    gpu_memory: str = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 80GB (10^9 bytes) or 40GiB "
+                                   "(default 80GB)"),
+    gpu: str = typer.Option(None, "--gpu", help="A GPU by name instead: a100-40gb, a100-80gb, h100, l4, t4, a10g"),
+    seq_len: int = typer.Option(None, "--seq-len", help="Tokens per GPU micro-batch (default: from the prepared "
+                                "data: the batch budget, or the longest example if longer)"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per priced strategy, no table"),
+):
+    """Predict memory per GPU (weights, grads, optimizer, activations, logits) of each training strategy."""
+    from voxrelay.config import load_config
+    from voxrelay.plan import configured, make_plan, parse_gpu_memory
+
+    cfg = load_config(config, overrides or [])  # before the heavy imports: a config error comes at once
+    gpu_bytes = parse_gpu_memory(gpu_memory, gpu)
+    from voxrelay.plan_model import lengths, model_facts, read_index
+    from voxrelay.plan_render import print_plan, to_json
+
+    index = read_index(cfg) if seq_len is None else None
+    if seq_len is None and index is None:
+        lengths(cfg, None, None, None)  # raises: no data and no --seq-len, before the model is built
+    facts, model = model_facts(cfg, index)
+    plan = make_plan(cfg, facts, lengths(cfg, model, index, seq_len), gpus, gpu_bytes)
+    if as_json:
+        print(to_json(plan))
+    else:
+        print_plan(plan, out, configured(cfg, gpus))
+
+
 @app.command("status")
 def status_cmd(run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>), local or remote")):
     """Steps done, last durable checkpoint, staged uploads, throughput, ETA, finished or not."""

@@ -1,0 +1,222 @@
+"""``voxrelay plan``: memory per GPU of a run's model under each training strategy, before renting a GPU.
+
+The model is built on the meta device through the family seam (shapes only: no weights read, only
+config.json of ``model.init_from``), LoRA applied on meta too (peft works there), and every parameter's shape
+and dtype feeds :mod:`voxrelay.plan_formulas`. Sequence lengths come from the prepared data (the longest
+example, the 95th percentile, and the batch budget) or ``--seq-len``.
+
+Assumptions (each also written where it is used):
+- ``train.precision=bf16`` (or fp16) under DDP is accelerate's autocast over the weights as loaded
+  (``model.weights_dtype``: fp32 master weights by default); FSDP is FSDP2 with bf16 parameters in compute and
+  fp32 gradient reduction (MixedPrecisionPolicy), sharded parameters/gradients/states in their own dtype.
+- DDP over more than one GPU keeps a second copy of the gradients in its reducer's buckets.
+- FSDP adds the largest unit (a decoder layer, or the root: embeddings + head) gathered in bf16 plus its
+  unsharded fp32 gradient before reduce-scatter: 6 bytes per parameter of that unit.
+- CPU offload (FSDP's CPUOffloadPolicy) keeps parameters, gradients and optimizer states in CPU memory.
+- A micro-batch holds ``train.batch_tokens`` tokens (padding included; one example longer than the budget
+  makes a batch by itself); attention is SDPA (memory linear in tokens).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from voxrelay.config import RunConfig
+from voxrelay.errors import UserError
+from voxrelay.plan_formulas import (
+    GB,
+    Param,
+    Shape,
+    activation_bytes,
+    grad_bytes,
+    logits_bytes,
+    optimizer_bytes,
+    overhead_bytes,
+    per_token_bytes,
+    weight_bytes,
+)
+
+GIB = 2**30
+# memory torch can use (torch.cuda.mem_get_info on an idle card), not the marketing size
+GPU_PRESETS = {"a100-40gb": 39.4 * GIB, "a100-80gb": 79.1 * GIB, "h100": 79.1 * GIB, "l4": 22.0 * GIB,
+               "t4": 14.6 * GIB, "a10g": 22.0 * GIB}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gb|gib|mb|mib)?\s*$", re.IGNORECASE)
+_UNITS = {"gb": GB, "gib": GIB, "mb": 10**6, "mib": 2**20, None: GB}
+# how unusual a choice is, for the recommendation (fewest GPUs first, then the least exotic)
+_EXOTIC = {"gradient_checkpointing": 1, "adamw_8bit": 2, "fsdp": 2, "lora": 3, "cpu_offload": 4}
+
+
+class PlanError(UserError, ValueError):
+    """``voxrelay plan`` lacks what it needs (prepared data or --seq-len, a GPU size)."""
+
+
+def parse_gpu_memory(value: str | None, gpu: str | None) -> int:
+    """Bytes of one GPU from ``--gpu-memory 80GB`` (GB = 10**9 bytes, GiB = 2**30) or ``--gpu h100``."""
+    if value and gpu:
+        raise PlanError(f"--gpu-memory {value} and --gpu {gpu} both given; pass one of them")
+    if gpu:
+        if gpu.lower() not in GPU_PRESETS:
+            raise PlanError(f"--gpu {gpu!r} is not known; use one of {', '.join(GPU_PRESETS)} or --gpu-memory 80GB")
+        return int(GPU_PRESETS[gpu.lower()])
+    m = _SIZE_RE.match(value or "80GB")
+    if not m or float(m.group(1)) <= 0:
+        raise PlanError(f"--gpu-memory {value!r} is not a size; write e.g. 80GB, 40GiB or 24000MB")
+    unit = m.group(2).lower() if m.group(2) else None
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class Strategy:
+    strategy: str  # ddp | fsdp
+    gpus: int
+    lora: bool
+    optimizer: str
+    cpu_offload: bool = False
+    gradient_checkpointing: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = [f"{self.strategy}x{self.gpus}", "lora" if self.lora else "full"]
+        parts += ["grad-ckpt"] * self.gradient_checkpointing + ["offload"] * self.cpu_offload
+        return " ".join(parts + [self.optimizer])
+
+    @property
+    def exotic(self) -> int:
+        flags = {"gradient_checkpointing": self.gradient_checkpointing, "adamw_8bit": self.optimizer == "adamw_8bit",
+                 "fsdp": self.strategy == "fsdp", "lora": self.lora, "cpu_offload": self.cpu_offload}
+        return sum(_EXOTIC[k] for k, on in flags.items() if on)
+
+
+@dataclass
+class ModelFacts:
+    """What the formulas need of the model, with and without LoRA."""
+
+    params: dict[bool, list[Param]]  # lora? -> every parameter tensor
+    shape: dict[bool, Shape]
+    unit: dict[bool, tuple[int, int]]  # lora? -> (params, trainable params) of the largest FSDP unit
+    vocab: int
+
+
+@dataclass
+class Lengths:
+    """Tokens per micro-batch (``tokens``) and where it came from; example lengths when data was read."""
+
+    tokens: int
+    source: str
+    max_len: int | None = None
+    p95_len: int | None = None
+    budget: int | None = None
+
+
+@dataclass
+class PlanRow:
+    strategy: Strategy
+    seq_len: int
+    per_gpu_bytes: dict[str, int]
+    fits: bool
+    max_tokens: int  # the largest micro-batch (tokens) that fits, 0 when nothing does
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self.strategy), "seq_len": self.seq_len, "per_gpu_bytes": self.per_gpu_bytes,
+                "fits": self.fits, "max_batch_tokens": self.max_tokens}
+
+
+@dataclass
+class Plan:
+    rows: list[PlanRow]
+    lengths: Lengths
+    gpu_bytes: int
+    total_params: int
+    trainable: dict[bool, int] = field(default_factory=dict)
+
+    def recommended(self, lora: bool | None = None) -> PlanRow | None:
+        """The fitting row with the fewest GPUs, then the least exotic strategy (``lora`` filters)."""
+        fitting = [r for r in self.rows if r.fits and (lora is None or r.strategy.lora == lora)]
+        return min(fitting, key=lambda r: (r.strategy.gpus, r.strategy.exotic), default=None)
+
+
+def compute_mode(cfg: RunConfig, strategy: str) -> str:
+    """``fp32`` without mixed precision; pure ``bf16`` under FSDP2's mixed precision; else ``autocast``."""
+    if cfg.train.precision == "no":
+        return "fp32"
+    return "bf16" if strategy == "fsdp" else "autocast"
+
+
+def per_gpu(facts: ModelFacts, st: Strategy, tokens: int, compute: str) -> dict[str, int]:
+    """Bytes per GPU by column for strategy ``st`` and a micro-batch of ``tokens`` tokens."""
+    params, shape = facts.params[st.lora], facts.shape[st.lora]
+    copies = sum(2 * p.numel for p in params if p.linear and p.itemsize == 4) if compute == "autocast" else 0
+    if st.strategy == "fsdp":
+        unit, unit_trainable = facts.unit[st.lora]
+        gathered = unit * (4 if compute == "fp32" else 2)
+        unit_grad = 4 * unit_trainable  # fp32 reduce-scatter input of the unit being reduced
+        if st.cpu_offload:
+            weights, grads, optim = gathered, unit_grad, 0
+        else:
+            weights = weight_bytes(params, st.gpus) + gathered
+            grads = grad_bytes(params, st.gpus) + unit_grad
+            optim = optimizer_bytes(params, st.optimizer, st.gpus)
+    else:
+        weights, optim = weight_bytes(params), optimizer_bytes(params, st.optimizer)
+        grads = grad_bytes(params) * (2 if st.gpus > 1 else 1)  # DDP reducer buckets hold a second copy
+    acts = activation_bytes(shape, tokens, compute, st.gradient_checkpointing, copies)
+    logits = logits_bytes(facts.vocab, tokens)
+    allocated = weights + grads + optim + acts + logits
+    overhead = overhead_bytes(allocated)
+    return {"weights": weights, "grads": grads, "optimizer": optim, "activations": acts, "logits": logits,
+            "overhead": overhead, "total": allocated + overhead}
+
+
+def max_tokens(facts: ModelFacts, st: Strategy, compute: str, gpu_bytes: int) -> int:
+    """The largest micro-batch in tokens whose total fits ``gpu_bytes`` (0 when even the states do not)."""
+    fixed = per_gpu(facts, st, 0, compute)["total"]
+    room = gpu_bytes - fixed
+    if room <= 0:
+        return 0
+    return int(room // per_token_bytes(facts.shape[st.lora], compute, st.gradient_checkpointing))
+
+
+def strategies(gpus: int, optimizer: str) -> list[Strategy]:
+    """The combinations the plan prices for each GPU count 1, 2, 4, ... up to ``gpus`` (and ``gpus``)."""
+    counts = sorted({2**i for i in range(int(math.log2(gpus)) + 1)} | {gpus})
+    optimizers = [optimizer] + (["adamw_8bit"] if optimizer == "adamw" else [])
+    out: list[Strategy] = []
+    for n in counts:
+        for opt in optimizers:
+            out += [Strategy("ddp", n, False, opt), Strategy("ddp", n, False, opt, gradient_checkpointing=True)]
+            if n > 1:
+                out += [Strategy("fsdp", n, False, opt), Strategy("fsdp", n, False, opt, gradient_checkpointing=True)]
+        # offloaded optimizer states live in CPU memory: the optimizer does not change the GPU's share
+        out.append(Strategy("fsdp", n, False, optimizer, cpu_offload=True, gradient_checkpointing=True))
+        out += [Strategy("ddp", n, True, optimizer), Strategy("ddp", n, True, optimizer, gradient_checkpointing=True)]
+        if n > 1:
+            out.append(Strategy("fsdp", n, True, optimizer, gradient_checkpointing=True))
+    return out
+
+
+def configured(cfg: RunConfig, gpus: int) -> Strategy:
+    """The strategy the config asks for on ``gpus`` GPUs; the strategy keys (train.strategy,
+    train.gradient_checkpointing, train.cpu_offload) default to DDP without either where a config has none."""
+    tc = cfg.train
+    return Strategy(getattr(tc, "strategy", "ddp") or "ddp", gpus, tc.lora is not None, tc.optimizer,
+                    bool(getattr(tc, "cpu_offload", False)), bool(getattr(tc, "gradient_checkpointing", False)))
+
+
+def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gpu_bytes: int) -> Plan:
+    if gpus < 1:
+        raise PlanError(f"--gpus {gpus} must be at least 1")
+    rows = []
+    priced = strategies(gpus, cfg.train.optimizer)
+    if configured(cfg, gpus) not in priced:  # e.g. LoRA with 8-bit Adam: price the config's own choice too
+        priced.append(configured(cfg, gpus))
+    for st in priced:
+        compute = compute_mode(cfg, st.strategy)
+        b = per_gpu(facts, st, lengths.tokens, compute)
+        rows.append(PlanRow(st, lengths.tokens, b, b["total"] <= gpu_bytes, max_tokens(facts, st, compute, gpu_bytes)))
+    total = sum(p.numel for p in facts.params[False])
+    trainable = {lora: sum(p.numel for p in facts.params[lora] if p.trainable) for lora in (False, True)}
+    return Plan(rows, lengths, gpu_bytes, total, trainable)
+

@@ -1,0 +1,180 @@
+"""The byte counts behind ``voxrelay plan`` (:mod:`voxrelay.plan`): pure functions of tensor shapes, model
+sizes and token counts, no torch needed. Units: bytes; ``GB`` = 10**9 bytes.
+
+Parameters, gradients and optimizer states are counted tensor by tensor from the model built on the meta
+device (so tied weights, LoRA adapters, modules_to_save copies and their dtypes come out exactly); the
+unit tests build the real thing on CPU and compare byte for byte.
+
+Activations (tensors saved for backward) are a formula per token per decoder layer, measured on CPU with
+``torch.autograd.graph.saved_tensors_hooks`` (transformers 5.23 Llama, SDPA, torch 2.13) on several widths
+and fitted exactly (``h`` hidden, ``kv`` key/value width = kv_heads x head_dim, ``I`` MLP width, ``nh``
+heads, ``r`` LoRA rank x adapted Linears per layer):
+
+====================  =======================================  =========================================
+compute               full fine-tune, bytes/token/layer          LoRA
+====================  =======================================  =========================================
+bf16 (pure)           20h + 4kv + 8I + 4nh + 8                   36h + 4kv + 10I + 4nh + 8 + 4r
+autocast bf16/fp16    30h + 4kv + 8I + 4nh + 8                   24h + 4kv + 8I + 4nh + 8 + 2r
+fp32                  32h + 8kv + 16I + 4nh + 8                  same as full (not measured)
+====================  =======================================  =========================================
+
+Pure bf16 gives 131.2 KB for Llama-3.2-3B (h 3072, kv 1024, I 8192, nh 24): FACTS' 131 KB. Why the terms:
+each RMSNorm keeps an fp32 copy of its input (4h) and its bf16 output (2h); SDPA keeps q, k, v, output
+and a float32 log-sum-exp per head (4nh), the MLP gate, silu(gate), up and their product (8I). Under
+autocast (accelerate's bf16 with fp32 master weights: the DDP path) the residual stream is fp32 (+10h);
+peft casts the input of each adapter to its fp32 weights under pure bf16 (+16h + 2I). Outside the layers
+per token: 6h + 4 head_dim + 12 (bf16) or 8h + 8 head_dim + 12 (fp32/autocast: fp32 RoPE tables).
+
+Autocast also keeps a bf16 copy of every fp32 Linear weight for backward (2 bytes/parameter of the
+layers' Linears and the output head): counted with the activations, because that is what they are.
+
+Logits: the loss keeps 4 bytes x vocab per labelled token (fp32 log-softmax); the backward pass peaks at
+~14 bytes x vocab per token (FACTS, measured): the ``logits`` column is that peak.
+
+Gradient checkpointing (transformers' per-layer checkpoint, reentrant or not): the forward pass keeps each
+layer's input (residual dtype x h per token: 2h bf16, 4h fp32/autocast) and the final norm's tensors
+(measured exactly); backward adds one recomputed layer's activations at a time (not measured: assumed
+equal to a layer of the forward pass).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GB = 10**9
+# CUDA context + cuBLAS/cuDNN workspaces + NCCL buffers seen by nvidia-smi but not by torch's allocator
+OVERHEAD_FIXED = 1.5 * GB
+# the caching allocator reserves more than it hands out (block rounding, fragmentation): ~3-10% in
+# steady training loops; 5% of everything else is assumed
+FRAGMENTATION = 0.05
+LOGITS_SAVED_PER_VOCAB = 4
+LOGITS_PEAK_PER_VOCAB = 14
+BNB_BLOCK = 256  # bitsandbytes' blockwise quantisation: one fp32 absmax per 256 elements, per state
+BNB_MIN_8BIT = 4096  # tensors smaller than this keep fp32 states (bitsandbytes' min_8bit_size)
+BNB_QMAPS = 2 * 256 * 4  # two shared fp32 quantisation maps of 256 entries per optimizer
+
+# (h, kv, I, nh, const, r) coefficients of the table above, by (compute, lora)
+ACTIVATION_COEFFS = {
+    ("bf16", False): (20, 4, 8, 4, 8, 0), ("bf16", True): (36, 4, 10, 4, 8, 4),
+    ("autocast", False): (30, 4, 8, 4, 8, 0), ("autocast", True): (24, 4, 8, 4, 8, 2),
+    ("fp32", False): (32, 8, 16, 4, 8, 0), ("fp32", True): (32, 8, 16, 4, 8, 0),
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter tensor: ``shape``, ``itemsize`` (bytes per element), ``trainable``, and whether it is
+    the weight of a Linear that autocast copies to bf16 (``linear``)."""
+
+    shape: tuple[int, ...]
+    itemsize: int
+    trainable: bool
+    linear: bool = False
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def shard_numel(self, shards: int) -> int:
+        """Elements one rank holds when FSDP2 shards dim 0 over ``shards`` ranks (dim 0 padded up)."""
+        if not self.shape or shards == 1:
+            return self.numel
+        return math.ceil(self.shape[0] / shards) * math.prod(self.shape[1:])
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Sizes of a Llama-style decoder: the activation formula's inputs."""
+
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_dim: int
+    head_dim: int
+    layers: int
+    vocab: int
+    lora_targets: int = 0  # LoRA rank x adapted Linears per layer (0 = no LoRA)
+
+
+def weight_bytes(params: list[Param], shards: int = 1) -> int:
+    return sum(p.shard_numel(shards) * p.itemsize for p in params)
+
+
+def grad_bytes(params: list[Param], shards: int = 1) -> int:
+    """Gradients have the parameter's dtype; frozen parameters have none."""
+    return sum(p.shard_numel(shards) * p.itemsize for p in params if p.trainable)
+
+
+def optimizer_bytes(params: list[Param], optimizer: str, shards: int = 1) -> int:
+    """State bytes of ``optimizer`` (adamw | adamw_8bit | adafactor) after its first step."""
+    trainable = [p for p in params if p.trainable]
+    if optimizer == "adamw":  # exp_avg + exp_avg_sq in the parameter's dtype, + a float32 step counter
+        return sum(2 * p.shard_numel(shards) * p.itemsize + 4 for p in trainable)
+    if optimizer == "adamw_8bit":
+        total = 0
+        for p in trainable:
+            n = p.shard_numel(shards)
+            if n < BNB_MIN_8BIT:
+                total += 2 * 4 * n
+            else:
+                total += 2 * n + 2 * 4 * math.ceil(n / BNB_BLOCK)
+        return total + (BNB_QMAPS if any(p.shard_numel(shards) >= BNB_MIN_8BIT for p in trainable) else 0)
+    if optimizer == "adafactor":  # factored second moment (row + column) of matrices, no first moment,
+        total = 4 * len(trainable)  # and the parameter's RMS, a float32 scalar tensor
+        for p in trainable:
+            shape = _shard_shape(p.shape, shards)
+            if len(shape) >= 2:
+                total += (math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]) * p.itemsize
+            else:
+                total += p.shard_numel(shards) * p.itemsize
+        return total
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+def _shard_shape(shape: tuple[int, ...], shards: int) -> tuple[int, ...]:
+    return shape if not shape else (math.ceil(shape[0] / shards), *shape[1:])
+
+
+def layer_activation_bytes(s: Shape, compute: str) -> int:
+    """Bytes saved for backward per token by one decoder layer (the table in the module docstring)."""
+    ch, ckv, ci, cnh, const, cr = ACTIVATION_COEFFS[(compute, s.lora_targets > 0)]
+    return ch * s.hidden + ckv * s.kv_dim + ci * s.intermediate + cnh * s.heads + const + cr * s.lora_targets
+
+
+def outside_activation_bytes(s: Shape, compute: str, checkpointing: bool = False) -> int:
+    """Per token, outside the layers: final norm, RoPE tables (cos, sin; under gradient checkpointing only
+    the recomputed layer keeps them), input ids."""
+    rope = 0 if checkpointing else (4 if compute == "bf16" else 8) * s.head_dim
+    return (6 if compute == "bf16" else 8) * s.hidden + rope + 12
+
+
+def activation_bytes(s: Shape, tokens: int, compute: str, checkpointing: bool, autocast_copies: int = 0) -> int:
+    """Activations of a micro-batch of ``tokens`` tokens (without the logits); ``autocast_copies`` bytes of
+    bf16 weight copies that autocast keeps (0 unless compute is autocast)."""
+    per_layer = layer_activation_bytes(s, compute)
+    if checkpointing:  # every layer keeps its input; one layer is recomputed at a time in backward
+        residual = 2 if compute == "bf16" else 4
+        layers = s.layers * residual * s.hidden + per_layer
+        autocast_copies = autocast_copies // max(1, s.layers)  # only the recomputed layer's copies live
+    else:
+        layers = s.layers * per_layer
+    return tokens * (layers + outside_activation_bytes(s, compute, checkpointing)) + autocast_copies
+
+
+def logits_bytes(vocab: int, tokens: int, peak: bool = True) -> int:
+    """The loss' share: saved fp32 log-softmax (``peak=False``) or the backward peak (FACTS: ~14 x vocab)."""
+    return (LOGITS_PEAK_PER_VOCAB if peak else LOGITS_SAVED_PER_VOCAB) * vocab * tokens
+
+
+def overhead_bytes(allocated: int) -> int:
+    return int(OVERHEAD_FIXED + FRAGMENTATION * allocated)
+
+
+def per_token_bytes(s: Shape, compute: str, checkpointing: bool) -> float:
+    """Bytes each extra token of the micro-batch costs (activations + logits peak + fragmentation)."""
+    residual = 2 if compute == "bf16" else 4
+    per_layer = layer_activation_bytes(s, compute)
+    layers = s.layers * residual * s.hidden + per_layer if checkpointing else s.layers * per_layer
+    outside = outside_activation_bytes(s, compute, checkpointing)
+    return (layers + outside + LOGITS_PEAK_PER_VOCAB * s.vocab) * (1 + FRAGMENTATION)

@@ -1,0 +1,120 @@
+"""What ``voxrelay plan`` reads: the model built on the meta device (with and without LoRA) and the
+sequence lengths of the prepared data (or ``--seq-len``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from voxrelay.config import RunConfig
+from voxrelay.models.base import DataSpec, FamilyModel
+from voxrelay.plan import Lengths, ModelFacts, PlanError
+from voxrelay.plan_formulas import Param, Shape
+
+
+def data_spec(cfg: RunConfig, index: dict | None) -> DataSpec:
+    """The prepared data's codebooks, or without prepared data what the config's codec will give."""
+    if cfg.model.family == "orpheus":  # Orpheus only takes SNAC 7 x 4096 (its family checks the data)
+        from voxrelay.models.orpheus import layout as L
+
+        return DataSpec(L.CODES_PER_FRAME, L.CODEBOOK_SIZE, list((index or {}).get("speakers") or []))
+    if index is None:
+        return DataSpec(cfg.codec.num_codebooks, cfg.codec.codebook_size)
+    size = (index.get("codec") or {}).get("codebook_size")
+    if size is None:
+        from voxrelay.data.prepare import load_prepared_codec
+
+        size = load_prepared_codec(cfg.prepared_uri, index).codebook_size
+    return DataSpec(int(index["num_codebooks"]), int(size), list(index.get("speakers") or []))
+
+
+def read_index(cfg: RunConfig) -> dict | None:
+    from voxrelay import storage
+    from voxrelay.data import shards as sh
+    from voxrelay.data.prepare import load_index
+
+    if not storage.exists(storage.join(cfg.prepared_uri, sh.INDEX_FILE)):
+        return None
+    return load_index(cfg.prepared_uri)
+
+
+def collect(module: Any, layer_classes: tuple[type, ...]) -> tuple[list[Param], tuple[int, int]]:
+    """Every parameter (tied ones once) and the (params, trainable) of the largest FSDP unit: a layer of
+    ``layer_classes``, or the root (whatever is in no layer: embeddings, final norm, head)."""
+    import torch
+
+    linear = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Linear)}
+    params = [Param(tuple(p.shape), p.element_size(), p.requires_grad, id(p) in linear) for p in module.parameters()]
+    units, in_layers = [], set()
+    for m in module.modules():
+        if layer_classes and isinstance(m, layer_classes):
+            ps = list(m.parameters())
+            in_layers |= {id(p) for p in ps}
+            units.append((sum(p.numel() for p in ps), sum(p.numel() for p in ps if p.requires_grad)))
+    root = [p for p in module.parameters() if id(p) not in in_layers]
+    units.append((sum(p.numel() for p in root), sum(p.numel() for p in root if p.requires_grad)))
+    return params, max(units)
+
+
+def shape_of(module: Any, lora_rank: int = 0) -> Shape:
+    """The decoder sizes from the (HF Llama-style) config; ``lora_rank`` x adapted Linears per layer."""
+    base = module.get_base_model() if hasattr(module, "get_base_model") else module
+    c = base.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    adapted = sum(1 for name, _ in module.named_modules() if name.endswith("lora_A"))
+    per_layer = math.ceil(adapted / c.num_hidden_layers) if adapted else 0
+    return Shape(c.hidden_size, c.intermediate_size, c.num_attention_heads, kv_heads * head_dim, head_dim,
+                 c.num_hidden_layers, c.vocab_size, lora_rank * per_layer)
+
+
+def model_facts(cfg: RunConfig, index: dict | None) -> tuple[ModelFacts, FamilyModel]:
+    """Build the model on meta (no weights), read it, apply LoRA (``train.lora`` or the family's defaults),
+    read it again. Returns the facts and the (LoRA-free) family model, whose ``length`` sizes examples."""
+    from voxrelay.models.registry import build_model
+    from voxrelay.train.lora_config import LoraConfig
+    from voxrelay.train.strategies import apply_lora, lora_settings
+
+    model = build_model(cfg.model, data_spec(cfg, index), cfg.train.seed, meta=True)
+    layers = model.fsdp_layer_classes()
+    full_params, full_unit = collect(model.module, layers)
+    full_shape = shape_of(model.module)
+    base = model.module
+    lora_cfg = cfg.train.lora or LoraConfig()
+    rank = lora_settings(model, lora_cfg)["r"]
+    apply_lora(model, lora_cfg)
+    lora_params, lora_unit = collect(model.module, layers)
+    facts = ModelFacts({False: full_params, True: lora_params},
+                       {False: full_shape, True: shape_of(model.module, rank)},
+                       {False: full_unit, True: lora_unit}, full_shape.vocab)
+    model.module = base
+    return facts, model
+
+
+def lengths(cfg: RunConfig, model: FamilyModel, index: dict | None, seq_len: int | None) -> Lengths:
+    """Tokens of one micro-batch: ``seq_len`` if given, else the batch budget of the prepared data (or the
+    longest example, when longer: it makes a batch by itself)."""
+    if seq_len is not None:
+        if seq_len < 1:
+            raise PlanError(f"--seq-len {seq_len} must be a positive number of tokens, e.g. --seq-len 2048")
+        return Lengths(seq_len, "--seq-len")
+    if index is None:
+        raise PlanError(f"no prepared data at {cfg.prepared_uri} to read sequence lengths from: run `voxrelay "
+                        "prepare` with this config first, or pass --seq-len N (tokens per GPU micro-batch)")
+    from voxrelay.data.loader import PreparedDataset
+
+    rows = PreparedDataset.open(cfg.prepared_uri, "train", index, max_bytes=int(cfg.cache.max_gb * 2**30)).rows
+    sizes = [model.length(r) for r in rows]
+    kept = [(n, r.duration) for n, r in zip(sizes, rows, strict=True) if n <= model.max_length]
+    if not kept:
+        raise PlanError(f"no training example fits {model.max_length_key}={model.max_length} "
+                        f"(longest {max(sizes, default=0)} tokens); raise it")
+    tokens = np.array([n for n, _ in kept])
+    budget = cfg.train.batch_tokens
+    if budget is None:  # batch_seconds: the data's tokens per second of audio turn seconds into tokens
+        budget = int(cfg.train.batch_seconds * tokens.sum() / max(sum(d for _, d in kept), 1e-9))
+    longest = int(tokens.max())
+    return Lengths(max(budget, longest), f"{cfg.prepared_uri} ({len(kept)} examples)", longest,
+                   int(np.percentile(tokens, 95)), budget)

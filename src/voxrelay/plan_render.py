@@ -1,0 +1,77 @@
+"""``voxrelay plan``'s output: a table per GPU count, the largest batch that fits, a recommendation; or JSON."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from voxrelay.plan import Plan, PlanRow, Strategy
+from voxrelay.plan_formulas import GB
+
+COLUMNS = ("weights", "grads", "optimizer", "activations", "logits", "overhead", "total")
+HEADERS = ("weights", "grads", "optim", "activ", "logits", "overhead", "total")
+
+
+def to_json(plan: Plan) -> str:
+    return json.dumps([r.to_json() for r in plan.rows], indent=1)
+
+
+def _gb(n: int) -> str:
+    return f"{n / GB:.1f}"
+
+
+def _row_cells(r: PlanRow) -> list[str]:
+    b = r.per_gpu_bytes
+    fits = "[green]yes[/]" if r.fits else "[red]no[/]"
+    return [short_name(r), *(_gb(b[c]) for c in COLUMNS), fits, f"{r.max_tokens:,}" if r.max_tokens else "-"]
+
+
+def short_name(r: PlanRow) -> str:
+    """The strategy without its GPU count (the table's title has it): e.g. ``fsdp full gc 8bit``."""
+    st = r.strategy
+    words = [st.strategy, "lora" if st.lora else "full"] + ["gc"] * st.gradient_checkpointing
+    words += ["offload"] * st.cpu_offload + [{"adamw_8bit": "8bit", "adafactor": "adafactor"}.get(st.optimizer, "")]
+    return " ".join(w for w in words if w)
+
+
+def print_plan(plan: Plan, console: Console, mine: Strategy) -> None:
+    """The tables, then the config's own strategy (``mine``) and the recommendation."""
+    ln = plan.lengths
+    console.print(f"{plan.total_params / 1e9:.2f}B parameters; trained: full {plan.trainable[False] / 1e9:.2f}B, "
+                  f"LoRA {plan.trainable[True] / 1e6:.1f}M. GPU: {plan.gpu_bytes / GB:.1f} GB. "
+                  f"Micro-batch: {ln.tokens:,} tokens ({ln.source})", highlight=False)
+    if ln.max_len is not None:
+        console.print(f"examples: longest {ln.max_len:,} tokens, 95th percentile {ln.p95_len:,}; batch budget "
+                      f"{ln.budget:,} tokens", highlight=False)
+    for gpus in sorted({r.strategy.gpus for r in plan.rows}):
+        table = Table(title=f"GB per GPU, {gpus} GPU{'s' * (gpus > 1)}, {ln.tokens:,} tokens per GPU micro-batch",
+                      caption="gc: gradient checkpointing; 8bit: AdamW8bit; max tokens: largest micro-batch that fits")
+        table.add_column("strategy", no_wrap=True)
+        for name in (*HEADERS, "fits", "max tokens"):
+            table.add_column(name, justify="right", no_wrap=True)
+        for r in plan.rows:
+            if r.strategy.gpus == gpus:
+                table.add_row(*_row_cells(r))
+        console.print(table)
+    _print_advice(plan, console, mine)
+
+
+def _print_advice(plan: Plan, console: Console, mine: Strategy) -> None:
+    row = next(r for r in plan.rows if r.strategy == mine)
+    verdict = "fits" if row.fits else "[red]does not fit[/]"
+    room = f"up to {row.max_tokens:,} tokens per micro-batch" if row.max_tokens else "no micro-batch fits"
+    console.print(f"this config ({mine.name}): {_gb(row.per_gpu_bytes['total'])} GB per GPU, {verdict}; {room}")
+    best, full = plan.recommended(), plan.recommended(lora=False)
+    if best is None:
+        console.print("[red]nothing fits[/]: lower the micro-batch (train.batch_tokens / --seq-len), "
+                      "use more GPUs (--gpus) or a bigger GPU")
+        return
+    console.print(f"recommended: [bold]{best.strategy.name}[/] ({_gb(best.per_gpu_bytes['total'])} GB per GPU, "
+                  f"up to {best.max_tokens:,} tokens per micro-batch)")
+    if full is not None and full is not best:
+        console.print(f"full fine-tune: {full.strategy.name} ({_gb(full.per_gpu_bytes['total'])} GB per GPU, "
+                      f"up to {full.max_tokens:,} tokens)")
+    elif full is None:
+        console.print("a full fine-tune fits in none of these: use LoRA or more GPUs")
