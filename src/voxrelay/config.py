@@ -159,6 +159,10 @@ class TrainConfig(_Section):
     weight_decay: float = Field(
         0.01, ge=0, description="Decoupled weight decay of weight matrices (norms, biases and other 1-d parameters: 0)"
     )
+    decay_norms_and_biases: bool = Field(
+        False, description="Also decay norms, biases and other 1-d parameters (one group, as voxrelay did before "
+        "0.2 and the demo still does); false: they get no weight decay, the usual practice",
+    )
     precision: Literal["no", "bf16", "fp16"] = Field("no", description="Mixed precision (accelerate)")
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step")
     clip_norm: float | None = Field(1.0, gt=0, description="Gradient clipping max norm (None = off)")

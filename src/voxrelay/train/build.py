@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from voxrelay import storage
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.codecs.base import AudioCodec
-from voxrelay.config import RunConfig
+from voxrelay.config import RunConfig, TrainConfig
 from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
@@ -75,6 +75,15 @@ class Run:
         sys.stderr.flush()
         if self.accelerator.num_processes > 1:
             os._exit(code)
+
+
+def optimizer_groups(model: FamilyModel, tc: TrainConfig) -> list[dict]:
+    """The family's groups (which parameters train, which decay), or with ``train.decay_norms_and_biases``
+    one group of every trainable parameter in module order: exactly the optimizer voxrelay built before
+    the groups existed (the demo keeps it, so its numbers stay those it always gave)."""
+    if tc.decay_norms_and_biases:
+        return [{"params": [p for p in model.module.parameters() if p.requires_grad], "weight_decay": tc.weight_decay}]
+    return model.param_groups(tc.weight_decay)
 
 
 def _example_lengths(model: FamilyModel, rows: list) -> tuple[list[int], list[int]]:
@@ -146,8 +155,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     if found is not None:
         check_compatible(found[2], cfg, index, found[0].step, len(checkpoints.candidates()))
         load_weights(model, found, cfg, base, len(checkpoints.candidates()))
-    # the family says which parameters train and which decay
-    optimizer = build_optimizer(cfg.train, model.param_groups(cfg.train.weight_decay))
+    optimizer = build_optimizer(cfg.train, optimizer_groups(model, cfg.train))
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
     module, optimizer = accelerator.prepare(model.module, optimizer)
     scheduler = build_scheduler(cfg.train, optimizer)

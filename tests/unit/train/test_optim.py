@@ -174,3 +174,23 @@ def test_constant_warns_that_warmup_is_unused(caplog):
     with caplog.at_level("WARNING", logger="voxrelay.train.optim"):
         _lrs("constant", [0])
     assert "constant_with_warmup" in caplog.text
+
+
+def test_decay_norms_and_biases_gives_the_one_group_optimizer_of_before() -> None:
+    from tests.unit.models.test_family import tiny
+    from voxrelay.train.build import optimizer_groups
+
+    model = tiny()
+    (group,) = optimizer_groups(model, TrainConfig(decay_norms_and_biases=True, weight_decay=0.05))
+    assert [id(p) for p in group["params"]] == [id(p) for p in model.module.parameters()]  # module order, all
+    assert group["weight_decay"] == 0.05
+    decay, no_decay = optimizer_groups(model, TrainConfig(weight_decay=0.05))
+    assert no_decay["weight_decay"] == 0.0 and no_decay["params"] and len(decay["params"]) + len(
+        no_decay["params"]) == len(group["params"])
+
+
+def test_the_demo_keeps_decaying_norms() -> None:
+    from voxrelay.cli import demo_config_path
+    from voxrelay.config import load_config
+
+    assert load_config(demo_config_path()).train.decay_norms_and_biases  # its numbers stay those it always gave
