@@ -135,7 +135,8 @@ def plan_cmd(
     if as_json:
         print(to_json(plan))
     else:
-        print_plan(plan, out, configured(cfg, gpus))
+        # never truncate the numbers: a pipe or a narrow terminal gets the full table (and may wrap it)
+        print_plan(plan, Console(soft_wrap=True, width=max(out.width, 132)), configured(cfg, gpus))
 
 
 @app.command("status")
