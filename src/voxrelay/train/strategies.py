@@ -178,11 +178,14 @@ def enable_gradient_checkpointing(model: FamilyModel, on: bool) -> None:
     (the RNG state is saved and restored around the recomputation)."""
     if not on:
         return
-    enable = getattr(model.module, "gradient_checkpointing_enable", None)
-    if enable is None:
+    # transformers 5 renamed it (the old name warns); both take the kwargs of torch.utils.checkpoint
+    if hasattr(model.module, "activation_checkpointing_enable"):
+        model.module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(model.module, "gradient_checkpointing_enable"):
+        model.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
         raise StrategyError(f"train.gradient_checkpointing=true: the {model.family} model has no "
-                            "gradient_checkpointing_enable (not a transformers model); set it to false")
-    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                            "activation_checkpointing_enable (not a transformers model); set it to false")
     log.info("gradient checkpointing on: each layer's activations are recomputed in backward")
 
 
