@@ -160,3 +160,19 @@ def test_accelerate_launch_with_a_seed_001_fsdp_config_trains_with_our_fsdp(prep
     assert _shards(prepared, "accel", 4) == ["__0_0.distcp", "__1_0.distcp"]
     saved = load_state(Path(_run_uri(prepared, "accel")) / "checkpoints/step-00000004" / STATE_FILE)
     assert saved["config"]["train"]["strategy"] == "fsdp"
+
+
+def test_fsdp_with_bf16_offload_checkpointing_lora_and_accumulation_trains_and_resumes(prepared):
+    """Every knob at once (2 processes): bf16 compute over fp32 master weights, CPU offload, gradient
+    checkpointing, LoRA, shard_grad_op, 2 micro-batches per step; then resumed by 1 process with other
+    memory settings (allowed changes: the shards do not depend on them)."""
+    combo = ("train.precision=bf16", "train.gradient_checkpointing=true", *LORA, "train.grad_accum=2")
+    _train(prepared, "combo", "train.max_steps=4", "train.cpu_offload=true", "train.fsdp_sharding=shard_grad_op",
+           *combo)
+    res = _train(prepared, "combo", "train.max_steps=6", *combo, nproc=1)
+    assert _resumed_step(res.stderr) == 4
+    log = " ".join(res.stderr.split())  # rich wraps long log lines
+    assert "resuming with changed settings: train.cpu_offload, train.fsdp_sharding" in log
+    _, weights = final_weights(_run_uri(prepared, "combo"), prepared / "fetch")
+    assert weights and all(".lora_" in k or ".modules_to_save." in k for k in weights)
+    assert {w.dtype for w in weights.values()} == {torch.float32}  # the optimizer's master weights stay fp32
