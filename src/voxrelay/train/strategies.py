@@ -6,6 +6,10 @@ LoRA (peft): :func:`apply_lora` wraps ``model.module`` in a ``PeftModel`` with t
 so a checkpoint holds only the trainable tensors (:func:`trainable_state`) plus :func:`base_hash` of
 the frozen base, which resume, synthesis and export compare with the base they rebuild
 (:func:`check_base`): adapters on another base would load without error and be silently wrong.
+
+Gradient checkpointing (:func:`enable_gradient_checkpointing`) is transformers' own, non-reentrant.
+FSDP2 (:func:`apply_fsdp`, ``train.strategy=fsdp``) shards the module in place after LoRA; its checkpoints
+are in :mod:`voxrelay.train.sharded`. DDP is accelerate's ``prepare`` (:func:`voxrelay.train.build.wrap_model`).
 """
 
 from __future__ import annotations
