@@ -88,8 +88,9 @@ def test_fsdp_sigkill_at_a_random_moment_and_resume_is_bit_exact(prepared, extra
 def test_fsdp_resume_two_to_one_to_two_processes(prepared):
     keep = "checkpoint.keep_last=10"  # every session's checkpoint stays to be looked at
     _train(prepared, "shrink", "train.max_steps=4", keep)
-    res = _train(prepared, "shrink", "train.max_steps=7", keep, nproc=1)
+    res = _train(prepared, "shrink", "train.max_steps=7", keep, "train.fsdp_sharding=hybrid", nproc=1)
     assert _resumed_step(res.stderr) == 4
+    assert "FSDP hybrid on one node is full_shard" in " ".join(res.stderr.split())
     res = _train(prepared, "shrink", "train.max_steps=9", keep)
     assert _resumed_step(res.stderr) == 7
     assert _shards(prepared, "shrink", 4) == ["__0_0.distcp", "__1_0.distcp"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.unit.train.test_strategies import DATA, TINY, batch
-from voxrelay.config import ConfigError, load_config
+from voxrelay.config import ConfigError, config_changes, load_config
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.registry import build_model
 from voxrelay.train.launch_env import USE_FSDP, accelerate_fsdp_settings, apply_accelerate_env
@@ -86,3 +86,16 @@ def test_gradient_checkpointing_recomputes_with_the_same_dropout_masks():
     for name in plain:
         torch.testing.assert_close(checkpointed[name], plain[name], rtol=0, atol=1e-6, msg=name)
     assert not all(torch.equal(a, b) for a, b in zip(plain.values(), _grads(model, seed=6).values(), strict=True))
+
+
+def test_memory_settings_may_change_on_resume_but_not_the_strategy():
+    saved = load_config(None, ["train.strategy=fsdp"]).to_dict()
+    now = load_config(None, ["train.strategy=fsdp", "train.fsdp_sharding=shard_grad_op", "train.cpu_offload=true",
+                             "train.gradient_checkpointing=true"]).to_dict()
+    safe, bad = config_changes(saved, now)
+    assert (safe, bad) == (["train.cpu_offload", "train.fsdp_sharding", "train.gradient_checkpointing"], [])
+    safe, bad = config_changes(saved, load_config(None, []).to_dict())  # sharded checkpoint, ddp run
+    assert bad == ["train.strategy"]
+    old = {k: v for k, v in saved.items()}  # a checkpoint from before these keys existed counts as ddp
+    old["train"] = {k: v for k, v in saved["train"].items() if k not in ("strategy", "fsdp_sharding")}
+    assert config_changes(old, load_config(None, []).to_dict()) == ([], [])
