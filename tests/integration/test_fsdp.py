@@ -177,3 +177,22 @@ def test_fsdp_with_bf16_offload_checkpointing_lora_and_accumulation_trains_and_r
     _, weights = final_weights(_run_uri(prepared, "combo"), prepared / "fetch")
     assert weights and all(".lora_" in k or ".modules_to_save." in k for k in weights)
     assert {w.dtype for w in weights.values()} == {torch.float32}  # the optimizer's master weights stay fp32
+
+
+@pytest.mark.parametrize(("saved_by", "loaded_by"), [(2, 1), (1, 2)])
+def test_sharded_state_reshards_exactly_to_another_process_count(tmp_path, saved_by, loaded_by):
+    """Model and AdamW state saved by N processes and loaded (load_sharded) by M are equal bit for bit."""
+    worker = str(Path(__file__).with_name("fsdp_reshard_worker.py"))
+    env = env_for(tmp_path / "cache")
+    for mode, nproc in (("save", saved_by), ("load", loaded_by)):
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
+        res = subprocess.run([sys.executable, *launcher, worker, mode, str(tmp_path / "ckpt")], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+    saved, loaded = (torch.load(tmp_path / f"{m}-full.pt", weights_only=True) for m in ("save", "load"))
+    assert (saved["world"], loaded["world"]) == (saved_by, loaded_by)
+    assert_same_weights(saved["model"], loaded["model"])
+    assert saved["optim"].keys() == loaded["optim"].keys() and saved["optim"]
+    for name, moments in saved["optim"].items():
+        for key, value in moments.items():
+            assert torch.equal(value, loaded["optim"][name][key]), f"{name}.{key} differs"

@@ -199,9 +199,12 @@ def fsdp_mesh(sharding: str, device_type: str):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    if not dist.is_initialized():  # one process, no launcher: fully_shard still needs a group (a world of 1)
+    if not dist.is_initialized():  # accelerate sets the group up under a launcher; else: a world of 1
         backend = "nccl" if device_type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            dist.init_process_group(backend)
+        else:  # fully_shard still needs a group
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     world = dist.get_world_size()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if sharding == "hybrid" and world > local:
