@@ -185,6 +185,20 @@ class TrainConfig(_Section):
     early_stopping_patience: int | None = Field(
         None, gt=0, description="Stop when the eval loss has not improved for this many evaluations (None = off)"
     )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="ddp: every process holds the whole model (accelerate DDP); fsdp: parameters, gradients and "
+        "optimizer states sharded over the processes (FSDP2 fully_shard per decoder layer), checkpoints saved as "
+        "per-rank shards (torch.distributed.checkpoint). `accelerate launch` with an FSDP config sets it too",
+    )
+    fsdp_sharding: Literal["full_shard", "shard_grad_op", "hybrid"] = Field(
+        "full_shard", description="fsdp: full_shard frees gathered layers after forward (least memory); shard_grad_op "
+        "keeps them until backward (less communication); hybrid shards within a node, replicates across nodes",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each layer's activations in backward instead of keeping them (less memory, "
+        "~30% more compute); with ddp, fsdp and LoRA",
+    )
+    cpu_offload: bool = Field(False, description="fsdp: keep parameters, gradients and optimizer states in CPU memory")
     lora: LoraConfig | None = Field(
         None, description="null: full fine-tune. A section (`{}` or `true` for the family's defaults) trains LoRA "
         "adapters on a frozen base model; checkpoints then hold the adapters and modules_to_save only",
@@ -213,6 +227,16 @@ class TrainConfig(_Section):
     def _time_limit(cls, v: str | None) -> str | None:
         parse_duration(v)
         return v
+
+    @model_validator(mode="after")
+    def _strategy(self) -> TrainConfig:
+        if self.cpu_offload and self.strategy != "fsdp":
+            raise ValueError("train.cpu_offload=true needs train.strategy=fsdp (ddp keeps the whole model on each "
+                             "GPU); set train.strategy=fsdp or train.cpu_offload=false")
+        if self.strategy == "fsdp" and self.precision == "fp16":
+            raise ValueError("train.strategy=fsdp trains in bf16 or fp32 (fp16 needs a loss scaler over sharded "
+                             "gradients); set train.precision=bf16 or no")
+        return self
 
     @model_validator(mode="after")
     def _budget(self) -> TrainConfig:
@@ -324,6 +348,8 @@ class RunConfig(_Section):
 RESUME_SAFE_KEYS = (
     "root", "name", "train.max_steps", "train.eval_every", "train.eval_synth", "train.log_every",
     "train.time_limit", "train.total_time_limit", "train.max_bad_steps", "train.early_stopping_patience",
+    # how the same training is laid out in memory; a sharded checkpoint loads under any of them
+    "train.fsdp_sharding", "train.gradient_checkpointing", "train.cpu_offload",
     "checkpoint.", "monitor.", "cache.",
 )
 

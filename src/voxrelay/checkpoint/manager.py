@@ -1,7 +1,8 @@
 """CheckpointManager: save = stage locally + upload in the background; load = newest valid.
 
 Layout in the run folder: ``<run>/checkpoints/step-00000100/{model.safetensors, train_state.pt,
-manifest.json}``. ``model.safetensors`` holds the weights; ``train_state.pt`` holds optimizer,
+manifest.json}``. ``model.safetensors`` holds the weights (a run with ``train.strategy=fsdp`` writes
+per-rank DCP shards instead, see :mod:`voxrelay.checkpoint.sharded`); ``train_state.pt`` holds optimizer,
 scheduler, RNG of every rank, data cursor, loop counters and the config; it is saved with
 torch.save and read with ``weights_only=True`` (tensors and plain containers, never arbitrary
 pickles). Loading considers committed checkpoints and staged ones not yet uploaded (a previous
@@ -17,17 +18,21 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from voxrelay import storage
+from voxrelay.checkpoint.sharded import is_sharded, read_model
 from voxrelay.checkpoint.staging import Staging, Uploader, Writer
 from voxrelay.checkpoint.store import (
+    FORMAT_VERSION,
     Checkpoint,
     CheckpointError,
     CommittedStore,
+    check_manifest,
     step_name,
     verify_folder,
 )
@@ -118,6 +123,20 @@ class CheckpointManager:
         self.uploader.submit(ckpt)
         return ckpt
 
+    def new_folder(self, step: int) -> Path:
+        """A folder on the staging disk for a checkpoint written by every process (sharded)."""
+        if not self.started:
+            self.start()
+        return self.staging.new_folder(step)
+
+    def save_folder(self, step: int, folder: Path, files: dict[str, dict], extra: dict) -> Checkpoint:
+        """Stage ``folder`` (from :meth:`new_folder`, its files written, ``files`` = name -> size and sha256
+        as each writer reported them) with its manifest, and hand it to the upload thread."""
+        manifest = {"format_version": FORMAT_VERSION, "step": step, "time": time.time(), "files": files, **extra}
+        ckpt = self.staging.commit(step, folder, check_manifest(manifest))
+        self.uploader.submit(ckpt)
+        return ckpt
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every staged checkpoint is committed; False if ``timeout`` ran out."""
         return self.uploader.wait(timeout)
@@ -173,13 +192,16 @@ class CheckpointManager:
             shutil.rmtree(dest, ignore_errors=True)
             raise
 
-    def load(self, step: int | None = None,
-             map_location: str | torch.device = "cpu") -> tuple[Checkpoint, dict[str, torch.Tensor], dict] | None:
-        """(checkpoint, model tensors, train state) of the newest valid checkpoint, or None."""
+    def load(self, step: int | None = None, map_location: str | torch.device = "cpu",
+             ) -> tuple[Checkpoint, dict[str, torch.Tensor] | Path, dict] | None:
+        """(checkpoint, model tensors, train state) of the newest valid checkpoint, or None. For a sharded
+        checkpoint the model tensors are the verified local folder that DCP loads from."""
         found = self.latest_valid(step)
         if found is None:
             return None
         ckpt, folder = found
+        if is_sharded(ckpt.manifest):  # DCP loads it into the sharded model later; start() cleans it up
+            return ckpt, folder, load_state(folder / STATE_FILE, map_location)
         loaded = ckpt, load_file(str(folder / MODEL_FILE)), load_state(folder / STATE_FILE, map_location)
         self._release(folder)
         return loaded
@@ -188,7 +210,7 @@ class CheckpointManager:
         found = self.latest_valid(step)
         if found is None:
             raise CheckpointError(f"no valid checkpoint in {self.store.root_uri}; train first (voxrelay train CONFIG)")
-        weights = load_file(str(found[1] / MODEL_FILE))
+        weights = read_model(found[1]) if is_sharded(found[0].manifest) else load_file(str(found[1] / MODEL_FILE))
         self._release(found[1])
         return found[0], weights
 

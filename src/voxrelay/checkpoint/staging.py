@@ -52,18 +52,11 @@ class Staging:
             )
 
     def stage(self, step: int, writers: dict[str, Writer], extra: dict) -> Checkpoint:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.folder / f".tmp-{step_name(step)}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        tmp = self.new_folder(step)
         try:
             for name, write in writers.items():
                 write(tmp / name)
-            manifest = make_manifest(step, tmp, list(writers), extra)
-            (tmp / MANIFEST).write_text(_json(manifest))
-            final = self.folder / step_name(step)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)  # the staging commit
+            return self.commit(step, tmp, make_manifest(step, tmp, list(writers), extra))
         except OSError as err:
             shutil.rmtree(tmp, ignore_errors=True)
             if err.errno == errno.ENOSPC:
@@ -72,6 +65,21 @@ class Staging:
                     "VOXRELAY_CACHE at a bigger disk. Committed checkpoints are untouched"
                 ) from None
             raise
+
+    def new_folder(self, step: int) -> Path:
+        """An empty folder to write the files of ``step`` into (e.g. by several processes) before :meth:`commit`."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / f".tmp-{step_name(step)}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        return tmp
+
+    def commit(self, step: int, tmp: Path, manifest: dict) -> Checkpoint:
+        """Write ``manifest`` into ``tmp`` (holding its files) and rename it to the staged step folder."""
+        (tmp / MANIFEST).write_text(_json(manifest))
+        final = self.folder / step_name(step)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)  # the staging commit
         return Checkpoint(step, str(final), manifest, durable=False)
 
     def list(self) -> list[Checkpoint]:

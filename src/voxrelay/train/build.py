@@ -27,10 +27,18 @@ from voxrelay.monitor.sinks import TB_DIR, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, cache_dir, uri_key
 from voxrelay.train import state as st
 from voxrelay.train.evaluate import SAMPLES_DIR
+from voxrelay.train.launch_env import apply_accelerate_env
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
 from voxrelay.train.resume import broadcast_step, check_compatible, load_weights, restore
-from voxrelay.train.strategies import apply_lora, base_hash, trainable_state
+from voxrelay.train.strategies import (
+    apply_fsdp,
+    apply_lora,
+    base_hash,
+    enable_gradient_checkpointing,
+    fsdp_mesh,
+    trainable_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +48,7 @@ class Run:
     cfg: RunConfig
     accelerator: Accelerator
     model: FamilyModel
-    module: torch.nn.Module  # model.module, wrapped by accelerate (DDP, precision)
+    module: torch.nn.Module  # model.module, wrapped by accelerate (DDP, precision) or sharded (FSDP2)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     stream: BatchStream
@@ -53,6 +61,7 @@ class Run:
     data_fingerprint: dict | str = ""
     resumed_from: int | None = None
     base_hash: str | None = None  # with train.lora: the frozen base's fingerprint (strategies.base_hash)
+    sharded: bool = False  # train.strategy=fsdp: each rank holds part of the weights (a forward needs every rank)
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """What a checkpoint holds: every weight, or with LoRA the trained tensors only (the frozen
@@ -130,6 +139,7 @@ def local_run_dir(run_uri: str) -> Path:
 
 
 def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
+    cfg = apply_accelerate_env(cfg)  # `accelerate launch` with an FSDP config: before anything records cfg
     # cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone)
     accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available())
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -144,6 +154,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     model = build_model(cfg.model, DataSpec.from_prepared(index, codec), cfg.train.seed)
     base = base_hash(model.module) if cfg.train.lora is not None else None
     apply_lora(model, cfg.train.lora)  # its init draws from the RNG seeded above: fresh runs stay reproducible
+    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
     ck = cfg.checkpoint
     checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged)
@@ -155,24 +166,37 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     if found is not None:
         check_compatible(found[2], cfg, index, found[0].step, len(checkpoints.candidates()))
         load_weights(model, found, cfg, base, len(checkpoints.candidates()))
-    optimizer = build_optimizer(cfg.train, optimizer_groups(model, cfg.train))
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
-    module, optimizer = accelerator.prepare(model.module, optimizer)
+    module, optimizer = wrap_model(model, cfg, accelerator)
     scheduler = build_scheduler(cfg.train, optimizer)
     stream = build_stream(model, train_rows, cfg, rank, world)
     run_dir = local_run_dir(cfg.run_uri)
     run = Run(
         cfg, accelerator, model, module, optimizer, scheduler, stream, eval_rows, codec, checkpoints,
         build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process), st.LoopState(), run_dir,
-        fingerprint(index), base_hash=base,
+        fingerprint(index), base_hash=base, sharded=cfg.train.strategy == "fsdp",
     )
     if found is not None:
-        restore(run, found[2])
+        restore(run, found)
         run.resumed_from = found[0].step
+    accelerator.wait_for_everyone()  # every rank has read the shards before rank 0's start() cleans them up
     if accelerator.is_main_process:
         storage.write_text(storage.join(cfg.run_uri, CONFIG_SNAPSHOT), cfg.to_yaml())
         checkpoints.start()
     return run
+
+
+def wrap_model(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator):
+    """(module, optimizer) as the loop trains them. ddp: accelerate wraps the module (DDP when there are
+    several processes). fsdp: our FSDP2 sharding, and accelerate does not wrap it (no DDP on top); the
+    optimizer is built after sharding, over the sharded (DTensor) parameters."""
+    tc = cfg.train
+    if tc.strategy == "fsdp":
+        mesh = fsdp_mesh(tc.fsdp_sharding, accelerator.device.type)
+        model.module = apply_fsdp(model.module.to(accelerator.device), model.fsdp_layer_classes(), tc.fsdp_sharding,
+                                  tc.precision, tc.cpu_offload, mesh)
+        return model.module, build_optimizer(tc, optimizer_groups(model, tc))
+    return accelerator.prepare(model.module, build_optimizer(tc, optimizer_groups(model, tc)))
 
 
 def _load_latest(checkpoints: CheckpointManager, accelerator: Accelerator):

@@ -55,8 +55,9 @@ def synthesize_eval(run, step: int) -> dict[str, float]:
         wav = codec.decode(codes) if frames else np.zeros(1, dtype=np.float32)
         ref = row.ref_audio if row.ref_audio is not None else codec.decode(row.codes)
         mcds.append(mcd_dtw(ref, wav, codec.sample_rate))
-        run.monitor.log_audio(step, f"eval/sample_{i}", wav, codec.sample_rate)
-        _save_wav(run, step, row.id, wav, codec.sample_rate)
+        if run.accelerator.is_main_process:
+            run.monitor.log_audio(step, f"eval/sample_{i}", wav, codec.sample_rate)
+            _save_wav(run, step, row.id, wav, codec.sample_rate)
     if not mcds:
         return {}
     return {
@@ -76,7 +77,8 @@ def _save_wav(run, step: int, utt_id: str, wav: np.ndarray, sample_rate: int) ->
 
 def evaluate(run, step: int) -> dict[str, float]:
     results = eval_loss(run)
-    if run.accelerator.is_main_process:
+    # sharded weights: every rank takes part in each forward, so every rank generates (the same codes)
+    if run.accelerator.is_main_process or run.sharded:
         results |= synthesize_eval(run, step)
     run.accelerator.wait_for_everyone()
     return results

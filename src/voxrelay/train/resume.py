@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import logging
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,7 @@ from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, model_writer, st
 from voxrelay.config import ConfigError, config_changes
 from voxrelay.data import identity as ident
 from voxrelay.train import state as st
+from voxrelay.train.sharded import load_sharded, save_sharded
 from voxrelay.train.strategies import check_base, describe_base, load_trainable
 
 BASE_HASH = "base_hash"  # manifest key: the LoRA base's hash, read by synthesis and export
@@ -49,9 +51,10 @@ def gather_rng() -> list[dict]:
 
 
 def train_state(run, rngs: list[dict]) -> dict:
+    """Everything but the weights; under fsdp the optimizer state is sharded beside them (DCP), not here."""
     return {
         st.K_LOOP: run.loop.state_dict(),
-        st.K_OPTIMIZER: run.optimizer.state_dict(),
+        **({} if run.sharded else {st.K_OPTIMIZER: run.optimizer.state_dict()}),
         st.K_SCHEDULER: run.scheduler.state_dict(),
         st.K_DATA: run.stream.state_dict(),
         st.K_RNG: rngs,
@@ -71,14 +74,17 @@ def save_checkpoint(run, metrics: dict | None = None, background: bool = True, s
     Returns the seconds the training thread was blocked."""
     t0 = time.perf_counter()
     rngs = gather_rng()
-    if run.accelerator.is_main_process:
+    extra = {"metrics": metrics or {}, "config_hash": run.cfg.hash(), **({"stopped": stopped} if stopped else {}),
+             **({BASE_HASH: run.base_hash} if run.base_hash else {})}
+    if run.sharded:  # every rank writes its shards; staged synchronously, uploaded in the background
+        expected = sum(p.numel() * p.element_size() for p in run.module.parameters() if p.requires_grad) * 4
+        save_sharded(run, train_state(run, rngs), extra, expected)  # written before it returns
+    elif run.accelerator.is_main_process:
         model_state = run.model_state()
         expected = sum(t.numel() * t.element_size() for t in model_state.values()) * 4  # + AdamW moments
         run.checkpoints.save(
             run.loop.step,
-            {MODEL_FILE: model_writer(model_state), STATE_FILE: state_writer(train_state(run, rngs))},
-            {"metrics": metrics or {}, "config_hash": run.cfg.hash(), **({"stopped": stopped} if stopped else {}),
-             **({BASE_HASH: run.base_hash} if run.base_hash else {})},
+            {MODEL_FILE: model_writer(model_state), STATE_FILE: state_writer(train_state(run, rngs))}, extra,
             expected_bytes=expected, background=background,
         )
     run.accelerator.wait_for_everyone()
@@ -115,7 +121,8 @@ def load_weights(model, found: tuple, run_cfg, base: str | None, num_checkpoints
     once the checkpoint's base hash matches."""
     ckpt, weights, state = found
     if base is None:
-        model.module.load_state_dict(weights)
+        if not isinstance(weights, Path):  # a sharded checkpoint loads once the model is sharded (restore)
+            model.module.load_state_dict(weights)
         return
     check_base(
         state.get(st.K_BASE_HASH), base, describe_base(run_cfg.model, run_cfg.train.seed),
@@ -125,13 +132,19 @@ def load_weights(model, found: tuple, run_cfg, base: str | None, num_checkpoints
         f"(name={run_cfg.name}-2). Last resort: --fresh deletes this run's {num_checkpoints} checkpoint(s) "
         "and metrics and starts over",
     )
-    load_trainable(model.module, weights, f"checkpoint {ckpt.uri}")
+    if not isinstance(weights, Path):
+        load_trainable(model.module, weights, f"checkpoint {ckpt.uri}")
 
 
-def restore(run, state: dict) -> None:
-    """Load everything but the weights (loaded before accelerate wraps the model)."""
+def restore(run, found: tuple) -> None:
+    """Load everything but the weights of a whole-model checkpoint (loaded before accelerate wraps the
+    model); a sharded checkpoint's weights and optimizer come from its folder (``found[1]``) here."""
+    _, weights, state = found
     run.loop.load_state_dict(state[st.K_LOOP])
-    run.optimizer.load_state_dict(state[st.K_OPTIMIZER])
+    if isinstance(weights, Path):
+        load_sharded(run, weights)
+    else:
+        run.optimizer.load_state_dict(state[st.K_OPTIMIZER])
     run.scheduler.load_state_dict(state[st.K_SCHEDULER])
     run.stream.load_state_dict(state[st.K_DATA])
     if state.get(st.K_SCALER) is not None and run.accelerator.scaler is not None:

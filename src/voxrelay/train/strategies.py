@@ -6,6 +6,10 @@ LoRA (peft): :func:`apply_lora` wraps ``model.module`` in a ``PeftModel`` with t
 so a checkpoint holds only the trainable tensors (:func:`trainable_state`) plus :func:`base_hash` of
 the frozen base, which resume, synthesis and export compare with the base they rebuild
 (:func:`check_base`): adapters on another base would load without error and be silently wrong.
+
+Gradient checkpointing (:func:`enable_gradient_checkpointing`) is transformers' own, non-reentrant.
+FSDP2 (:func:`apply_fsdp`, ``train.strategy=fsdp``) shards the module in place after LoRA; its checkpoints
+are in :mod:`voxrelay.train.sharded`. DDP is accelerate's ``prepare`` (:func:`voxrelay.train.build.wrap_model`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -165,3 +170,73 @@ def check_base(saved: str | None, current: str, base: str, what: str, fix: str) 
             f"gives a base with hash {current} (other weights behind the same name: a re-saved folder, a hub id "
             f"that moved to a new revision, another library version's random init); {fix}"
         )
+
+
+class StrategyError(ConfigError):
+    """A train.strategy setting does not fit this model or machine."""
+
+
+def enable_gradient_checkpointing(model: FamilyModel, on: bool) -> None:
+    """``train.gradient_checkpointing``: transformers' own per-layer recomputation. Non-reentrant, so it works
+    with frozen inputs (LoRA), under DDP and inside FSDP2 units, and replays each layer's dropout masks
+    (the RNG state is saved and restored around the recomputation)."""
+    if not on:
+        return
+    # transformers 5 renamed it (the old name warns); both take the kwargs of torch.utils.checkpoint
+    if hasattr(model.module, "activation_checkpointing_enable"):
+        model.module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(model.module, "gradient_checkpointing_enable"):
+        model.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise StrategyError(f"train.gradient_checkpointing=true: the {model.family} model has no "
+                            "activation_checkpointing_enable (not a transformers model); set it to false")
+    log.info("gradient checkpointing on: each layer's activations are recomputed in backward")
+
+
+def fsdp_mesh(sharding: str, device_type: str):
+    """The device mesh of ``train.fsdp_sharding``: 1-D over every process, or with ``hybrid`` 2-D
+    (nodes replicate, the processes of a node shard). On one node hybrid is full_shard."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():  # accelerate sets the group up under a launcher; else: a world of 1
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            dist.init_process_group(backend)
+        else:  # fully_shard still needs a group
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    world = dist.get_world_size()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if sharding == "hybrid" and world > local:
+        if world % local:
+            raise StrategyError(f"train.fsdp_sharding=hybrid needs the same number of processes on every node; "
+                                f"{world} processes with {local} on this node; use full_shard")
+        log.info("FSDP hybrid: %d nodes replicate, %d processes per node shard", world // local, local)
+        return init_device_mesh(device_type, (world // local, local), mesh_dim_names=("replicate", "shard"))
+    if sharding == "hybrid":
+        log.info("FSDP hybrid on one node is full_shard (nothing to replicate across)")
+    return init_device_mesh(device_type, (world,))
+
+
+def apply_fsdp(module: torch.nn.Module, layer_classes: tuple[type[torch.nn.Module], ...], sharding: str,
+               precision: str, cpu_offload: bool, mesh) -> torch.nn.Module:
+    """FSDP2: ``fully_shard`` each layer of ``layer_classes`` (a unit gathered just for its own forward and
+    backward), then the root (embeddings, head, norms). Parameters stay fp32 (the optimizer's master weights);
+    bf16 computes in bf16 and reduces gradients in fp32. Returns ``module``, sharded in place."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    if not layer_classes:
+        raise StrategyError("train.strategy=fsdp: this model names no layer classes to shard as units; use ddp")
+    kwargs: dict = {"mesh": mesh, "reshard_after_forward": sharding != "shard_grad_op"}
+    if precision == "bf16":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    units = [m for m in module.modules() if isinstance(m, layer_classes)]
+    for unit in units:
+        fully_shard(unit, **kwargs)
+    fully_shard(module, **kwargs)
+    log.info("FSDP2 (our fully_shard code path): %d %s units + root over %d processes, %s, precision %s, "
+             "cpu offload %s", len(units), "/".join(c.__name__ for c in layer_classes), mesh.size(), sharding,
+             precision, cpu_offload)
+    return module

@@ -1,0 +1,198 @@
+"""train.strategy=fsdp end to end on CPU (gloo): FSDP2-sharded training whose checkpoints are per-rank DCP
+shards in the durable store; a SIGKILL at a random moment + resume equals a straight run bit for bit (with
+dropout, so the RNG of every rank must be restored), also with LoRA; resume across process counts
+(2 -> 1 -> 2, DCP reshards); export/synthesize from the shards; and `accelerate launch` with a seed-001
+style accelerate FSDP config trains through our FSDP2 code path.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.runner import CONFIG, Trainer, assert_same_weights, env_for, final_weights, torchrun, voxrelay
+from tests.integration.tiny import tiny
+from voxrelay.checkpoint.manager import STATE_FILE, CheckpointManager, load_state
+from voxrelay.checkpoint.sharded import read_model
+
+STEPS = 12
+FSDP = ("train.strategy=fsdp", "model.dropout=0.1", "train.eval_every=100", "train.schedule=constant")
+LORA = ("train.lora.r=4", "train.lora.dropout=0.1")
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    base = tmp_path_factory.mktemp("fsdp")
+    res = voxrelay("prepare", CONFIG, *tiny(str(base / "root")), env=env_for(base / "cache"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    return base
+
+
+def _train(base: Path, name: str, *extra: str, nproc: int = 2) -> subprocess.CompletedProcess:
+    args = ("train", CONFIG, *tiny(str(base / "root"), f"name={name}", f"train.max_steps={STEPS}", *FSDP, *extra))
+    env = env_for(base / "cache")
+    res = torchrun(nproc, *args, env=env) if nproc > 1 else voxrelay(*args, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res
+
+
+def _run_uri(base: Path, name: str) -> str:
+    return str(base / "root" / "runs" / name)
+
+
+def _shards(base: Path, name: str, step: int) -> list[str]:
+    manifest = json.loads((Path(_run_uri(base, name)) / f"checkpoints/step-{step:08d}/manifest.json").read_text())
+    assert manifest["sharded"] == "dcp"
+    return sorted(n for n in manifest["files"] if n.endswith(".distcp"))
+
+
+def _resumed_step(stderr: str) -> int:
+    found = re.search(r"resuming \S+ from step (\d+)", stderr)
+    assert found, f"the session did not resume:\n{stderr}"
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("extra", [(), LORA], ids=["full", "lora"])
+def test_fsdp_sigkill_at_a_random_moment_and_resume_is_bit_exact(prepared, extra):
+    tag = "-lora" if extra else ""
+    _train(prepared, f"straight{tag}", *extra)
+    rng = random.Random(7 + len(extra))
+    trainer = Trainer(str(prepared / "root"), env_for(prepared / "cache"), f"name=killed{tag}",
+                      f"train.max_steps={STEPS}", *FSDP, *extra, nproc=2)
+    manifest = Path(_run_uri(prepared, f"killed{tag}")) / "checkpoints/step-00000004/manifest.json"
+    deadline = time.time() + 300
+    while not manifest.exists() and time.time() < deadline and trainer.proc.poll() is None:
+        time.sleep(0.01)
+    time.sleep(rng.uniform(0.0, 0.4))  # not a synchronisation: where in steps 4..12 the kill lands
+    trainer.kill()
+    assert manifest.exists(), trainer.output()
+    res = _train(prepared, f"killed{tag}", *extra)
+    assert 4 <= _resumed_step(res.stderr) < STEPS, res.stderr  # the resumed session really trained
+    step_a, a = final_weights(_run_uri(prepared, f"straight{tag}"), prepared / "fetch")
+    step_b, b = final_weights(_run_uri(prepared, f"killed{tag}"), prepared / "fetch")
+    assert step_a == step_b == STEPS
+    assert_same_weights(a, b)
+    assert _shards(prepared, f"killed{tag}", STEPS) == ["__0_0.distcp", "__1_0.distcp"]
+    # with LoRA the shards hold the adapters and the modules trained in full, nothing of the frozen base
+    assert all(".lora_" in k or ".modules_to_save." in k for k in a) == bool(extra)
+
+
+def test_fsdp_resume_two_to_one_to_two_processes(prepared):
+    keep = "checkpoint.keep_last=10"  # every session's checkpoint stays to be looked at
+    _train(prepared, "shrink", "train.max_steps=4", keep)
+    res = _train(prepared, "shrink", "train.max_steps=7", keep, "train.fsdp_sharding=hybrid", nproc=1)
+    assert _resumed_step(res.stderr) == 4
+    assert "FSDP hybrid on one node is full_shard" in " ".join(res.stderr.split())
+    res = _train(prepared, "shrink", "train.max_steps=9", keep)
+    assert _resumed_step(res.stderr) == 7
+    assert _shards(prepared, "shrink", 4) == ["__0_0.distcp", "__1_0.distcp"]
+    assert _shards(prepared, "shrink", 7) == ["__0_0.distcp"]  # written by the single process
+    assert _shards(prepared, "shrink", 9) == ["__0_0.distcp", "__1_0.distcp"]
+    mgr = CheckpointManager(_run_uri(prepared, "shrink"), staging_dir=prepared / "fetch")
+    _, folder = mgr.latest_valid(9)
+    state = load_state(folder / STATE_FILE)
+    assert state["loop"]["step"] == 9 and len(state["rng"]) == 2 and "optimizer" not in state
+    weights = read_model(folder)
+    assert weights["model.embed_tokens.weight"].shape[1] == 32 and all(w.isfinite().all() for w in weights.values())
+
+
+def test_export_and_synthesize_from_fsdp_shards(prepared, tmp_path):
+    from voxrelay.inference import load_from_export, load_from_run
+
+    _train(prepared, "export", "train.max_steps=4")
+    env = env_for(prepared / "cache")
+    run = _run_uri(prepared, "export")
+    res = voxrelay("export", run, "-o", str(tmp_path / "out"), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = voxrelay("synthesize", run, "Hello there.", "-o", str(tmp_path / "a.wav"), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "a.wav").stat().st_size > 44
+    # the export holds the whole model gathered from the 2 ranks' shards, equal to the checkpoint
+    mgr = CheckpointManager(run, staging_dir=tmp_path / "fetch")
+    _, folder = mgr.latest_valid(4)
+    shards = read_model(folder)
+    exported, _ = load_from_export(str(tmp_path / "out"))
+    assert_same_weights(shards, exported.module.state_dict())
+    from_run, _, at = load_from_run(run)
+    assert at == 4 and all(torch.equal(shards[k], v) for k, v in from_run.module.state_dict().items())
+
+
+ACCELERATE_FSDP_YAML = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+fsdp_config:
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_offload_params: false
+  fsdp_sharding_strategy: FULL_SHARD
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_sync_module_states: true
+  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
+  fsdp_use_orig_params: true
+  fsdp_version: 2
+machine_rank: 0
+main_training_function: main
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+use_cpu: true
+"""
+
+
+def test_accelerate_launch_with_a_seed_001_fsdp_config_trains_with_our_fsdp(prepared, tmp_path):
+    config = tmp_path / "accelerate-fsdp.yaml"
+    config.write_text(ACCELERATE_FSDP_YAML)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "-m", "voxrelay",
+           "train", CONFIG, *tiny(str(prepared / "root"), "name=accel", "train.max_steps=4", "train.eval_every=100")]
+    res = subprocess.run(cmd, env=env_for(prepared / "cache"), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = " ".join((res.stdout + res.stderr).split())  # rich wraps long log lines
+    taken = "taken: train.strategy=fsdp, train.fsdp_sharding=full_shard, train.cpu_offload=False"
+    assert f"accelerate launch FSDP config (FSDP_VERSION=2): {taken}" in out
+    assert "voxrelay's FSDP2 code path" in out and "over 2 processes" in out
+    assert _shards(prepared, "accel", 4) == ["__0_0.distcp", "__1_0.distcp"]
+    saved = load_state(Path(_run_uri(prepared, "accel")) / "checkpoints/step-00000004" / STATE_FILE)
+    assert saved["config"]["train"]["strategy"] == "fsdp"
+
+
+def test_fsdp_with_bf16_offload_checkpointing_lora_and_accumulation_trains_and_resumes(prepared):
+    """Every knob at once (2 processes): bf16 compute over fp32 master weights, CPU offload, gradient
+    checkpointing, LoRA, shard_grad_op, 2 micro-batches per step; then resumed by 1 process with other
+    memory settings (allowed changes: the shards do not depend on them)."""
+    combo = ("train.precision=bf16", "train.gradient_checkpointing=true", *LORA, "train.grad_accum=2")
+    _train(prepared, "combo", "train.max_steps=4", "train.cpu_offload=true", "train.fsdp_sharding=shard_grad_op",
+           *combo)
+    res = _train(prepared, "combo", "train.max_steps=6", *combo, nproc=1)
+    assert _resumed_step(res.stderr) == 4
+    log = " ".join(res.stderr.split())  # rich wraps long log lines
+    assert "resuming with changed settings: train.cpu_offload, train.fsdp_sharding" in log
+    _, weights = final_weights(_run_uri(prepared, "combo"), prepared / "fetch")
+    assert weights and all(".lora_" in k or ".modules_to_save." in k for k in weights)
+    assert {w.dtype for w in weights.values()} == {torch.float32}  # the optimizer's master weights stay fp32
+
+
+@pytest.mark.parametrize(("saved_by", "loaded_by"), [(2, 1), (1, 2)])
+def test_sharded_state_reshards_exactly_to_another_process_count(tmp_path, saved_by, loaded_by):
+    """Model and AdamW state saved by N processes and loaded (load_sharded) by M are equal bit for bit."""
+    worker = str(Path(__file__).with_name("fsdp_reshard_worker.py"))
+    env = env_for(tmp_path / "cache")
+    for mode, nproc in (("save", saved_by), ("load", loaded_by)):
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
+        res = subprocess.run([sys.executable, *launcher, worker, mode, str(tmp_path / "ckpt")], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+    saved, loaded = (torch.load(tmp_path / f"{m}-full.pt", weights_only=True) for m in ("save", "load"))
+    assert (saved["world"], loaded["world"]) == (saved_by, loaded_by)
+    assert_same_weights(saved["model"], loaded["model"])
+    assert saved["optim"].keys() == loaded["optim"].keys() and saved["optim"]
+    for name, moments in saved["optim"].items():
+        for key, value in moments.items():
+            assert torch.equal(value, loaded["optim"][name][key]), f"{name}.{key} differs"
