@@ -199,6 +199,10 @@ class TrainConfig(_Section):
         "~30% more compute); with ddp, fsdp and LoRA",
     )
     cpu_offload: bool = Field(False, description="fsdp: keep parameters, gradients and optimizer states in CPU memory")
+    ignore_plan: bool = Field(
+        False, description="On a GPU, train checks its strategy against `voxrelay plan` before loading weights and "
+        "stops (exit 2, with the plan) when it will not fit; true: warn and try anyway",
+    )
     lora: LoraConfig | None = Field(
         None, description="null: full fine-tune. A section (`{}` or `true` for the family's defaults) trains LoRA "
         "adapters on a frozen base model; checkpoints then hold the adapters and modules_to_save only",
@@ -349,7 +353,7 @@ RESUME_SAFE_KEYS = (
     "root", "name", "train.max_steps", "train.eval_every", "train.eval_synth", "train.log_every",
     "train.time_limit", "train.total_time_limit", "train.max_bad_steps", "train.early_stopping_patience",
     # how the same training is laid out in memory; a sharded checkpoint loads under any of them
-    "train.fsdp_sharding", "train.gradient_checkpointing", "train.cpu_offload",
+    "train.fsdp_sharding", "train.gradient_checkpointing", "train.cpu_offload", "train.ignore_plan",
     "checkpoint.", "monitor.", "cache.",
 )
 

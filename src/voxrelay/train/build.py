@@ -28,6 +28,7 @@ from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, cache_dir, u
 from voxrelay.train import state as st
 from voxrelay.train.evaluate import SAMPLES_DIR
 from voxrelay.train.launch_env import apply_accelerate_env
+from voxrelay.train.memory import check_fits, gpu_memory
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
 from voxrelay.train.resume import broadcast_step, check_compatible, load_weights, restore
@@ -62,6 +63,7 @@ class Run:
     resumed_from: int | None = None
     base_hash: str | None = None  # with train.lora: the frozen base's fingerprint (strategies.base_hash)
     sharded: bool = False  # train.strategy=fsdp: each rank holds part of the weights (a forward needs every rank)
+    index: dict | None = None  # the prepared data's index.json (the memory plan behind the advice at an OOM)
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """What a checkpoint holds: every weight, or with LoRA the trained tensors only (the frozen
@@ -146,6 +148,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     storage.check_root(cfg.root)
     check_available(cfg.train)  # a missing optional package, before data and weights are loaded
     index = load_index(cfg.prepared_uri)
+    check_fits(cfg, index, world, gpu_memory())  # on a GPU: stop now, with the plan, if it will not fit
     codec = load_prepared_codec(cfg.prepared_uri, index)
     cap = int(cfg.cache.max_gb * 2**30)
     train_rows = PreparedDataset.open(cfg.prepared_uri, "train", index, max_bytes=cap).rows
@@ -174,7 +177,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     run = Run(
         cfg, accelerator, model, module, optimizer, scheduler, stream, eval_rows, codec, checkpoints,
         build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process), st.LoopState(), run_dir,
-        fingerprint(index), base_hash=base, sharded=cfg.train.strategy == "fsdp",
+        fingerprint(index), base_hash=base, sharded=cfg.train.strategy == "fsdp", index=index,
     )
     if found is not None:
         restore(run, found)

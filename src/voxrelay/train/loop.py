@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -16,13 +17,14 @@ from voxrelay.models.base import LOSS_TOKENS
 from voxrelay.monitor.progress import ProgressLine, Throughput
 from voxrelay.train.build import Run
 from voxrelay.train.evaluate import evaluate
+from voxrelay.train.memory import gpu_memory, oom_advice
 from voxrelay.train.resume import any_rank, save_checkpoint
 
 log = logging.getLogger(__name__)
 
 TIME_LIMIT, TOTAL_TIME_LIMIT, EARLY_STOP = pre.TIME_LIMIT, pre.TOTAL_TIME_LIMIT, "early stopping"
-NON_FINITE, STORAGE = "non-finite steps", "storage error"
-CLEAN_STOPS = (TIME_LIMIT, TOTAL_TIME_LIMIT, EARLY_STOP, NON_FINITE)  # every other stop is a preemption
+NON_FINITE, STORAGE, OUT_OF_MEMORY = "non-finite steps", "storage error", "out of memory"
+CLEAN_STOPS = (TIME_LIMIT, TOTAL_TIME_LIMIT, EARLY_STOP, NON_FINITE, OUT_OF_MEMORY)  # others are preemptions
 
 
 @dataclass
@@ -92,8 +94,11 @@ def train(run: Run) -> TrainResult:
             ProgressLine(tc.max_steps, loop.step, enabled=main) as bar:
         stop = _stop_reason(run, watcher, deadline, 0.0)  # e.g. the total budget was spent before
         while loop.step < tc.max_steps and stop is None:
-            started = time.time()
-            stats = train_step(run, [next(batches) for _ in range(tc.grad_accum)])
+            started, cursor = time.time(), run.stream.state_dict()
+            try:
+                stats = train_step(run, [next(batches) for _ in range(tc.grad_accum)])
+            except torch.OutOfMemoryError as e:
+                return _out_of_memory(run, e, cursor, bar)
             loop.advance(stats.tokens, stats.audio_seconds, wall0 + time.time() - t0, stats.finite)
             meter.add(stats.tokens, stats.audio_seconds)
             _log_step(run, stats, meter, bar)
@@ -110,6 +115,25 @@ def train(run: Run) -> TrainResult:
                 trigger.saved(save_checkpoint(run, results, background=not last, stopped=stop))
                 run.monitor.sync()
         return _finish(run, stop, bar)  # still watching: a second Ctrl-C while waiting aborts
+
+
+def _out_of_memory(run: Run, err: torch.OutOfMemoryError, cursor: dict, bar: ProgressLine) -> TrainResult:
+    """A step ran out of memory: free it, save the state of the last complete step (its data cursor: the
+    failed step's batches are trained again on resume) and stop with the plan's next-best strategy. With
+    several processes the others wait in a collective the failed one will never join: it exits at once
+    (the last committed checkpoint stays durable; torchrun stops the rest)."""
+    run.optimizer.zero_grad(set_to_none=True)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    run.stream.load_state_dict(cursor)
+    acc = run.accelerator
+    advice = oom_advice(run.cfg, run.index or {}, acc.num_processes, gpu_memory())
+    log.error("step %d ran out of memory (%s); %s", run.loop.step + 1, str(err).split("\n")[0][:200], advice)
+    if acc.num_processes > 1:
+        logging.shutdown()
+        os._exit(pre.EXIT_OUT_OF_MEMORY)
+    save_checkpoint(run, {}, background=False, stopped=OUT_OF_MEMORY)
+    return _finish(run, OUT_OF_MEMORY, bar)
 
 
 def _log_step(run: Run, stats: StepStats, meter: Throughput, bar: ProgressLine) -> None:
@@ -175,4 +199,4 @@ def _exit_code(stop: str | None, preempted: bool, durable: bool) -> int:
     if preempted:
         return pre.EXIT_PREEMPTED
     return {TIME_LIMIT: pre.EXIT_TIME_LIMIT, TOTAL_TIME_LIMIT: pre.EXIT_TIME_LIMIT,
-            NON_FINITE: pre.EXIT_NON_FINITE}.get(stop, 0)
+            NON_FINITE: pre.EXIT_NON_FINITE, OUT_OF_MEMORY: pre.EXIT_OUT_OF_MEMORY}.get(stop, 0)
