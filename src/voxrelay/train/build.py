@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ from voxrelay.train.memory import check_fits, gpu_memory
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
 from voxrelay.train.resume import broadcast_step, check_compatible, load_weights, restore
+from voxrelay.train.sharded import ShardSaver
 from voxrelay.train.strategies import (
     apply_fsdp,
     apply_lora,
@@ -64,6 +65,7 @@ class Run:
     base_hash: str | None = None  # with train.lora: the frozen base's fingerprint (strategies.base_hash)
     sharded: bool = False  # train.strategy=fsdp: each rank holds part of the weights (a forward needs every rank)
     index: dict | None = None  # the prepared data's index.json (the memory plan behind the advice at an OOM)
+    shard_saver: ShardSaver = field(default_factory=ShardSaver)  # fsdp: the asynchronous DCP saves
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """What a checkpoint holds: every weight, or with LoRA the trained tensors only (the frozen

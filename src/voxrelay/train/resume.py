@@ -21,7 +21,7 @@ from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, model_writer, st
 from voxrelay.config import ConfigError, config_changes
 from voxrelay.data import identity as ident
 from voxrelay.train import state as st
-from voxrelay.train.sharded import load_sharded, save_sharded
+from voxrelay.train.sharded import load_sharded
 from voxrelay.train.strategies import check_base, describe_base, load_trainable
 
 BASE_HASH = "base_hash"  # manifest key: the LoRA base's hash, read by synthesis and export
@@ -69,16 +69,17 @@ def train_state(run, rngs: list[dict]) -> dict:
 
 def save_checkpoint(run, metrics: dict | None = None, background: bool = True, stopped: str | None = None) -> float:
     """Copy the state (rank 0) and hand it to the upload thread, which stages it on local disk
-    and uploads it; ``background=False`` stages before returning (last or emergency save).
+    and uploads it (fsdp: every rank copies its shards, a thread writes them, see ShardSaver);
+    ``background=False`` stages before returning (last or emergency save).
     ``stopped``: why the run stops here early (recorded in the manifest; `status` shows it).
     Returns the seconds the training thread was blocked."""
     t0 = time.perf_counter()
     rngs = gather_rng()
     extra = {"metrics": metrics or {}, "config_hash": run.cfg.hash(), **({"stopped": stopped} if stopped else {}),
              **({BASE_HASH: run.base_hash} if run.base_hash else {})}
-    if run.sharded:  # every rank writes its shards; staged synchronously, uploaded in the background
+    if run.sharded:  # every rank copies its shards; written and staged in a thread unless background=False
         expected = sum(p.numel() * p.element_size() for p in run.module.parameters() if p.requires_grad) * 4
-        save_sharded(run, train_state(run, rngs), extra, expected)  # written before it returns
+        run.shard_saver.save(run, train_state(run, rngs), extra, expected, background=background)
     elif run.accelerator.is_main_process:
         model_state = run.model_state()
         expected = sum(t.numel() * t.element_size() for t in model_state.values()) * 4  # + AdamW moments

@@ -4,14 +4,21 @@ state with torch.distributed.checkpoint (DCP) into one folder on the staging dis
 and stages the folder with its manifest for the background upload (manifest.json uploaded last, as for
 every checkpoint). Loading reshards to the current number of processes (DCP plans the reads).
 
-The DCP write is synchronous (the training thread waits for the shards to reach local disk; the upload is
-in the background): ``dcp.async_save`` would need a second gloo group and a copy of every shard in memory,
-while the local write of a shard is short next to its upload.
+The DCP write is asynchronous (:class:`ShardSaver`): ``dcp.async_save`` copies this rank's shards into CPU
+memory before it returns (its default stager, synchronous: the training thread may change the weights as
+soon as it returns, the copy is the state of the save's step), then a thread writes them. A second thread
+waits for that write and, on the saver's own gloo group, hashes, gathers the file lists and hands the folder
+to the uploader, so the checkpoint is staged as soon as every rank has written, with no collective of the
+training thread in between. Until then the folder has no manifest: a kill leaves a ``.tmp-*`` folder that
+loading ignores and the next session removes. A new save, and a final or emergency save (which writes
+synchronously), first wait for the previous one.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -42,23 +49,78 @@ def _one(obj):
     return box[0]
 
 
-def save_sharded(run, state: dict, extra: dict, expected_bytes: int) -> None:
-    """Every rank: write this rank's shards of ``run.module`` and ``run.optimizer`` (a collective); rank 0:
-    write ``state`` (the train state without the optimizer) and stage the whole folder for upload."""
-    rank, main = dist.get_rank(), run.accelerator.is_main_process
-    step = run.loop.step
-    if main:
-        run.checkpoints.staging.check_space(step, expected_bytes)
-    # ranks of one machine share the staging disk (the same VOXRELAY_CACHE): rank 0 names the folder
-    folder = Path(_one(str(run.checkpoints.new_folder(step)) if main else None))
-    model_sd, optim_sd = get_state_dict(run.module, run.optimizer, options=_options(run.base_hash is not None))
-    dcp.save({MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}, checkpoint_id=str(folder))
-    mine = {p.name: _file_meta(p) for p in rank_files(folder, rank)}  # hashed by every rank, in parallel
-    reports: list = [None] * dist.get_world_size()
-    dist.all_gather_object(reports, mine)
-    if not main:
+class ShardSaver:
+    """The sharded saves of one run (one per process): at most one in flight at a time.
+
+    ``group``: a gloo process group of its own for DCP's collectives and the gather of file lists in the
+    background (made at the first save, a collective every rank reaches there; DCP's async save aborts on
+    the default group, and on GPUs that one is NCCL)."""
+
+    def __init__(self):
+        self.group = None
+        self.pending: Future | None = None  # the in-flight save: write, hash, gather, stage
+        self._thread: ThreadPoolExecutor | None = None
+
+    def save(self, run, state: dict, extra: dict, expected_bytes: int, background: bool = True) -> None:
+        """Every rank: start writing this rank's shards of ``run.module`` and ``run.optimizer`` (a collective);
+        rank 0 writes ``state`` (the train state without the optimizer) now and stages the folder once every
+        rank's shards are on disk. ``background=False``: staged before it returns."""
+        self.wait()
+        main, step = run.accelerator.is_main_process, run.loop.step
+        if main:
+            run.checkpoints.staging.check_space(step, expected_bytes)
+        # ranks of one machine share the staging disk (the same VOXRELAY_CACHE): rank 0 names the folder
+        folder = Path(_one(str(run.checkpoints.new_folder(step)) if main else None))
+        if main:  # small (no optimizer, no weights): written now, so later changes to the live objects miss it
+            torch.save(state, folder / STATE_FILE)
+        model_sd, optim_sd = get_state_dict(run.module, run.optimizer, options=_options(run.base_hash is not None))
+        shards = {MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}
+        if not background:  # last or emergency save: no copy in memory, the write is what we wait for
+            dcp.save(shards, checkpoint_id=str(folder))
+            _stage(run, step, folder, extra, dist.group.WORLD)
+            return
+        if self.group is None:
+            self.group = dist.new_group(backend="gloo")
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxrelay-shards")
+        written = dcp.async_save(shards, checkpoint_id=str(folder), process_group=self.group)
+        self.pending = self._thread.submit(_finish, written, run, step, folder, extra, self.group)
+
+    def wait(self) -> None:
+        """Block until the save in flight is staged (every rank calls it at the same point); raises its error."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+
+def _finish(written: Future, run, step: int, folder: Path, extra: dict, group) -> None:
+    """In the saver's thread of every rank: wait for this rank's DCP write, then stage (see :func:`_stage`)."""
+    try:
+        written.result()
+    except Exception as err:  # DCP reports a failed write to every rank: each still joins the gather
+        error = f"{type(err).__name__}: {err}"
+    else:
+        error = None
+    _stage(run, step, folder, extra, group, error)
+
+
+def _stage(run, step: int, folder: Path, extra: dict, group, error: str | None = None) -> None:
+    """Every rank hashes its own files (in parallel) and gathers the lists on ``group``; rank 0 stages the
+    folder with its manifest. Raises on every rank if any rank's write failed."""
+    rank = dist.get_rank()
+    mine: dict | str
+    try:
+        mine = error or {p.name: _file_meta(p) for p in rank_files(folder, rank)}
+    except OSError as err:
+        mine = f"{type(err).__name__}: {err}"
+    reports: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(reports, mine, group=group)
+    failed = {r: report for r, report in enumerate(reports) if isinstance(report, str)}
+    if failed:
+        if run.accelerator.is_main_process:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise CheckpointError(f"the sharded checkpoint of step {step} was not written: {failed} (rank: error)")
+    if not run.accelerator.is_main_process:
         return
-    torch.save(state, folder / STATE_FILE)
     files = {name: meta for report in reports for name, meta in report.items()}
     missing = [r for r, report in enumerate(reports) if not report or any(not (folder / n).exists() for n in report)]
     if missing:
@@ -79,4 +141,3 @@ def load_sharded(run, folder: Path) -> None:
     model_sd, optim_sd = get_state_dict(run.module, run.optimizer, options=options)
     dcp.load({MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}, checkpoint_id=str(folder))
     set_state_dict(run.module, run.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options)
-
