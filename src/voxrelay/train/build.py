@@ -7,6 +7,7 @@ The loop then receives built objects (:class:`Run`) and never mentions a backend
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,10 +208,35 @@ def wrap_model(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator):
 def _load_latest(checkpoints: CheckpointManager, accelerator: Accelerator):
     """Rank 0 picks the newest valid checkpoint; every rank loads that one."""
     found = checkpoints.load() if accelerator.is_main_process else None
+    if found is not None and not found[0].durable and spans_machines(accelerator.num_processes):
+        found = commit_before_others_look(checkpoints, found)
     step = broadcast_step(found[0].step if found else None)
     if step is None or accelerator.is_main_process:
         return found
     return checkpoints.load(step)
+
+
+def spans_machines(world: int) -> bool:
+    """True when the job's processes are on several machines (torchrun's LOCAL_WORLD_SIZE < WORLD_SIZE)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world)) < world
+
+
+def commit_before_others_look(checkpoints: CheckpointManager, found: tuple):
+    """The newest checkpoint is staged on this machine's disk only (a previous session's upload did not
+    finish): on a job over several machines the others cannot read it there, so it is uploaded (committed)
+    before its step is broadcast. If the bucket will not take it, the newest committed one is used."""
+    ckpt = found[0]
+    log.info("uploading the checkpoint of step %d, staged on this machine only, before the other machines "
+             "load it", ckpt.step)
+    try:
+        checkpoints.store.upload(Path(ckpt.uri), ckpt.manifest)
+    except (storage.StorageError, OSError) as e:  # denied, unreachable after retries, a broken bucket path
+        committed = checkpoints.store.list()
+        log.warning("the staged checkpoint of step %d could not be uploaded (%s); the other machines cannot read "
+                    "it, so this session resumes from %s; it stays staged here", ckpt.step, e,
+                    f"step {committed[0].step}" if committed else "the start")
+        return checkpoints.load(committed[0].step) if committed else None
+    return found  # the same files, now also in the bucket: what this rank loaded stays valid
 
 
 def start_over(run_uri: str, checkpoints: CheckpointManager) -> None:
