@@ -65,7 +65,10 @@ def test_bad_spec_names_the_fix(tmp_path: Path) -> None:
 
 
 def test_hub_id_that_cannot_be_fetched_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network here: the hub lookup fails at once
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # (read at import: set both)
     with pytest.raises(UserError, match=r"model.tokenizer='nobody/nothing' as a hub id") as info:
         load_text_tokenizer("nobody/nothing")
     assert "\n" not in str(info.value)
