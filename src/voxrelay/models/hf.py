@@ -3,10 +3,12 @@ that name the config key and the fix instead of transformers' tracebacks."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from voxrelay.errors import UserError, one_line
+from voxrelay.paths import EXPORT_META
 
 FIX = "point it at a folder written by save_pretrained (config.json + model.safetensors) or at a HF hub id"
 
@@ -64,3 +66,30 @@ def auto_config(source: str, what: str = "model.init_from") -> Any:
         return AutoConfig.from_pretrained(source)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"{what}={source!r}: its config.json cannot be read ({one_line(e)[:300]}); {FIX}") from e
+
+
+def write_meta(folder: Path, meta: dict[str, Any]) -> None:
+    """Write a saved model's ``voxrelay.json`` atomically; callers write it last (the folder's commit)."""
+    tmp = folder / (EXPORT_META + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.replace(folder / EXPORT_META)
+
+
+def read_meta(folder: Path, family: str, version: int) -> dict[str, Any]:
+    """``voxrelay.json`` of a folder saved by ``family``, or an error naming the file and the fix."""
+    path = folder / EXPORT_META
+    if not path.is_file():
+        raise ModelNotFoundError(
+            f"{path} is missing: {folder} is not a complete voxrelay {family} folder "
+            "(save_pretrained writes voxrelay.json last; an interrupted save leaves none)"
+        )
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path} is not valid JSON ({e}); save the model again") from e
+    if meta.get("format_version") != version:
+        raise ModelLoadError(
+            f"{path}: format_version {meta.get('format_version')!r} is not supported by this voxrelay "
+            f"(expects {version}); load it with the voxrelay version that wrote it"
+        )
+    return meta

@@ -3,13 +3,13 @@ causal LM, whose embeddings get the special and audio ids), and the ``voxrelay.j
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel
 
+from voxrelay.models import hf
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.codec_lm.tokenizer import (
     TextTokenizer,
@@ -48,22 +48,7 @@ def llama_config(cfg: CodecLMConfig, layout: VocabLayout) -> LlamaConfig:
 
 
 def read_meta(folder: Path) -> dict[str, Any]:
-    path = folder / META_FILE
-    if not path.is_file():
-        raise ModelNotFoundError(
-            f"{path} is missing: {folder} is not a complete voxrelay codec_lm folder "
-            "(save_pretrained writes voxrelay.json last; an interrupted save leaves none)"
-        )
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{path} is not valid JSON ({e}); save the model again") from e
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ModelLoadError(
-            f"{path}: format_version {meta.get('format_version')!r} is not supported by this voxrelay "
-            f"(expects {FORMAT_VERSION}); load it with the voxrelay version that wrote it"
-        )
-    return meta
+    return hf.read_meta(folder, "codec_lm", FORMAT_VERSION)
 
 
 def load_init(

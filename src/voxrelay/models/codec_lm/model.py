@@ -11,7 +11,6 @@ loads it), ``tokenizer/`` and ``voxrelay.json`` (written last: the folder is usa
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,6 @@ from voxrelay.models.base import (
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.codec_lm.loading import (
     FORMAT_VERSION,
-    META_FILE,
     TOKENIZER_DIR,
     llama_config,
     load_causal_lm,
@@ -44,6 +42,7 @@ from voxrelay.models.codec_lm.loading import (
 )
 from voxrelay.models.codec_lm.tokenizer import TextTokenizer, load_saved_tokenizer, load_text_tokenizer
 from voxrelay.models.codec_lm.vocab import VocabLayout
+from voxrelay.models.hf import write_meta
 from voxrelay.models.sampling import sample
 
 IGNORE_INDEX = -100
@@ -131,9 +130,7 @@ class CodecLM:
             "speakers": list(self.speakers),
             "max_seq_len": self.max_seq_len,
         }
-        tmp = folder / (META_FILE + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=2))
-        tmp.replace(folder / META_FILE)
+        write_meta(folder, meta)
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike[str]) -> CodecLM:

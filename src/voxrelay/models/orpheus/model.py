@@ -9,7 +9,6 @@ the folder's root (``AutoTokenizer.from_pretrained``), and ``voxrelay.json`` wri
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,10 @@ import torch.nn.functional as F
 
 from voxrelay.errors import UserError
 from voxrelay.models.base import LOSS_TOKENS, Example, LoraDefaults, LossOutput, Row, decay_groups, module_classes
-from voxrelay.models.hf import ModelLoadError, ModelNotFoundError, load_causal_lm
+from voxrelay.models.hf import load_causal_lm, read_meta, write_meta
 from voxrelay.models.orpheus import layout as L
 from voxrelay.models.orpheus.loading import load_tokenizer
 from voxrelay.models.sampling import sample
-from voxrelay.paths import EXPORT_META
 
 FORMAT_VERSION = 1
 IGNORE_INDEX = -100
@@ -186,25 +184,13 @@ class Orpheus:
         self.tokenizer.save_pretrained(str(folder))
         meta = {"format_version": FORMAT_VERSION, "family": self.family, "speakers": list(self.speakers),
                 "max_seq_len": self.max_length, "loss_on": self.loss_on}
-        tmp = folder / (EXPORT_META + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=2))
-        tmp.replace(folder / EXPORT_META)
+        write_meta(folder, meta)
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike[str]) -> Orpheus:
         """Load a folder written by :meth:`save_pretrained` (no network access)."""
         folder = Path(folder)
-        path = folder / EXPORT_META
-        if not path.is_file():
-            raise ModelNotFoundError(f"{path} is missing: {folder} is not a complete voxrelay orpheus folder "
-                                     "(save_pretrained writes voxrelay.json last; an interrupted save leaves none)")
-        try:
-            meta = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ModelLoadError(f"{path} is not valid JSON ({e}); save the model again") from e
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ModelLoadError(f"{path}: format_version {meta.get('format_version')!r} is not supported by this "
-                                 f"voxrelay (expects {FORMAT_VERSION}); load it with the voxrelay that wrote it")
+        meta = read_meta(folder, "orpheus", FORMAT_VERSION)
         module = load_causal_lm(str(folder), f"model folder {str(folder)!r}", attn_implementation="sdpa")
         tokenizer = load_tokenizer(str(folder), f"model folder {str(folder)!r}")
         return cls(module, tokenizer, list(meta["speakers"]), int(meta["max_seq_len"]), meta["loss_on"])
