@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from voxrelay.errors import UserError, one_line
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.orpheus.config import OrpheusConfig
+from voxrelay.quality.config import EvalConfig
 from voxrelay.train.lora_config import LoraConfig
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -304,6 +305,7 @@ class RunConfig(_Section):
     model: ModelConfig = Field(default_factory=CodecLMConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
 
@@ -354,7 +356,7 @@ RESUME_SAFE_KEYS = (
     "train.time_limit", "train.total_time_limit", "train.max_bad_steps", "train.early_stopping_patience",
     # how the same training is laid out in memory; a sharded checkpoint loads under any of them
     "train.fsdp_sharding", "train.gradient_checkpointing", "train.cpu_offload", "train.ignore_plan",
-    "checkpoint.", "monitor.", "cache.",
+    "checkpoint.", "eval.", "monitor.", "cache.",
 )
 
 

@@ -25,6 +25,8 @@ def reference_markdown() -> str:
                 if type(None) not in get_args(field.annotation):
                     continue  # an optional section (train.lora) also gets a row: what null means
             default = field.get_default(call_default_factory=True)
+            if isinstance(default, BaseModel):  # an optional section on by default (eval.asr)
+                default = {}
             if isinstance(default, list) and default and isinstance(default[0], BaseModel):
                 default = [d.model_dump(exclude_defaults=True) for d in default]
             rows.append(f"| `{prefix}{name}` | `{json.dumps(default)}` | {field.description or ''} |")

@@ -20,6 +20,9 @@ TINY = [
     "train.eval_synth=1",
     "train.log_every=2",
     "checkpoint.every_steps=2",
+    # Whisper and the speaker encoder cost seconds per process: on only where a test scores speech
+    "eval.asr=null",
+    "eval.speaker_similarity=false",
 ]
 
 

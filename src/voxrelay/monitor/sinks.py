@@ -6,6 +6,7 @@ folder) and ``sync()`` copies the files to the run folder in storage (at checkpo
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import threading
@@ -30,6 +31,7 @@ class MonitorError(UserError, RuntimeError):
 class MetricSink(Protocol):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
     def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None: ...
+    def log_text(self, step: int, tag: str, text: str) -> None: ...
     def close(self) -> None: ...
 
 
@@ -44,6 +46,9 @@ class JsonlSink:
             f.write(json.dumps({"step": step, "time": round(time.time(), 3), **metrics}) + "\n")
 
     def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None:
+        pass
+
+    def log_text(self, step: int, tag: str, text: str) -> None:
         pass
 
     def close(self) -> None:
@@ -63,6 +68,10 @@ class TensorBoardSink:
 
     def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None:
         self.writer.add_audio(tag, np.clip(wav, -1, 1)[None, :], step, sample_rate=sample_rate)
+        self.writer.flush()
+
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        self.writer.add_text(tag, text, step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -93,6 +102,9 @@ class WandbSink:
     def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None:
         self.run.log({tag: self.wandb.Audio(wav, sample_rate=sample_rate)}, step=step)
 
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        self.run.log({tag: self.wandb.Html(f"<pre>{html.escape(text)}</pre>")}, step=step)
+
     def close(self) -> None:
         self.run.finish()
 
@@ -113,6 +125,10 @@ class Monitor:
     def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None:
         for sink in self.sinks:
             sink.log_audio(step, tag, wav, sample_rate)
+
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        for sink in self.sinks:
+            sink.log_text(step, tag, text)
 
     def sync(self, wait: bool = False) -> None:
         """Copy the local metric files to a remote run folder in a background thread (no-op for a

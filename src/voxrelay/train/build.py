@@ -26,6 +26,7 @@ from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model
 from voxrelay.monitor.sinks import TB_DIR, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, cache_dir, uri_key
+from voxrelay.quality.scorer import Scorer
 from voxrelay.train import state as st
 from voxrelay.train.evaluate import SAMPLES_DIR
 from voxrelay.train.launch_env import apply_accelerate_env
@@ -67,6 +68,7 @@ class Run:
     sharded: bool = False  # train.strategy=fsdp: each rank holds part of the weights (a forward needs every rank)
     index: dict | None = None  # the prepared data's index.json (the memory plan behind the advice at an OOM)
     shard_saver: ShardSaver = field(default_factory=ShardSaver)  # fsdp: the asynchronous DCP saves
+    scorer: Scorer | None = None  # WER/CER and speaker similarity of eval samples (rank 0; loads on first use)
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """What a checkpoint holds: every weight, or with LoRA the trained tensors only (the frozen
@@ -181,6 +183,7 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
         cfg, accelerator, model, module, optimizer, scheduler, stream, eval_rows, codec, checkpoints,
         build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process), st.LoopState(), run_dir,
         fingerprint(index), base_hash=base, sharded=cfg.train.strategy == "fsdp", index=index,
+        scorer=Scorer(cfg.eval, torch.get_num_threads()) if accelerator.is_main_process else None,
     )
     if found is not None:
         restore(run, found)

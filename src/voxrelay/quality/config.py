@@ -1,0 +1,36 @@
+"""The ``eval`` section: what every evaluation scores besides loss and MCD-DTW."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class AsrConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(
+        "auto", description="Whisper for WER/CER: `auto` (packaged base, else packaged tiny.en, else base.en from "
+        "the hub), a local CTranslate2 Whisper folder, or a faster-whisper size/hub id (`base.en`, `large-v3`)",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where Whisper runs (auto: cuda when present)")
+    language: str = Field("en", description="Language of the eval texts (Whisper language code)")
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    asr: AsrConfig | None = Field(
+        default_factory=AsrConfig, description="Intelligibility: transcribe the eval samples with Whisper and "
+        "report eval/wer and eval/cer (needs `pip install 'voxrelay[eval]'`); null or false: off",
+    )
+    speaker_similarity: bool = Field(
+        True, description="Report eval/speaker_sim: cosine of speaker embeddings (resemblyzer's encoder) of each "
+        "sample and its reference recording (needs `voxrelay[eval]`)",
+    )
+
+    @field_validator("asr", mode="before")
+    @classmethod
+    def _asr(cls, v: Any) -> Any:
+        return {} if v is True else None if v is False else v

@@ -1,0 +1,83 @@
+"""Scores of generated speech besides MCD-DTW: intelligibility (WER/CER through Whisper) and
+speaker similarity (cosine of speaker embeddings vs the reference recording).
+
+Both need the optional extra ``voxrelay[eval]``; without it, or when a model cannot be loaded,
+the first evaluation says so once and the others go on without that score.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from voxrelay.quality.asr import AsrMissing, AsrModelError, Transcriber
+from voxrelay.quality.config import EvalConfig
+from voxrelay.quality.text import errors
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Sample:
+    """One generated utterance, its text and (when known) the reference recording of that text."""
+
+    id: str
+    text: str
+    wav: np.ndarray
+    sample_rate: int
+    reference: np.ndarray | None = None
+    reference_rate: int = 0
+
+
+class Scorer:
+    """Loads Whisper and the speaker encoder on first use (once per process)."""
+
+    def __init__(self, cfg: EvalConfig, threads: int = 0):
+        self.cfg = cfg
+        self.threads = threads
+        self._models: dict[str, object | None] = {}
+
+    def _load(self, kind: str):
+        if kind not in self._models:
+            self._models[kind] = None
+            try:
+                if kind == "asr":
+                    asr = self.cfg.asr
+                    self._models[kind] = Transcriber.load(asr.model, asr.device, self.threads)
+                else:
+                    from voxrelay.quality.speaker import SpeakerEncoder
+
+                    self._models[kind] = SpeakerEncoder.load()
+            except (AsrMissing, AsrModelError, RuntimeError) as err:
+                log.warning("eval: %s not measured: %s", "WER/CER" if kind == "asr" else "speaker similarity", err)
+        return self._models[kind]
+
+    def score(self, samples: list[Sample]) -> tuple[dict[str, float], list[dict]]:
+        """(set metrics ``eval/wer``, ``eval/cer``, ``eval/speaker_sim``, one row per sample)."""
+        rows = [{"id": s.id, "text": s.text} for s in samples]
+        metrics: dict[str, float] = {}
+        if not samples:
+            return metrics, rows
+        asr = self._load("asr") if self.cfg.asr is not None else None
+        if asr is not None:
+            hyps = asr.transcribe([(s.wav, s.sample_rate) for s in samples], self.cfg.asr.language)
+            total = None
+            for row, sample, hyp in zip(rows, samples, hyps, strict=True):
+                e = errors(sample.text, hyp)
+                total = e if total is None else total + e
+                row |= {"transcript": hyp, "wer": round(e.wer, 4), "cer": round(e.cer, 4)}
+            metrics |= {"eval/wer": total.wer, "eval/cer": total.cer}
+        encoder = self._load("speaker") if self.cfg.speaker_similarity else None
+        with_ref = [(row, s) for row, s in zip(rows, samples, strict=True) if s.reference is not None]
+        if encoder is not None and with_ref:
+            from voxrelay.quality.speaker import cosine
+
+            sims = []
+            for row, s in with_ref:
+                sim = cosine(encoder.embed(s.wav, s.sample_rate), encoder.embed(s.reference, s.reference_rate))
+                row["speaker_sim"] = round(sim, 4)
+                sims.append(sim)
+            metrics["eval/speaker_sim"] = float(np.mean(sims))
+        return metrics, rows

@@ -1,0 +1,78 @@
+"""Whisper WER through faster-whisper with the packaged weights (installed by the dev extra):
+clean eSpeak speech scores low, the same audio time-reversed (speech-like sound, no words) high;
+packing puts each word back on its own utterance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers.speech import SENTENCES, espeak
+from voxrelay.quality.asr import (
+    ASR_SAMPLE_RATE,
+    AsrModelError,
+    Transcriber,
+    assign_words,
+    pack,
+    packaged_model,
+    resolve_model,
+)
+from voxrelay.quality.text import errors, set_errors
+
+
+def test_pack_keeps_order_gaps_and_the_window_limit():
+    sr = ASR_SAMPLE_RATE
+    clips = [np.ones(int(s * sr), dtype=np.float32) for s in (10.0, 10.0, 10.0, 30.0, 1.0)]
+    windows = pack(clips, limit_s=28.0, gap_s=0.5)
+    assert [w.members for w in windows] == [[0, 1], [2], [3], [4]]  # 10 + 0.5 + 10 <= 28 < 30.5 + 10
+    assert windows[0].spans == [(0.0, 10.0), (10.5, 20.5)]
+    assert len(windows[0].audio) == int(20.5 * sr)
+    assert windows[0].audio[int(10.2 * sr)] == 0.0  # the gap is silence
+    assert len(windows[2].audio) == 30 * sr  # a clip over the limit gets a window of its own
+
+
+def test_words_go_to_the_nearest_utterance():
+    spans = [(0.0, 2.0), (2.6, 5.0)]
+    words = [(0.1, 0.5, " the"), (1.8, 2.25, " end"), (2.35, 2.7, " new"), (3.0, 3.4, " start"), (5.5, 5.9, " x")]
+    assert assign_words(words, spans) == ["the end", "new start x"]
+
+
+def test_packaged_weights_resolve_without_the_network():
+    base = packaged_model("base")
+    assert base is not None and (base / "model.bin").stat().st_size > 140e6
+    assert resolve_model("auto") == str(base)
+    assert resolve_model("tiny.en") == str(packaged_model("tiny.en"))
+    assert resolve_model("large-v3") == "large-v3"  # a hub name faster-whisper fetches itself
+
+
+def test_a_folder_without_a_model_is_a_clear_error(tmp_path):
+    with pytest.raises(AsrModelError, match=r"model\.bin missing"):
+        resolve_model(str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def whisper():
+    return Transcriber.load("auto", "cpu", threads=2)
+
+
+@pytest.fixture(scope="module")
+def clips():
+    return [espeak(text, voice) for text, voice in zip(SENTENCES, ["en-us", "en-gb+f3"] * 3, strict=True)]
+
+
+def test_clean_speech_scores_low_and_reversed_speech_high(whisper, clips):
+    clean = whisper.transcribe(clips)
+    reversed_ = whisper.transcribe([(wav[::-1].copy(), sr) for wav, sr in clips])
+    good, bad = set_errors(SENTENCES, clean), set_errors(SENTENCES, reversed_)
+    print(f"clean WER {good.wer:.3f} CER {good.cer:.3f}; reversed WER {bad.wer:.3f} CER {bad.cer:.3f}")
+    assert good.wer < 0.4 and good.cer < 0.25, clean
+    assert bad.wer > 0.8 and bad.cer > 0.6, reversed_
+
+
+def test_each_utterance_gets_its_own_words(whisper, clips):
+    # shuffled order: the transcripts follow their clips
+    order = [3, 0, 5, 1, 4, 2]
+    hyps = whisper.transcribe([clips[i] for i in order])
+    for i, hyp in zip(order, hyps, strict=True):
+        others = [errors(SENTENCES[j], hyp).wer for j in range(len(SENTENCES)) if j != i]
+        assert errors(SENTENCES[i], hyp).wer < min(others), (i, hyp)
