@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -167,6 +168,30 @@ def synthesize_cmd(
     seconds = synthesize(model, codec, text, output, speaker=voice, temperature=temperature, seed=seed)
     err.print(f"{what}: {seconds:.2f} s of audio")
     out.print(str(output), highlight=False)
+
+
+@app.command("eval")
+def eval_cmd(
+    run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>) or an export folder (with --texts)"),
+    step: int = typer.Option(None, "--step", help="Checkpoint step (default: the newest valid)"),
+    all_steps: bool = typer.Option(False, "--all", help="Every checkpoint the run keeps, a table row each"),
+    texts: Path = typer.Option(None, "--texts", help="Speak these instead of the held-out texts: one per line, "
+                               "`speaker|text` for a voice (no references: WER/CER only)"),
+    asr_model: str = typer.Option(None, "--asr-model", help="Whisper for WER/CER instead of the run's eval.asr.model"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per step instead of the table"),
+):
+    """Score a checkpoint as training's evaluation does: loss, WER/CER, MCD-DTW, speaker similarity; write
+    <run>/eval/ and the plot <run>/eval.png."""
+    from voxrelay.quality.report import evaluate_source, format_table
+
+    results = evaluate_source(run, step, all_steps, texts, asr_model, progress=lambda m: err.print(m, highlight=False))
+    if as_json:
+        for at, metrics in results:
+            out.print(json.dumps({"step": at, **metrics}), highlight=False, soft_wrap=True)
+        return
+    out.print(format_table(results), highlight=False)
+    if results[0][0] != "export":
+        err.print(f"results in {run.rstrip('/')}/eval/, curves in {run.rstrip('/')}/eval.png", highlight=False)
 
 
 @app.command("voices")

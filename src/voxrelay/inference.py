@@ -64,7 +64,7 @@ def load_from_run(run_uri: str, step: int | None = None) -> tuple[FamilyModel, A
 
 def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, int, dict[str, Any] | None]:
     """:func:`load_from_run`, plus for a LoRA run the note an adapter-only export keeps (else None)."""
-    cfg = _run_config(run_uri)
+    cfg = run_config(run_uri)
     index = load_index(cfg.prepared_uri)
     codec = load_prepared_codec(cfg.prepared_uri, index)
     data = DataSpec.from_prepared(index, codec)
@@ -84,7 +84,7 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     return model, codec, ckpt.step, note
 
 
-def _run_config(run_uri: str) -> RunConfig:
+def run_config(run_uri: str) -> RunConfig:
     snapshot = storage.join(run_uri, CONFIG_SNAPSHOT)
     if not storage.exists(snapshot):
         raise InferenceError(f"{run_uri} is not a run folder (no {CONFIG_SNAPSHOT}); pass <root>/runs/<name>")
@@ -221,7 +221,7 @@ def check_export_output(out_dir: str | Path, adapter_only: bool | None = None) -
 def export_run(run_uri: str, out_dir: str | Path, step: int | None = None, adapter_only: bool = False) -> int:
     """Export a run's checkpoint (latest valid, or ``step``); returns its step. See :func:`export`."""
     check_export_output(out_dir, adapter_only)
-    if adapter_only and _run_config(run_uri).train.lora is None:  # before loading a model for nothing
+    if adapter_only and run_config(run_uri).train.lora is None:  # before loading a model for nothing
         raise InferenceError(f"--adapter-only applies to runs trained with train.lora; {run_uri} trained every "
                              "weight: export it without --adapter-only")
     model, codec, at, note = _load_run(run_uri, step)

@@ -10,69 +10,27 @@ import json
 
 import numpy as np
 import soundfile as sf
-import torch
 
-from voxrelay.metrics import mcd_dtw
-from voxrelay.models.base import LOSS_TOKENS
-from voxrelay.quality.scorer import Sample
+from voxrelay.quality.samples import generate_samples, held_out_loss
 
 SAMPLES_DIR = "samples"
 SCORES_FILE = "scores.jsonl"  # per sample of an eval: id, text, transcript, wer, cer, speaker_sim
 
 
-@torch.no_grad()
 def eval_loss(run) -> dict[str, float]:
-    """``eval/loss`` (mean over the loss targets of every held-out row) and, for a family whose loss
-    has parts (e.g. per codebook), ``eval/loss/<part>`` on the same scale."""
-    rows = run.eval_rows
-    if not rows:
-        return {"eval/loss": float("nan")}
-    module, model = run.module, run.model
-    was_training = module.training
-    module.eval()
-    total, count, parts = 0.0, 0, {}
-    for i in range(0, len(rows), 8):
-        batch = model.collate([model.example(r) for r in rows[i : i + 8]])
-        batch.pop(LOSS_TOKENS)  # the loss returns its own count
-        batch = {k: v.to(run.accelerator.device) for k, v in batch.items()}
-        with run.accelerator.autocast():
-            out = model.loss(module, batch)
-        total += float(out.loss_sum)
-        count += int(out.num_tokens)
-        for name, value in out.parts.items():
-            parts[name] = parts.get(name, 0.0) + float(value)
-    module.train(was_training)
-    n = max(count, 1)
-    return {"eval/loss": total / n} | {f"eval/loss/{name}": value / n for name, value in parts.items()}
+    return held_out_loss(run.model, run.module, run.eval_rows, run.accelerator.device, run.accelerator.autocast)
 
 
 def synthesize_eval(run, step: int) -> dict[str, float]:
     """Generate ``train.eval_synth`` held-out texts; MCD-DTW vs the reference recordings, then
     (rank 0) WER/CER and speaker similarity."""
-    codec, model = run.codec, run.model
-    mcds, stopped, ratios, samples = [], 0, [], []
-    for i, row in enumerate(run.eval_rows[: run.cfg.train.eval_synth]):
-        ref_frames = row.codes.shape[1]
-        max_frames = 2 * ref_frames + 20
-        codes = model.generate(row.text, speaker=row.speaker, max_frames=max_frames, seed=step * 1000 + i)
-        frames = codes.shape[1]
-        stopped += int(frames < max_frames)
-        ratios.append(frames / ref_frames)
-        wav = codec.decode(codes) if frames else np.zeros(1, dtype=np.float32)
-        ref = row.ref_audio if row.ref_audio is not None else codec.decode(row.codes)
-        mcds.append(mcd_dtw(ref, wav, codec.sample_rate))
-        samples.append(Sample(row.id, row.text, wav, codec.sample_rate, ref, codec.sample_rate))
-        if run.accelerator.is_main_process:
-            run.monitor.log_audio(step, f"eval/sample_{i}", wav, codec.sample_rate)
-            _save_wav(run, step, row.id, wav, codec.sample_rate)
-    if not mcds:
-        return {}
-    results = {
-        "eval/mcd_dtw": float(np.mean(mcds)),
-        "eval/stopped_frac": stopped / len(mcds),
-        "eval/length_ratio": float(np.mean(ratios)),
-    }
-    if run.accelerator.is_main_process and run.scorer is not None:
+    samples, results = generate_samples(run.model, run.codec, run.eval_rows[: run.cfg.train.eval_synth], step * 1000)
+    if not samples or not run.accelerator.is_main_process:
+        return results
+    for i, sample in enumerate(samples):
+        run.monitor.log_audio(step, f"eval/sample_{i}", sample.wav, sample.sample_rate)
+        _save_wav(run, step, sample.id, sample.wav, sample.sample_rate)
+    if run.scorer is not None:
         scores, rows = run.scorer.score(samples)
         results |= scores
         _log_scores(run, step, rows)

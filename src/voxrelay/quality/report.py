@@ -1,0 +1,148 @@
+"""``voxrelay eval``: the evaluation of training, on demand, for any checkpoint of a run or an export.
+
+For each step asked for: held-out loss, MCD-DTW, WER/CER and speaker similarity of the run's
+held-out texts (or of ``--texts``, then WER/CER only), with the seeds training used at that step
+(``step * 1000 + i``), so the numbers are comparable with the training curves. Results go to
+``<run>/eval/results.jsonl`` and ``<run>/eval/step-N/`` (wavs, scores.jsonl), and the curves of
+every eval so far to ``<run>/eval.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import soundfile as sf
+
+from voxrelay import storage
+from voxrelay.errors import UserError
+from voxrelay.quality.config import EvalConfig
+from voxrelay.quality.samples import TextRow, generate_samples, held_out_loss
+from voxrelay.quality.scorer import Scorer
+
+EVAL_DIR = "eval"
+RESULTS_FILE = "results.jsonl"
+COLUMNS = ("eval/loss", "eval/wer", "eval/cer", "eval/mcd_dtw", "eval/speaker_sim")
+
+
+class EvalError(UserError, ValueError):
+    """What to evaluate is missing or unreadable; the message names the file and the fix."""
+
+
+def read_texts(path: Path) -> list[TextRow]:
+    """``--texts``: one text per line; ``speaker|text`` picks a voice; blank lines and # comments skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise EvalError(f"--texts {path}: cannot read it ({e}); pass a UTF-8 text file, one text per line") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        speaker, _, text = line.rpartition("|")
+        if not text.strip():
+            raise EvalError(f"--texts {path} line {n}: no text after '|'; write `text` or `speaker|text`")
+        rows.append(TextRow(f"text-{n:04d}", text.strip(), speaker.strip() or None))
+    if not rows:
+        raise EvalError(f"--texts {path}: no texts in it; write one text per line")
+    return rows
+
+
+def held_out_rows(cfg, model) -> list:
+    """The run's held-out rows in the order training evaluates them (sorted by id, too long ones left out)."""
+    from voxrelay.data.loader import PreparedDataset
+
+    rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval").rows, key=lambda r: r.id)
+    return [r for r in rows if model.length(r) <= model.max_length]
+
+
+def evaluate_step(model, codec, rows: list, step: int, scorer: Scorer) -> tuple[dict[str, float], list, list[dict]]:
+    """(metrics, samples, per-sample scores) of ``model`` at ``step`` on ``rows``."""
+    import torch
+
+    results = {}
+    if rows and rows[0].codes is not None:
+        results |= held_out_loss(model, model.module, rows, torch.device("cpu"))
+    samples, synth = generate_samples(model, codec, rows, step * 1000)
+    scores, per_sample = scorer.score(samples)
+    return results | synth | scores, samples, per_sample
+
+
+def save_step(run_uri: str, step: int, metrics: dict, samples: list, per_sample: list[dict], what: str) -> None:
+    """``<run>/eval/step-N/`` (wavs + scores.jsonl) and a line of ``<run>/eval/results.jsonl``."""
+    folder = storage.join(run_uri, EVAL_DIR, f"step-{step:08d}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for s in samples:
+            local = Path(tmp) / f"{s.id}.wav"
+            sf.write(local, s.wav, s.sample_rate, format="WAV", subtype="PCM_16")
+            storage.put_file(local, storage.join(folder, local.name))
+    storage.write_text(storage.join(folder, "scores.jsonl"), "".join(json.dumps(r) + "\n" for r in per_sample))
+    results = storage.join(run_uri, EVAL_DIR, RESULTS_FILE)
+    old = storage.read_text(results) if storage.exists(results) else ""
+    line = json.dumps({"step": step, "time": round(time.time(), 3), "texts": what, **metrics})
+    storage.write_text(results, old + line + "\n")
+
+
+def format_table(rows: list[tuple[int | str, dict]]) -> str:
+    """One line per step: loss, WER, CER, MCD-DTW, speaker similarity ('-' where not measured)."""
+    head = f"{'step':>8}  " + "  ".join(f"{c.split('/', 1)[1]:>11}" for c in COLUMNS)
+    lines = [head]
+    for step, m in rows:
+        cells = [f"{m[c]:>11.3f}" if isinstance(m.get(c), float | int) else f"{'-':>11}" for c in COLUMNS]
+        lines.append(f"{step!s:>8}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def scorer_for(cfg, asr_model: str | None) -> Scorer:
+    import torch
+
+    eval_cfg = cfg.eval.model_copy(deep=True) if cfg is not None else EvalConfig()
+    if asr_model is not None:
+        eval_cfg.asr = (eval_cfg.asr or EvalConfig().asr).model_copy(update={"model": asr_model})
+    return Scorer(eval_cfg, torch.get_num_threads())
+
+
+def run_steps(run_uri: str, step: int | None, all_steps: bool) -> list[int | None]:
+    """The checkpoint steps to evaluate: ``--step``, every checkpoint (``--all``), else the newest."""
+    if not all_steps:
+        return [step]
+    from voxrelay.checkpoint.manager import CheckpointManager
+
+    steps = sorted(c.step for c in CheckpointManager(run_uri).candidates())
+    if not steps:
+        raise EvalError(f"{run_uri} has no checkpoint yet; train first (voxrelay train CONFIG)")
+    return steps
+
+
+def evaluate_source(source: str, step: int | None = None, all_steps: bool = False, texts: Path | None = None,
+                    asr_model: str | None = None, progress=lambda msg: None) -> list[tuple[int | str, dict]]:
+    """``voxrelay eval``: (step or 'export', metrics) per evaluated checkpoint; a run's results and
+    plot are written into the run folder."""
+    from voxrelay.inference import CODEC_JSON, load_from_export, load_from_run, run_config
+
+    rows = read_texts(texts) if texts is not None else None
+    what = f"--texts {texts}" if texts is not None else "held-out"
+    if storage.is_local(source) and (Path(storage.local_path(source)) / CODEC_JSON).exists():
+        if step is not None or all_steps:
+            raise EvalError("--step/--all apply to run folders; an export folder holds one model")
+        if rows is None:
+            raise EvalError(f"{source} is an export folder, which holds no held-out data: pass --texts FILE")
+        model, codec = load_from_export(storage.local_path(source))
+        metrics, _, _ = evaluate_step(model, codec, rows, 0, scorer_for(None, asr_model))
+        return [("export", metrics)]
+    cfg = run_config(source)
+    scorer = scorer_for(cfg, asr_model)
+    out = []
+    for wanted in run_steps(source, step, all_steps):
+        model, codec, at = load_from_run(source, wanted)
+        progress(f"evaluating {source} at step {at} ({what})")
+        metrics, samples, per_sample = evaluate_step(model, codec, rows or held_out_rows(cfg, model), at, scorer)
+        save_step(source, at, metrics, samples, per_sample, what)
+        out.append((at, metrics))
+    from voxrelay.quality.plot import write_plot
+
+    write_plot(source)
+    return out

@@ -1,0 +1,76 @@
+"""Speech generated for scoring, shared by the evaluation during training and ``voxrelay eval``:
+the held-out loss, and generated samples with MCD-DTW against their reference recordings."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from voxrelay.metrics import mcd_dtw
+from voxrelay.models.base import LOSS_TOKENS
+from voxrelay.quality.scorer import Sample
+
+
+@dataclass
+class TextRow:
+    """A text to speak without a reference recording (``voxrelay eval --texts``)."""
+
+    id: str
+    text: str
+    speaker: str | None = None
+    codes: np.ndarray | None = None
+    ref_audio: np.ndarray | None = None
+
+
+@torch.no_grad()
+def held_out_loss(model, module, rows: list, device, autocast=contextlib.nullcontext) -> dict[str, float]:
+    """``eval/loss`` (mean over the loss targets of every row) and, for a family whose loss has parts
+    (e.g. per codebook), ``eval/loss/<part>`` on the same scale."""
+    if not rows:
+        return {"eval/loss": float("nan")}
+    was_training = module.training
+    module.eval()
+    total, count, parts = 0.0, 0, {}
+    for i in range(0, len(rows), 8):
+        batch = model.collate([model.example(r) for r in rows[i : i + 8]])
+        batch.pop(LOSS_TOKENS)  # the loss returns its own count
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with autocast():
+            out = model.loss(module, batch)
+        total += float(out.loss_sum)
+        count += int(out.num_tokens)
+        for name, value in out.parts.items():
+            parts[name] = parts.get(name, 0.0) + float(value)
+    module.train(was_training)
+    n = max(count, 1)
+    return {"eval/loss": total / n} | {f"eval/loss/{name}": value / n for name, value in parts.items()}
+
+
+def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: float = 20.0,
+                     speaker: str | None = None) -> tuple[list[Sample], dict[str, float]]:
+    """Speak each row's text (seed ``seed_base + i``; a row with codes may run to twice its length +
+    20 frames); with references: ``eval/mcd_dtw``, ``eval/stopped_frac``, ``eval/length_ratio``."""
+    samples, mcds, stopped, ratios = [], [], 0, []
+    for i, row in enumerate(rows):
+        has_ref = row.codes is not None
+        max_frames = 2 * row.codes.shape[1] + 20 if has_ref else int(max_seconds * codec.frame_rate)
+        codes = model.generate(row.text, speaker=row.speaker or speaker, max_frames=max_frames, seed=seed_base + i)
+        frames = codes.shape[1]
+        wav = codec.decode(codes) if frames else np.zeros(1, dtype=np.float32)
+        ref = None
+        if has_ref:
+            stopped += int(frames < max_frames)
+            ratios.append(frames / row.codes.shape[1])
+            ref = row.ref_audio if row.ref_audio is not None else codec.decode(row.codes)
+            mcds.append(mcd_dtw(ref, wav, codec.sample_rate))
+        samples.append(Sample(row.id, row.text, wav, codec.sample_rate, ref, codec.sample_rate))
+    if not mcds:
+        return samples, {}
+    return samples, {
+        "eval/mcd_dtw": float(np.mean(mcds)),
+        "eval/stopped_frac": stopped / len(mcds),
+        "eval/length_ratio": float(np.mean(ratios)),
+    }
