@@ -1,0 +1,1 @@
+"""Quality metrics of generated speech (speaker similarity, ...)."""
