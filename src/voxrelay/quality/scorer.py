@@ -76,8 +76,17 @@ class Scorer:
 
             sims = []
             for row, s in with_ref:
-                sim = cosine(encoder.embed(s.wav, s.sample_rate), encoder.embed(s.reference, s.reference_rate))
+                sim = cosine(encoder.embed(_level(s.wav), s.sample_rate),
+                             encoder.embed(_level(s.reference), s.reference_rate))
                 row["speaker_sim"] = round(sim, 4)
                 sims.append(sim)
             metrics["eval/speaker_sim"] = float(np.mean(sims))
         return metrics, rows
+
+
+def _level(wav: np.ndarray, dbfs: float = -30.0) -> np.ndarray:
+    """``wav`` scaled to an RMS of ``dbfs``: the encoder's embedding moves with loudness above -30 dBFS
+    (it only ever raises the level), and a sample must not score by how loud it is."""
+    wav = np.asarray(wav, dtype=np.float32)
+    rms = float(np.sqrt(np.mean(wav.astype(np.float64) ** 2))) if wav.size else 0.0
+    return wav if rms < 1e-6 else wav * np.float32(10 ** (dbfs / 20) / rms)
