@@ -177,6 +177,8 @@ def eval_cmd(
     all_steps: bool = typer.Option(False, "--all", help="Every checkpoint the run keeps, a table row each"),
     texts: Path = typer.Option(None, "--texts", help="Speak these instead of the held-out texts: one per line, "
                                "`speaker|text` for a voice (no references: WER/CER only)"),
+    num: int = typer.Option(None, "--num", min=1, help="Only the first N texts (training's evals speak "
+                            "train.eval_synth of them: --num that gives its numbers; default: all held-out texts)"),
     asr_model: str = typer.Option(None, "--asr-model", help="Whisper for WER/CER instead of the run's eval.asr.model"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per step instead of the table"),
 ):
@@ -184,7 +186,8 @@ def eval_cmd(
     <run>/eval/ and the plot <run>/eval.png."""
     from voxrelay.quality.report import evaluate_source, format_table
 
-    results = evaluate_source(run, step, all_steps, texts, asr_model, progress=lambda m: err.print(m, highlight=False))
+    results = evaluate_source(run, step, all_steps, texts, asr_model, num,
+                              progress=lambda m: err.print(m, highlight=False))
     if as_json:
         for at, metrics in results:
             out.print(json.dumps({"step": at, **metrics}), highlight=False, soft_wrap=True)

@@ -175,9 +175,13 @@ class Transcriber:
                 for w, sr in clips]
         out = [""] * len(mono)
         for window in pack(mono):
+            # greedy, no temperature fallback (babble would be decoded again up to 5 times), and at most
+            # ~6 tokens per second of audio (fast speech needs ~4): a hallucinating decoder stops early
+            seconds = len(window.audio) / ASR_SAMPLE_RATE
             segments, _ = self.model.transcribe(
-                window.audio, language=language, beam_size=1, word_timestamps=True,
-                condition_on_previous_text=False, vad_filter=False, without_timestamps=False)
+                window.audio, language=language, beam_size=1, temperature=0.0, word_timestamps=True,
+                condition_on_previous_text=False, vad_filter=False, without_timestamps=False,
+                max_new_tokens=min(int(6 * seconds) + 16, 440))
             words = [(w.start, w.end, w.word) for s in segments for w in (s.words or [])]
             for index, text in zip(window.members, assign_words(words, window.spans), strict=True):
                 out[index] = text

@@ -59,13 +59,15 @@ def held_out_rows(cfg, model) -> list:
     return [r for r in rows if model.length(r) <= model.max_length]
 
 
-def evaluate_step(model, codec, rows: list, step: int, scorer: Scorer) -> tuple[dict[str, float], list, list[dict]]:
-    """(metrics, samples, per-sample scores) of ``model`` at ``step`` on ``rows``."""
+def evaluate_step(model, codec, rows: list, step: int, scorer: Scorer,
+                  loss_rows: list | None = None) -> tuple[dict[str, float], list, list[dict]]:
+    """(metrics, samples, per-sample scores) of ``model`` at ``step`` speaking ``rows``; the held-out
+    loss over ``loss_rows``."""
     import torch
 
     results = {}
-    if rows and rows[0].codes is not None:
-        results |= held_out_loss(model, model.module, rows, torch.device("cpu"))
+    if loss_rows:
+        results |= held_out_loss(model, model.module, loss_rows, torch.device("cpu"))
     samples, synth = generate_samples(model, codec, rows, step * 1000)
     scores, per_sample = scorer.score(samples)
     return results | synth | scores, samples, per_sample
@@ -118,12 +120,13 @@ def run_steps(run_uri: str, step: int | None, all_steps: bool) -> list[int | Non
 
 
 def evaluate_source(source: str, step: int | None = None, all_steps: bool = False, texts: Path | None = None,
-                    asr_model: str | None = None, progress=lambda msg: None) -> list[tuple[int | str, dict]]:
+                    asr_model: str | None = None, num: int | None = None,
+                    progress=lambda msg: None) -> list[tuple[int | str, dict]]:
     """``voxrelay eval``: (step or 'export', metrics) per evaluated checkpoint; a run's results and
     plot are written into the run folder."""
     from voxrelay.inference import CODEC_JSON, load_from_export, load_from_run, run_config
 
-    rows = read_texts(texts) if texts is not None else None
+    rows = read_texts(texts)[:num] if texts is not None else None
     what = f"--texts {texts}" if texts is not None else "held-out"
     if storage.is_local(source) and (Path(storage.local_path(source)) / CODEC_JSON).exists():
         if step is not None or all_steps:
@@ -139,7 +142,8 @@ def evaluate_source(source: str, step: int | None = None, all_steps: bool = Fals
     for wanted in run_steps(source, step, all_steps):
         model, codec, at = load_from_run(source, wanted)
         progress(f"evaluating {source} at step {at} ({what})")
-        metrics, samples, per_sample = evaluate_step(model, codec, rows or held_out_rows(cfg, model), at, scorer)
+        held_out = held_out_rows(cfg, model)
+        metrics, samples, per_sample = evaluate_step(model, codec, rows or held_out[:num], at, scorer, held_out)
         save_step(source, at, metrics, samples, per_sample, what)
         out.append((at, metrics))
     from voxrelay.quality.plot import write_plot
