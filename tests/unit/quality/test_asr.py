@@ -57,7 +57,7 @@ def whisper():
 
 @pytest.fixture(scope="module")
 def clips():
-    return [espeak(text, voice) for text, voice in zip(SENTENCES, ["en-us", "en-gb+f3"] * 3, strict=True)]
+    return [espeak(text, voice) for text, voice in zip(SENTENCES, ["en-us", "en-us+m3"] * 3, strict=True)]
 
 
 def test_clean_speech_scores_low_and_reversed_speech_high(whisper, clips):
@@ -65,7 +65,7 @@ def test_clean_speech_scores_low_and_reversed_speech_high(whisper, clips):
     reversed_ = whisper.transcribe([(wav[::-1].copy(), sr) for wav, sr in clips])
     good, bad = set_errors(SENTENCES, clean), set_errors(SENTENCES, reversed_)
     print(f"clean WER {good.wer:.3f} CER {good.cer:.3f}; reversed WER {bad.wer:.3f} CER {bad.cer:.3f}")
-    assert good.wer < 0.4 and good.cer < 0.25, clean
+    assert good.wer < 0.35 and good.cer < 0.2, clean
     assert bad.wer > 0.8 and bad.cer > 0.6, reversed_
 
 
