@@ -72,3 +72,26 @@ def test_hub_id_that_cannot_be_fetched_is_one_line(monkeypatch: pytest.MonkeyPat
     with pytest.raises(UserError, match=r"model.tokenizer='nobody/nothing' as a hub id") as info:
         load_text_tokenizer("nobody/nothing")
     assert "\n" not in str(info.value)
+
+
+def test_phonemes_spell_pronunciation_and_survive_a_save(tmp_path: Path) -> None:
+    from voxrelay.models.codec_lm.tokenizer import PhonemeTokenizer
+
+    tok = load_text_tokenizer("phonemes")
+    assert isinstance(tok, PhonemeTokenizer) and tok.vocab_size == 256 and tok.spec == "phonemes"
+    said = tok.decode(tok.encode("Did Felix carry the heavy ladder?"))
+    assert said == "dˈɪd fˈiːlɪks kˈæɹi ðə hˈɛvi lˈædɚ"  # eSpeak NG's en-us rules, stress marks included
+    # spelling differs, sound does not: the point of phoneme input
+    assert tok.encode("Their knight") == tok.encode("There night")
+    assert tok.decode(tok.encode("forty two, then stop.")) == "fˈɔːɹɾi tˈuː, ðˈɛn stˈɑːp"  # clauses joined by ", "
+    british = load_text_tokenizer("phonemes:en-gb")
+    assert british.spec == "phonemes:en-gb" and british.decode(british.encode("carry")) == "kˈaɹi"
+    british.save(tmp_path / "tok")
+    again = load_saved_tokenizer(tmp_path / "tok")
+    assert isinstance(again, PhonemeTokenizer) and again.spec == "phonemes:en-gb"
+    assert again.encode("carry") == british.encode("carry")
+
+
+def test_a_phoneme_language_espeak_lacks_is_a_user_error() -> None:
+    with pytest.raises(UserError, match=r"phonemes:xx-nope: eSpeak NG cannot phonemize it \(no such language\)"):
+        load_text_tokenizer("phonemes:xx-nope")

@@ -19,7 +19,10 @@ class CodecLMConfig(BaseModel):
     family: Literal["codec_lm"] = Field(
         "codec_lm", description="Model family (src/voxrelay/models/<family>/); the other model.* keys depend on it"
     )
-    tokenizer: str = Field("bytes", description="'bytes' (UTF-8 bytes) or a HF tokenizer name/path")
+    tokenizer: str = Field(
+        "bytes", description="'bytes' (UTF-8 bytes), 'phonemes' or 'phonemes:<language>' (eSpeak NG's IPA "
+        "transcription, default en-us: pronunciation instead of spelling) or a HF tokenizer name/path",
+    )
     init_from: str | None = Field(
         None, description="Pretrained weights: local folder or hub id (None = random init)"
     )

@@ -1,4 +1,5 @@
-"""Text tokenizers of the codec LM: UTF-8 bytes (no download) or any HF tokenizer.
+"""Text tokenizers of the codec LM: UTF-8 bytes (no download), eSpeak NG phonemes (``phonemes``
+or ``phonemes:<language>``: the UTF-8 bytes of the IPA transcription) or any HF tokenizer.
 
 Both expose the same tiny interface the model needs::
 
@@ -21,6 +22,7 @@ from voxrelay.errors import UserError, one_line
 from voxrelay.models.hf import looks_local
 
 BYTES_SPEC = "bytes"
+PHONEMES_SPEC = "phonemes"
 _MARKER = "voxrelay_tokenizer.json"
 # What a folder written by a HF tokenizer's save_pretrained always holds (at least one of).
 _HF_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
@@ -72,6 +74,25 @@ class ByteTokenizer:
         (folder / _MARKER).write_text(json.dumps({"type": BYTES_SPEC}))
 
 
+class PhonemeTokenizer(ByteTokenizer):
+    """The UTF-8 bytes of eSpeak NG's IPA transcription (``data.phonemize``): pronunciation spelled
+    out, so the model need not learn English spelling. ``decode`` gives the IPA back."""
+
+    def __init__(self, language: str = "en-us") -> None:
+        self.language = language
+        self.spec = PHONEMES_SPEC if language == "en-us" else f"{PHONEMES_SPEC}:{language}"
+
+    def encode(self, text: str) -> list[int]:
+        from voxrelay.data.phonemize import phonemize
+
+        return list(phonemize(text, self.language).encode("utf-8"))
+
+    def save(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / _MARKER).write_text(json.dumps({"type": PHONEMES_SPEC, "language": self.language}))
+
+
 class HFTextTokenizer:
     """A HF ``transformers`` tokenizer behind the tiny interface (no special tokens added)."""
 
@@ -100,6 +121,8 @@ def load_text_tokenizer(spec: str) -> TextTokenizer:
     """``"bytes"`` -> :class:`ByteTokenizer`; anything else is a HF tokenizer name or local folder."""
     if spec == BYTES_SPEC:
         return ByteTokenizer()
+    if spec == PHONEMES_SPEC or spec.startswith(PHONEMES_SPEC + ":"):
+        return _phoneme_tokenizer(spec.partition(":")[2] or "en-us")
     folder = Path(spec).expanduser()
     fix = "set model.tokenizer to 'bytes', a local folder holding tokenizer files, or a HF hub id"
     if not folder.is_dir() and looks_local(spec):
@@ -133,6 +156,22 @@ def load_saved_tokenizer(folder: str | Path) -> TextTokenizer:
     meta = json.loads(marker.read_text())
     if meta["type"] == BYTES_SPEC:
         return ByteTokenizer()
+    if meta["type"] == PHONEMES_SPEC:
+        return _phoneme_tokenizer(meta["language"])
     from transformers import AutoTokenizer
 
     return HFTextTokenizer(AutoTokenizer.from_pretrained(str(folder)), meta["spec"])
+
+
+def _phoneme_tokenizer(language: str) -> PhonemeTokenizer:
+    """A phoneme tokenizer whose language eSpeak NG knows (checked now, not at the first batch)."""
+    from voxrelay.data.demo_corpus import SynthesisError
+    from voxrelay.data.phonemize import phonemize
+
+    try:
+        phonemize("a", language)
+    except SynthesisError as e:
+        why = "no such language" if "has no voice" in str(e) else str(e)
+        raise TokenizerError(f"model.tokenizer=phonemes:{language}: eSpeak NG cannot phonemize it ({why}); "
+                             "`voxrelay demo --list-voices` lists the languages, e.g. phonemes:en-gb") from None
+    return PhonemeTokenizer(language)
