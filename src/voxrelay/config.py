@@ -168,7 +168,10 @@ class TrainConfig(_Section):
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step")
     clip_norm: float | None = Field(1.0, gt=0, description="Gradient clipping max norm (None = off)")
     eval_every: int = Field(100, gt=0, description="Steps between evaluations")
-    eval_synth: int = Field(4, ge=0, description="Held-out texts synthesised and scored (MCD-DTW) per eval")
+    eval_synth: int = Field(
+        4, ge=0, description="Held-out texts synthesised and scored per eval (MCD-DTW; with eval.asr WER/CER, with "
+        "eval.speaker_similarity speaker similarity)",
+    )
     log_every: int = Field(10, gt=0, description="Steps between metric lines")
     time_limit: str | None = Field(
         None,

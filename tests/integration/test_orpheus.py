@@ -72,6 +72,10 @@ def test_orpheus_lora_prepare_train_kill_resume_synthesize_export(setup, tmp_pat
     assert (index["codec"]["type"], index["num_codebooks"]) == ("snac", 7)
 
     _train(base, parts, env, "straight")
+    # every family's eval speaks through the seam and is scored (Whisper WER/CER, speaker similarity)
+    metrics = [json.loads(line) for line in (base / "root/runs/straight/metrics.jsonl").read_text().splitlines()]
+    evals = [m for m in metrics if "eval/loss" in m]
+    assert evals and all({"eval/wer", "eval/cer", "eval/speaker_sim"} <= set(m) for m in evals), evals
     trainer = Trainer(str(base / "root"), env, "name=killed", config=EXAMPLE, settings=settings(parts))
     # SIGKILLed as soon as a checkpoint of it exists, staged on this machine or committed (the resume
     # takes either), while it still has steps to train
