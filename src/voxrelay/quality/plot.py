@@ -1,5 +1,5 @@
-"""``<run>/eval.png``: loss, WER/CER and MCD-DTW over steps, from the run's metrics (training's
-evaluations) and ``voxrelay eval`` results (which win at a step both measured)."""
+"""``<run>/eval.png``: loss, WER/CER/speaker similarity and MCD-DTW over steps: lines for training's
+evaluations (``metrics.jsonl``), open markers for ``voxrelay eval`` results (often more texts)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from voxrelay.paths import METRICS_FILE
 
 log = logging.getLogger(__name__)
 PLOT_FILE = "eval.png"
-PANELS = (("loss", ("loss", "eval/loss")), ("WER / CER", ("eval/wer", "eval/cer")), ("MCD-DTW (dB)", ("eval/mcd_dtw",)))
+PANELS = (
+    ("loss", ("loss", "eval/loss")),
+    ("WER / CER / speaker similarity", ("eval/wer", "eval/cer", "eval/speaker_sim")),
+    ("MCD-DTW (dB)", ("eval/mcd_dtw",)),
+)
 
 
 def _lines(uri: str) -> list[dict]:
@@ -28,12 +32,10 @@ def _lines(uri: str) -> list[dict]:
     return out
 
 
-def curves(run_uri: str) -> dict[str, list[tuple[int, float]]]:
-    """metric -> [(step, value)] sorted by step; on-demand results replace training's at the same step."""
-    from voxrelay.quality.report import EVAL_DIR, RESULTS_FILE
-
+def curves(uri: str) -> dict[str, list[tuple[int, float]]]:
+    """metric -> [(step, value)] sorted by step, from a JSONL of metrics (the last value at a step wins)."""
     by_key: dict[str, dict[int, float]] = {}
-    for record in _lines(storage.join(run_uri, METRICS_FILE)) + _lines(storage.join(run_uri, EVAL_DIR, RESULTS_FILE)):
+    for record in _lines(uri):
         for key, value in record.items():
             if key not in ("step", "time") and isinstance(value, int | float) and value == value:
                 by_key.setdefault(key, {})[int(record["step"])] = float(value)
@@ -50,13 +52,22 @@ def write_plot(run_uri: str) -> str | None:
     except ImportError:
         log.warning("no plot: matplotlib is not installed (pip install 'voxrelay[eval]')")
         return None
-    data = curves(run_uri)
+    from voxrelay.quality.report import EVAL_DIR, RESULTS_FILE
+
+    training = curves(storage.join(run_uri, METRICS_FILE))
+    on_demand = curves(storage.join(run_uri, EVAL_DIR, RESULTS_FILE))
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6), constrained_layout=True)
     for ax, (title, keys) in zip(axes, PANELS, strict=True):
         for key in keys:
-            if data.get(key):
-                steps, values = zip(*data[key], strict=True)
-                ax.plot(steps, values, marker="o" if key != "loss" else None, markersize=3, label=key)
+            color = None
+            if training.get(key):
+                steps, values = zip(*training[key], strict=True)
+                (line,) = ax.plot(steps, values, marker="o" if key != "loss" else None, markersize=3, label=key)
+                color = line.get_color()
+            if on_demand.get(key):
+                steps, values = zip(*on_demand[key], strict=True)
+                ax.plot(steps, values, linestyle="none", marker="D", markersize=6, markerfacecolor="none",
+                        color=color, label=f"{key} (voxrelay eval)")
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
