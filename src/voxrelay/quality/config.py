@@ -25,6 +25,11 @@ class EvalConfig(BaseModel):
         default_factory=AsrConfig, description="Intelligibility: transcribe the eval samples with Whisper and "
         "report eval/wer and eval/cer (needs `pip install 'voxrelay[eval]'`); null or false: off",
     )
+    temperature: float = Field(
+        0.8, ge=0, description="Sampling temperature of the eval samples (0 = greedy; `synthesize --temperature` "
+        "defaults to 0.8 too)",
+    )
+    top_k: int | None = Field(50, ge=0, description="Top-k of the eval samples' sampling (null or 0: all codes)")
     speaker_similarity: bool = Field(
         True, description="Report eval/speaker_sim: cosine of speaker embeddings (resemblyzer's encoder) of each "
         "sample and its reference recording (needs `voxrelay[eval]`)",

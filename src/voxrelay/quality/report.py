@@ -68,7 +68,8 @@ def evaluate_step(model, codec, rows: list, step: int, scorer: Scorer,
     results = {}
     if loss_rows:
         results |= held_out_loss(model, model.module, loss_rows, torch.device("cpu"))
-    samples, synth = generate_samples(model, codec, rows, step * 1000)
+    samples, synth = generate_samples(model, codec, rows, step * 1000, temperature=scorer.cfg.temperature,
+                                      top_k=scorer.cfg.top_k)
     scores, per_sample = scorer.score(samples)
     return results | synth | scores, samples, per_sample
 

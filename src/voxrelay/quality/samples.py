@@ -50,14 +50,16 @@ def held_out_loss(model, module, rows: list, device, autocast=contextlib.nullcon
 
 
 def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: float = 20.0,
-                     speaker: str | None = None) -> tuple[list[Sample], dict[str, float]]:
+                     speaker: str | None = None, temperature: float = 0.8,
+                     top_k: int | None = 50) -> tuple[list[Sample], dict[str, float]]:
     """Speak each row's text (seed ``seed_base + i``; a row with codes may run to twice its length +
     20 frames); with references: ``eval/mcd_dtw``, ``eval/stopped_frac``, ``eval/length_ratio``."""
     samples, mcds, stopped, ratios = [], [], 0, []
     for i, row in enumerate(rows):
         has_ref = row.codes is not None
         max_frames = 2 * row.codes.shape[1] + 20 if has_ref else int(max_seconds * codec.frame_rate)
-        codes = model.generate(row.text, speaker=row.speaker or speaker, max_frames=max_frames, seed=seed_base + i)
+        codes = model.generate(row.text, speaker=row.speaker or speaker, max_frames=max_frames, seed=seed_base + i,
+                               temperature=temperature, top_k=top_k)
         frames = codes.shape[1]
         wav = codec.decode(codes) if frames else np.zeros(1, dtype=np.float32)
         ref = None

@@ -24,7 +24,9 @@ def eval_loss(run) -> dict[str, float]:
 def synthesize_eval(run, step: int) -> dict[str, float]:
     """Generate ``train.eval_synth`` held-out texts; MCD-DTW vs the reference recordings, then
     (rank 0) WER/CER and speaker similarity."""
-    samples, results = generate_samples(run.model, run.codec, run.eval_rows[: run.cfg.train.eval_synth], step * 1000)
+    ec = run.cfg.eval
+    samples, results = generate_samples(run.model, run.codec, run.eval_rows[: run.cfg.train.eval_synth], step * 1000,
+                                        temperature=ec.temperature, top_k=ec.top_k)
     if not samples or not run.accelerator.is_main_process:
         return results
     for i, sample in enumerate(samples):
