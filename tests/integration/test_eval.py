@@ -13,7 +13,7 @@ import pytest
 from tests.integration.runner import CONFIG, env_for, voxrelay
 from tests.integration.tiny import tiny
 
-SCORED = ("eval.asr={}", "eval.speaker_similarity=true", "train.eval_synth=2")
+SCORED = ("eval.asr={}", "eval.speaker_similarity=true", "train.eval_synth=2", "eval.temperature=0.5")
 
 
 @pytest.fixture(scope="module")
