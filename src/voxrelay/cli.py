@@ -251,10 +251,22 @@ def demo_cmd(
     result = train(build_run(cfg))
     if result.exit_code:
         raise typer.Exit(result.exit_code)
+    _demo_scores(cfg.run_uri)
     model, codec, _ = load_from_run(cfg.run_uri)
     wav = local_run_dir(cfg.run_uri) / "demo.wav"
     synthesize(model, codec, "The quiet river carries seven small boats to the old town.", wav)
     out.print(str(wav.resolve()), highlight=False)
+
+
+def _demo_scores(run_uri: str) -> None:
+    """The demo's last word: does it speak? The final checkpoint on every held-out text, and the plot."""
+    from voxrelay.quality.report import evaluate_source, format_table
+
+    (at, metrics), = evaluate_source(run_uri, progress=lambda m: err.print(m, highlight=False))
+    err.print(format_table([(at, metrics)]), highlight=False)
+    if "eval/wer" in metrics:
+        err.print(f"held-out WER {metrics['eval/wer']:.2f} (Whisper; 1.0 = no word right, 0 = every word); "
+                  f"curves: {run_uri.rstrip('/')}/eval.png", highlight=False)
 
 
 def main() -> None:
