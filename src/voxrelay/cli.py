@@ -254,7 +254,8 @@ def demo_cmd(
     _demo_scores(cfg.run_uri)
     model, codec, _ = load_from_run(cfg.run_uri)
     wav = local_run_dir(cfg.run_uri) / "demo.wav"
-    synthesize(model, codec, "The quiet river carries seven small boats to the old town.", wav)
+    synthesize(model, codec, "The quiet river carries seven small boats to the old town.", wav,
+               temperature=cfg.eval.temperature, top_k=cfg.eval.top_k or 0)  # as its evals speak
     out.print(str(wav.resolve()), highlight=False)
 
 
