@@ -13,7 +13,9 @@ import pytest
 from tests.integration.runner import CONFIG, env_for, voxrelay
 from tests.integration.tiny import tiny
 
-SCORED = ("eval.asr={}", "eval.speaker_similarity=true", "train.eval_synth=2", "eval.temperature=0.5")
+# the demo's phoneme input end to end (train, checkpoint, eval, export, eval of the export)
+SCORED = ("eval.asr={}", "eval.speaker_similarity=true", "train.eval_synth=2", "eval.temperature=0.5",
+          "model.tokenizer=phonemes")
 
 
 @pytest.fixture(scope="module")

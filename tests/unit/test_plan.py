@@ -280,6 +280,7 @@ def test_plan_without_data_or_seq_len_exits_2_naming_the_fix(tmp_path: Path) -> 
 
 def test_plan_json_prices_every_strategy(tmp_path: Path) -> None:
     args = ["plan", str(demo_config_path()), f"root={tmp_path}", *TINY_CODEC_LM[:4], "--seq-len", "512",
+            "codec.num_codebooks=4", "codec.codebook_size=256",  # the vocabulary the GPU size below was cut for
             "--gpus", "2", "--gpu-memory", "1.5135GB", "--json"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
