@@ -15,6 +15,7 @@ from voxrelay import storage
 from voxrelay.checkpoint.staging import Staging
 from voxrelay.checkpoint.store import CommittedStore
 from voxrelay.errors import UserError
+from voxrelay.monitor.sinks import read_jsonl
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, EXPORT_META, METRICS_FILE, cache_dir, uri_key
 
 
@@ -83,16 +84,7 @@ class RunStatus:
 
 
 def _metrics(run_uri: str) -> list[dict]:
-    uri = storage.join(run_uri, METRICS_FILE)
-    if not storage.exists(uri):
-        return []
-    out = []
-    for line in storage.read_text(uri).splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a kill
-    return out
+    return read_jsonl(storage.join(run_uri, METRICS_FILE))
 
 
 def run_status(run_uri: str) -> RunStatus:

@@ -55,6 +55,20 @@ class JsonlSink:
         pass
 
 
+def read_jsonl(uri: str) -> list[dict]:
+    """The records of a JSONL file written by :class:`JsonlSink` (local or in storage); [] when it does
+    not exist. A line cut by a kill is skipped: the others still count."""
+    if not storage.exists(uri):
+        return []
+    out = []
+    for line in storage.read_text(uri).splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
 class TensorBoardSink:
     def __init__(self, logdir: Path):
         from torch.utils.tensorboard import SummaryWriter

@@ -3,12 +3,12 @@ evaluations (``metrics.jsonl``), open markers for ``voxrelay eval`` results (oft
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 from pathlib import Path
 
 from voxrelay import storage
+from voxrelay.monitor.sinks import read_jsonl
 from voxrelay.paths import METRICS_FILE
 
 log = logging.getLogger(__name__)
@@ -20,22 +20,10 @@ PANELS = (
 )
 
 
-def _lines(uri: str) -> list[dict]:
-    if not storage.exists(uri):
-        return []
-    out = []
-    for line in storage.read_text(uri).splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill: the others still plot
-    return out
-
-
 def curves(uri: str) -> dict[str, list[tuple[int, float]]]:
     """metric -> [(step, value)] sorted by step, from a JSONL of metrics (the last value at a step wins)."""
     by_key: dict[str, dict[int, float]] = {}
-    for record in _lines(uri):
+    for record in read_jsonl(uri):
         for key, value in record.items():
             if key not in ("step", "time") and isinstance(value, int | float) and value == value:
                 by_key.setdefault(key, {})[int(record["step"])] = float(value)
