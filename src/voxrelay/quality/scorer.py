@@ -45,7 +45,7 @@ class Scorer:
             try:
                 if kind == "asr":
                     asr = self.cfg.asr
-                    self._models[kind] = Transcriber.load(asr.model, asr.device, self.threads)
+                    self._models[kind] = Transcriber.load(asr.model, asr.device, self.threads, asr.beam_size)
                 else:
                     from voxrelay.quality.speaker import SpeakerEncoder
 

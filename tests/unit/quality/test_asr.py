@@ -76,3 +76,22 @@ def test_each_utterance_gets_its_own_words(whisper, clips):
     for i, hyp in zip(order, hyps, strict=True):
         others = [errors(SENTENCES[j], hyp).wer for j in range(len(SENTENCES)) if j != i]
         assert errors(SENTENCES[i], hyp).wer < min(others), (i, hyp)
+
+
+def test_beam_search_hears_clean_speech_better_than_greedy(whisper, clips):
+    # the default (Whisper's own beam of 5) against eval.asr.beam_size=1 on the same packed window
+    greedy = Transcriber(whisper.model, whisper.name, beam_size=1).transcribe(clips)
+    beam = whisper.transcribe(clips)
+    g, b = set_errors(SENTENCES, greedy), set_errors(SENTENCES, beam)
+    print(f"greedy WER {g.wer:.3f} CER {g.cer:.3f}; beam 5 WER {b.wer:.3f} CER {b.cer:.3f}")
+    assert whisper.beam_size == 5 and b.wer < g.wer, (greedy, beam)
+
+
+def test_beam_size_is_validated():
+    from pydantic import ValidationError
+
+    from voxrelay.quality.config import EvalConfig
+
+    assert EvalConfig().asr.beam_size == 5
+    with pytest.raises(ValidationError, match="beam_size"):
+        EvalConfig(asr={"beam_size": 0})

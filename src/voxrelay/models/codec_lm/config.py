@@ -32,6 +32,12 @@ class CodecLMConfig(BaseModel):
     intermediate_size: int = Field(768, gt=0, description="MLP width")
     max_seq_len: int = Field(2048, gt=0, description="Longest token sequence (text + audio codes)")
     dropout: float = Field(0.0, ge=0, lt=1, description="Attention dropout")
+    text_position_scale: float | None = Field(
+        None, gt=0, description="Rotary positions that put text and audio on one time axis: text token j at "
+        "position j * scale, audio frame t at t + 1 (BOS and the audio start at 0), so the phoneme being "
+        "spoken sits next to the frame being predicted. Set it to the data's audio frames per text token (the "
+        "demo: ~1.75 for phonemes at 50 frames/s). null: one position per token (plain causal LM)",
+    )
 
     @model_validator(mode="after")
     def _heads(self) -> CodecLMConfig:

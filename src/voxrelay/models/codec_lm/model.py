@@ -72,12 +72,14 @@ class CodecLM:
         layout: VocabLayout,
         speakers: list[str],
         max_seq_len: int,
+        text_position_scale: float | None = None,
     ) -> None:
         self.module = module
         self.tokenizer = tokenizer
         self.layout = layout
         self.speakers = speakers
         self.max_seq_len = max_seq_len
+        self.text_position_scale = text_position_scale
 
     @property
     def max_length(self) -> int:
@@ -105,7 +107,7 @@ class CodecLM:
         """
         if meta:
             module, tokenizer, layout = meta_init(model_cfg, num_codebooks, codebook_size)
-            return cls(module, tokenizer, layout, list(speakers), model_cfg.max_seq_len)
+            return cls(module, tokenizer, layout, list(speakers), model_cfg.max_seq_len, model_cfg.text_position_scale)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             if model_cfg.init_from:
@@ -114,7 +116,7 @@ class CodecLM:
                 tokenizer = load_text_tokenizer(model_cfg.tokenizer)
                 layout = VocabLayout(tokenizer.vocab_size, num_codebooks, codebook_size)
                 module = LlamaForCausalLM._from_config(llama_config(model_cfg, layout), attn_implementation="sdpa")
-        return cls(module, tokenizer, layout, list(speakers), model_cfg.max_seq_len)
+        return cls(module, tokenizer, layout, list(speakers), model_cfg.max_seq_len, model_cfg.text_position_scale)
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
         """Write weights + config.json, ``tokenizer/`` and, last, ``voxrelay.json`` into a local folder."""
@@ -129,6 +131,7 @@ class CodecLM:
             "layout": self.layout.to_dict(),
             "speakers": list(self.speakers),
             "max_seq_len": self.max_seq_len,
+            "text_position_scale": self.text_position_scale,
         }
         write_meta(folder, meta)
 
@@ -140,7 +143,8 @@ class CodecLM:
         layout = VocabLayout.from_dict(meta["layout"])
         tokenizer = load_saved_tokenizer(folder / TOKENIZER_DIR)
         module = load_causal_lm(str(folder), f"model folder {str(folder)!r}", attn_implementation="sdpa")
-        return cls(module, tokenizer, layout, list(meta["speakers"]), int(meta["max_seq_len"]))
+        return cls(module, tokenizer, layout, list(meta["speakers"]), int(meta["max_seq_len"]),
+                   meta.get("text_position_scale"))
 
     # ---------------------------------------------------------------- training data (the seam)
 
@@ -196,7 +200,22 @@ class CodecLM:
         )
         labels = input_ids.copy()
         labels[: len(prompt)] = IGNORE_INDEX
-        return {"input_ids": input_ids, "labels": labels}
+        example = {"input_ids": input_ids, "labels": labels}
+        if self.text_position_scale is not None:
+            example["position_ids"] = np.concatenate([self._prompt_positions(len(prompt)),
+                                                      self._audio_positions(0, audio.size + 1)])
+        return example
+
+    def _prompt_positions(self, length: int) -> np.ndarray:
+        """Positions of ``[BOS, text..., AUDIO_START]`` with ``text_position_scale``: text id j (1-based)
+        at round(j * scale); BOS and AUDIO_START at 0, so audio frame t (at t + 1) meets the text spoken then."""
+        text = np.rint(np.arange(1, length - 1) * self.text_position_scale).astype(np.int64)
+        return np.concatenate([[0], text, [0]]).astype(np.int64)
+
+    def _audio_positions(self, start: int, count: int) -> np.ndarray:
+        """Positions of audio ids ``start .. start + count - 1`` (AUDIO_END counts as the next frame's first
+        id): every id of frame t at t + 1."""
+        return 1 + np.arange(start, start + count, dtype=np.int64) // self.layout.num_codebooks
 
     def collate(self, examples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
         """Right-pad examples of :meth:`encode_example` into a batch.
@@ -211,13 +230,17 @@ class CodecLM:
         input_ids = torch.full((len(examples), lmax), self.layout.pad_id, dtype=torch.long)
         labels = torch.full((len(examples), lmax), IGNORE_INDEX, dtype=torch.long)
         attention_mask = torch.zeros((len(examples), lmax), dtype=torch.long)
+        positions = torch.zeros((len(examples), lmax), dtype=torch.long) if "position_ids" in examples[0] else None
         for i, e in enumerate(examples):
             n = len(e["input_ids"])
             input_ids[i, :n] = torch.as_tensor(e["input_ids"], dtype=torch.long)
             labels[i, :n] = torch.as_tensor(e["labels"], dtype=torch.long)
             attention_mask[i, :n] = 1
+            if positions is not None:
+                positions[i, :n] = torch.as_tensor(e["position_ids"], dtype=torch.long)
         num_targets = (labels[:, 1:] != IGNORE_INDEX).sum()  # position t predicts label t + 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, LOSS_TOKENS: num_targets}
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, LOSS_TOKENS: num_targets}
+        return batch if positions is None else batch | {"position_ids": positions}
 
     def loss(self, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
         """Summed next-token cross-entropy over labelled positions, and their count.
@@ -227,7 +250,8 @@ class CodecLM:
         float32 scalar, an int64 scalar (so the loop can divide by the token count of a whole
         gradient-accumulation window) and no parts.
         """
-        out = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        out = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     position_ids=batch.get("position_ids"), use_cache=False)
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
         # Only labelled positions reach the (float32) softmax: saves memory on text and padding.
@@ -297,10 +321,14 @@ class CodecLM:
         device = next(self.module.parameters()).device
         generator = torch.Generator(device=device).manual_seed(seed)
         step_input = torch.tensor([prompt], dtype=torch.long, device=device)
+        positions: dict[str, torch.Tensor] = {}
+        if self.text_position_scale is not None:  # the mask is explicit: restarting positions are not packing
+            positions = {"position_ids": torch.as_tensor(self._prompt_positions(len(prompt)), device=device)[None],
+                         "attention_mask": torch.ones((1, len(prompt)), dtype=torch.long, device=device)}
         past: Any = None
         audio: list[int] = []
         while len(audio) < max_frames * k_books:
-            out = self.module(input_ids=step_input, past_key_values=past, use_cache=True)
+            out = self.module(input_ids=step_input, past_key_values=past, use_cache=True, **positions)
             past = out.past_key_values
             logits = out.logits[0, -1].float()  # [V]
             k = len(audio) % k_books
@@ -314,5 +342,8 @@ class CodecLM:
                 break
             audio.append(lo + choice)
             step_input = torch.tensor([[lo + choice]], dtype=torch.long, device=device)
+            if positions:
+                frame_position = self._audio_positions(len(audio) - 1, 1)
+                positions = {"position_ids": torch.as_tensor(frame_position, device=device)[None]}
         return audio
 
