@@ -143,19 +143,24 @@ def test_generation_bounded_by_max_seq_len() -> None:
     assert codes.shape == (K, (40 - 4 - 1) // K)
 
 
-def test_overfits_one_example_and_generation_reproduces_it() -> None:
-    torch.manual_seed(0)
-    model = tiny_model()
-    codes = random_codes(16, seed=7)
-    batch = model.collate([model.encode_example("a tiny sentence", codes)])
+def overfit(model: CodecLM, text: str, codes: np.ndarray, steps: int = 100) -> float:
+    """Train ``model`` on one example for ``steps`` AdamW steps; the last mean loss."""
+    batch = model.collate([model.encode_example(text, codes)])
     opt = torch.optim.AdamW(model.module.parameters(), lr=3e-3)
     model.module.train()
-    for _ in range(100):
+    for _ in range(steps):
         loss_sum, n, _ = model.loss(model.module, batch)
         opt.zero_grad()
         (loss_sum / n).backward()
         opt.step()
-    assert float(loss_sum.detach() / n) < 0.05
+    return float(loss_sum.detach() / n)
+
+
+def test_overfits_one_example_and_generation_reproduces_it() -> None:
+    torch.manual_seed(0)
+    model = tiny_model()
+    codes = random_codes(16, seed=7)
+    assert overfit(model, "a tiny sentence", codes) < 0.05
     out = model.generate("a tiny sentence", temperature=0, seed=0)
     assert out.shape == codes.shape  # stopped by AUDIO_END, at the trained length
     assert (out == codes).mean() >= 0.9

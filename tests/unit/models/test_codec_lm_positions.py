@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tests.unit.models.test_codec_lm import K, random_codes, tiny_model
+from tests.unit.models.test_codec_lm import K, overfit, random_codes, tiny_model
 from voxrelay.models.codec_lm.model import CodecLM
 
 
@@ -55,14 +55,7 @@ def test_overfits_one_example_and_generation_reproduces_it() -> None:
     torch.manual_seed(0)
     model = tiny_model(text_position_scale=2.0)
     codes = random_codes(16, seed=7)
-    batch = model.collate([model.encode_example("a tiny sentence", codes)])
-    opt = torch.optim.AdamW(model.module.parameters(), lr=3e-3)
-    for _ in range(100):
-        loss_sum, n, _ = model.loss(model.module, batch)
-        opt.zero_grad()
-        (loss_sum / n).backward()
-        opt.step()
-    assert float(loss_sum.detach() / n) < 0.05
+    assert overfit(model, "a tiny sentence", codes) < 0.05
     out = model.generate("a tiny sentence", temperature=0, seed=0)
     assert out.shape == codes.shape and (out == codes).mean() >= 0.9
 
