@@ -68,3 +68,17 @@ def test_the_scale_is_saved_with_the_model(tmp_path: Path) -> None:
     assert again.text_position_scale == 1.5
     np.testing.assert_array_equal(model.generate("x y", max_frames=5, temperature=0),
                                   again.generate("x y", max_frames=5, temperature=0))
+
+
+def test_fine_tuning_keeps_the_positions_it_was_trained_with(tmp_path: Path) -> None:
+    import pytest
+
+    from tests.unit.models.test_codec_lm import C, tiny_cfg
+    from voxrelay.errors import UserError
+
+    tiny_model(text_position_scale=1.5).save_pretrained(tmp_path / "m")
+    tuned = CodecLM.build(tiny_cfg(init_from=str(tmp_path / "m"), text_position_scale=1.5), K, C, [], seed=0)
+    assert tuned.text_position_scale == 1.5
+    for other in (None, 2.0):
+        with pytest.raises(UserError, match=r"set model.text_position_scale=1\.5"):
+            CodecLM.build(tiny_cfg(init_from=str(tmp_path / "m"), text_position_scale=other), K, C, [], seed=0)

@@ -3,6 +3,7 @@ causal LM, whose embeddings get the special and audio ids), and the ``voxrelay.j
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,12 @@ def load_init(
             raise ModelLoadError(
                 f"model.init_from={source!r} uses tokenizer {meta['tokenizer']!r} but model.tokenizer is "
                 f"{cfg.tokenizer!r}; set model.tokenizer={meta['tokenizer']}"
+            )
+        if meta.get("text_position_scale") != cfg.text_position_scale:
+            raise ModelLoadError(
+                f"model.init_from={source!r} was trained with text_position_scale "
+                f"{meta.get('text_position_scale')} but model.text_position_scale is {cfg.text_position_scale}; "
+                f"set model.text_position_scale={json.dumps(meta.get('text_position_scale'))}"
             )
         tokenizer = load_saved_tokenizer(Path(source) / TOKENIZER_DIR)
         return load_causal_lm(source, "model.init_from", **kwargs), tokenizer, layout
