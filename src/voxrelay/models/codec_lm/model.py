@@ -210,7 +210,7 @@ class CodecLM:
         """Positions of ``[BOS, text..., AUDIO_START]`` with ``text_position_scale``: text id j (1-based)
         at round(j * scale); BOS and AUDIO_START at 0, so audio frame t (at t + 1) meets the text spoken then."""
         text = np.rint(np.arange(1, length - 1) * self.text_position_scale).astype(np.int64)
-        return np.concatenate([[0], text, [0]]).astype(np.int64)
+        return np.concatenate([[0], text, [0]])
 
     def _audio_positions(self, start: int, count: int) -> np.ndarray:
         """Positions of audio ids ``start .. start + count - 1`` (AUDIO_END counts as the next frame's first
