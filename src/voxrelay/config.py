@@ -19,7 +19,7 @@ from voxrelay.errors import UserError, one_line
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.orpheus.config import OrpheusConfig
 from voxrelay.quality.config import EvalConfig
-from voxrelay.train.lora_config import LoraConfig
+from voxrelay.train.config import TrainConfig, parse_duration
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -36,20 +36,6 @@ class ConfigError(UserError, ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-_DURATION_RE = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")
-
-
-def parse_duration(value: str | float | int | None) -> float | None:
-    """``"23h30m"``, ``"90s"``, ``"15m"`` or a number of seconds -> seconds (float)."""
-    if value is None or isinstance(value, int | float):
-        return None if value is None else float(value)
-    m = _DURATION_RE.match(value)
-    if not m or not any(m.groups()):
-        raise ValueError(f"{value!r} is not a duration; write e.g. '23h30m', '15m', '90s' or seconds as a number")
-    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-    return h * 3600 + mi * 60 + s
 
 
 class SourceConfig(_Section):
@@ -130,130 +116,6 @@ class CodecConfig(_Section):
 FAMILY_CONFIGS: dict[str, type[BaseModel]] = {"codec_lm": CodecLMConfig, "orpheus": OrpheusConfig}
 DEFAULT_FAMILY = "codec_lm"
 ModelConfig = Annotated[Union[tuple(FAMILY_CONFIGS.values())], Field(discriminator="family")]  # noqa: UP007
-
-
-class TrainConfig(_Section):
-    seed: int = Field(0, description="Seed of init, batch order and sampling")
-    max_steps: int = Field(300, gt=0, description="Optimizer steps of the run")
-    batch_seconds: float | None = Field(
-        None, gt=0, description="Budget per batch in seconds of audio (set this or batch_tokens)"
-    )
-    batch_tokens: int | None = Field(
-        6000, gt=0, description="Budget per batch in tokens incl. padding (set this or batch_seconds)"
-    )
-    lr: float = Field(1e-3, gt=0, description="Peak learning rate")
-    optimizer: Literal["adamw", "adamw_8bit", "adafactor"] = Field(
-        "adamw", description="adamw: torch AdamW (8 bytes of state per parameter); adamw_8bit: bitsandbytes "
-        "AdamW8bit (~2 bytes; `pip install 'voxrelay[bnb]'`); adafactor: transformers Adafactor with this lr and "
-        "schedule, factored second moments and no first moment (least memory; betas and eps do not apply)",
-    )
-    betas: tuple[float, float] = Field((0.9, 0.95), description="adamw/adamw_8bit: (beta1, beta2), each in [0, 1)")
-    eps: float = Field(1e-8, gt=0, description="adamw/adamw_8bit: term added to the denominator")
-    schedule: Literal["cosine", "linear", "constant", "constant_with_warmup"] = Field(
-        "cosine", description="LR schedule, named as HF transformers' get_scheduler: cosine / linear: warmup, then "
-        "decay to min_lr_ratio x lr at max_steps; constant: lr from step 0, NO warmup; constant_with_warmup",
-    )
-    min_lr_ratio: float = Field(
-        0.1, ge=0, le=1, description="cosine/linear: final lr as a fraction of lr (HF's schedules end at 0)"
-    )
-    warmup_steps: int = Field(20, ge=0, description="Linear warmup steps (all schedules but constant)")
-    weight_decay: float = Field(
-        0.01, ge=0, description="Decoupled weight decay of weight matrices (norms, biases and other 1-d parameters: 0)"
-    )
-    decay_norms_and_biases: bool = Field(
-        False, description="Also decay norms, biases and other 1-d parameters (one group, as voxrelay did before "
-        "0.2 and the demo still does); false: they get no weight decay, the usual practice",
-    )
-    precision: Literal["no", "bf16", "fp16"] = Field("no", description="Mixed precision (accelerate)")
-    grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step")
-    clip_norm: float | None = Field(1.0, gt=0, description="Gradient clipping max norm (None = off)")
-    eval_every: int = Field(100, gt=0, description="Steps between evaluations")
-    eval_synth: int = Field(
-        4, ge=0, description="Held-out texts synthesised and scored per eval (MCD-DTW; with eval.asr WER/CER, with "
-        "eval.speaker_similarity speaker similarity)",
-    )
-    log_every: int = Field(10, gt=0, description="Steps between metric lines")
-    time_limit: str | None = Field(
-        None,
-        description="Per session: save and exit (code 77) this long after the process started, imports "
-        "included, e.g. '23h30m' a little under a Colab session; the next session gets the same again",
-    )
-    total_time_limit: str | None = Field(
-        None, description="Budget over all sessions of the run: save and exit (code 77) once the training time "
-        "of every session together reaches it (None = no budget)",
-    )
-    max_bad_steps: int = Field(
-        20, gt=0, description="Consecutive non-finite (NaN/inf) steps (each skipped) after which the run saves "
-        "and stops with exit code 78",
-    )
-    early_stopping_patience: int | None = Field(
-        None, gt=0, description="Stop when the eval loss has not improved for this many evaluations (None = off)"
-    )
-    strategy: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="ddp: every process holds the whole model (accelerate DDP); fsdp: parameters, gradients and "
-        "optimizer states sharded over the processes (FSDP2 fully_shard per decoder layer), checkpoints saved as "
-        "per-rank shards (torch.distributed.checkpoint). `accelerate launch` with an FSDP config sets it too",
-    )
-    fsdp_sharding: Literal["full_shard", "shard_grad_op", "hybrid"] = Field(
-        "full_shard", description="fsdp: full_shard frees gathered layers after forward (least memory); shard_grad_op "
-        "keeps them until backward (less communication); hybrid shards within a node, replicates across nodes",
-    )
-    gradient_checkpointing: bool = Field(
-        False, description="Recompute each layer's activations in backward instead of keeping them (less memory, "
-        "~30% more compute); with ddp, fsdp and LoRA",
-    )
-    cpu_offload: bool = Field(False, description="fsdp: keep parameters, gradients and optimizer states in CPU memory")
-    ignore_plan: bool = Field(
-        False, description="On a GPU, train checks its strategy against `voxrelay plan` before loading weights and "
-        "stops (exit 2, with the plan) when it will not fit; true: warn and try anyway",
-    )
-    lora: LoraConfig | None = Field(
-        None, description="null: full fine-tune. A section (`{}` or `true` for the family's defaults) trains LoRA "
-        "adapters on a frozen base model; checkpoints then hold the adapters and modules_to_save only",
-    )
-
-    @field_validator("lora", mode="before")
-    @classmethod
-    def _lora(cls, v: Any) -> Any:
-        # `train.lora=true` on a command line turns LoRA on with the family's defaults; false turns it off
-        return {} if v is True else None if v is False else v
-
-    @field_validator("precision", mode="before")
-    @classmethod
-    def _precision(cls, v: Any) -> Any:
-        return "no" if v is False else v  # YAML reads a bare `no` as false
-
-    @field_validator("betas")
-    @classmethod
-    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
-        if not all(0 <= b < 1 for b in v):
-            raise ValueError(f"betas {list(v)} must each be in [0, 1), e.g. [0.9, 0.95]")
-        return v
-
-    @field_validator("time_limit", "total_time_limit")
-    @classmethod
-    def _time_limit(cls, v: str | None) -> str | None:
-        parse_duration(v)
-        return v
-
-    @model_validator(mode="after")
-    def _strategy(self) -> TrainConfig:
-        if self.cpu_offload and self.strategy != "fsdp":
-            raise ValueError("train.cpu_offload=true needs train.strategy=fsdp (ddp keeps the whole model on each "
-                             "GPU); set train.strategy=fsdp or train.cpu_offload=false")
-        if self.strategy == "fsdp" and self.precision == "fp16":
-            raise ValueError("train.strategy=fsdp trains in bf16 or fp32 (fp16 needs a loss scaler over sharded "
-                             "gradients); set train.precision=bf16 or no")
-        return self
-
-    @model_validator(mode="after")
-    def _budget(self) -> TrainConfig:
-        if (self.batch_seconds is None) == (self.batch_tokens is None):
-            raise ValueError(
-                "set exactly one of batch_seconds or batch_tokens (the other to null), "
-                f"got batch_seconds={self.batch_seconds}, batch_tokens={self.batch_tokens}"
-            )
-        return self
 
 
 class CheckpointConfig(_Section):
