@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from voxrelay.config_fields import switch_section
+
 
 class AsrConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -42,4 +44,4 @@ class EvalConfig(BaseModel):
     @field_validator("asr", mode="before")
     @classmethod
     def _asr(cls, v: Any) -> Any:
-        return {} if v is True else None if v is False else v
+        return switch_section(v)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from voxrelay.config_fields import switch_section
 from voxrelay.train.lora_config import LoraConfig
 
 _DURATION_RE = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")
@@ -113,8 +114,7 @@ class TrainConfig(_Section):
     @field_validator("lora", mode="before")
     @classmethod
     def _lora(cls, v: Any) -> Any:
-        # `train.lora=true` on a command line turns LoRA on with the family's defaults; false turns it off
-        return {} if v is True else None if v is False else v
+        return switch_section(v)  # true: LoRA with the family's defaults; false: off
 
     @field_validator("precision", mode="before")
     @classmethod
