@@ -297,3 +297,17 @@ def test_a_permanent_upload_error_is_not_retried(tmp_path):
     assert [c.step for c in staging.list()] == [1]  # the checkpoint stays staged on local disk
     uploader.close(timeout=1)
     assert store.calls == 1
+
+
+def test_a_stray_file_with_a_step_name_is_not_a_checkpoint(tmp_path):
+    # e.g. a user's `gsutil cp` of one file to checkpoints/step-00000030 on a local-folder bucket
+    m = CheckpointManager(str(tmp_path / "run" / "checkpoints"), keep_last=5, staging_dir=tmp_path / "staging")
+    try:
+        _save(m, 10)
+        (tmp_path / "run" / "checkpoints" / "step-00000030").write_bytes(b"not a checkpoint")
+        assert [c.step for c in m.store.list()] == [10]
+        assert m.load()[0].step == 10
+        _save(m, 20)  # retention and the next save still work
+        assert [c.step for c in m.store.list()] == [20, 10]
+    finally:
+        m.close(5)
