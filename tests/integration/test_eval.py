@@ -37,7 +37,7 @@ def test_every_training_eval_logs_wer_cer_and_speaker_similarity(trained):
     evals = [m for m in _jsonl(run / "metrics.jsonl") if "eval/loss" in m]
     assert [m["step"] for m in evals] == [0, 3, 6]
     for m in evals:
-        assert {"eval/wer", "eval/cer", "eval/speaker_sim", "eval/mcd_dtw"} <= set(m), m
+        assert {"eval/wer", "eval/cer", "eval/speaker_sim", "eval/mcd_dtw", "eval/text_gain"} <= set(m), m
         assert m["eval/wer"] >= 0 and -1 <= m["eval/speaker_sim"] <= 1
     rows = _jsonl(run / "samples" / "step-00000006" / "scores.jsonl")
     assert len(rows) == 2 and all({"id", "text", "transcript", "wer", "cer", "speaker_sim"} <= set(r) for r in rows)
@@ -75,9 +75,9 @@ def test_eval_all_prints_a_table_per_checkpoint_and_writes_the_plot(trained):
     res = voxrelay("eval", str(run), "--all", env=env)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
-    assert lines[0].split() == ["step", "loss", "wer", "cer", "mcd_dtw", "speaker_sim"]
+    assert lines[0].split() == ["step", "loss", "text_gain", "wer", "cer", "mcd_dtw", "speaker_sim"]
     assert [line.split()[0] for line in lines[1:]] == ["4", "6"]  # the checkpoints kept (keep_last 2)
-    assert all(len(line.split()) == 6 and "-" not in line.split()[1:] for line in lines[1:])
+    assert all(len(line.split()) == 7 and "-" not in line.split()[1:] for line in lines[1:])
     steps = [r["step"] for r in _jsonl(run / "eval" / "results.jsonl")]
     assert steps[-2:] == [4, 6]
     assert (run / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

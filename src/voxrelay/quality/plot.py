@@ -14,7 +14,7 @@ from voxrelay.paths import METRICS_FILE
 log = logging.getLogger(__name__)
 PLOT_FILE = "eval.png"
 PANELS = (
-    ("loss", ("loss", "eval/loss")),
+    ("loss (nats)", ("loss", "eval/loss", "eval/text_gain")),
     ("WER / CER / speaker similarity", ("eval/wer", "eval/cer", "eval/speaker_sim")),
     ("MCD-DTW (dB)", ("eval/mcd_dtw",)),
 )

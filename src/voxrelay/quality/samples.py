@@ -4,6 +4,7 @@ the held-out loss, and generated samples with MCD-DTW against their reference re
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,11 +29,34 @@ class TextRow:
 @torch.no_grad()
 def held_out_loss(model, module, rows: list, device, autocast=contextlib.nullcontext) -> dict[str, float]:
     """``eval/loss`` (mean over the loss targets of every row) and, for a family whose loss has parts
-    (e.g. per codebook), ``eval/loss/<part>`` on the same scale."""
+    (e.g. per codebook), ``eval/loss/<part>`` on the same scale.
+
+    With two rows or more, also ``eval/text_gain``: how much the text helps predict the audio, in nats
+    per loss target. It is the loss of each row read with the next row's text (audio, speaker and
+    description kept) minus its loss with its own text. Near 0, the model speaks without reading the
+    text (fluent babble); it grows as the model learns to read, often before WER moves.
+    """
     if not rows:
         return {"eval/loss": float("nan")}
     was_training = module.training
     module.eval()
+    try:
+        total, count, parts = _summed_loss(model, module, rows, device, autocast)
+        pairs = _with_other_texts(model, rows)
+        if pairs:
+            own = _summed_loss(model, module, [row for row, _ in pairs], device, autocast)
+            other = _summed_loss(model, module, [swapped for _, swapped in pairs], device, autocast)
+    finally:
+        module.train(was_training)
+    n = max(count, 1)
+    out = {"eval/loss": total / n} | {f"eval/loss/{name}": value / n for name, value in parts.items()}
+    if pairs:
+        out["eval/text_gain"] = other[0] / max(other[1], 1) - own[0] / max(own[1], 1)
+    return out
+
+
+def _summed_loss(model, module, rows: list, device, autocast) -> tuple[float, int, dict[str, float]]:
+    """(summed loss, loss targets, summed parts) over ``rows``, 8 at a time."""
     total, count, parts = 0.0, 0, {}
     for i in range(0, len(rows), 8):
         batch = model.collate([model.example(r) for r in rows[i : i + 8]])
@@ -44,9 +68,20 @@ def held_out_loss(model, module, rows: list, device, autocast=contextlib.nullcon
         count += int(out.num_tokens)
         for name, value in out.parts.items():
             parts[name] = parts.get(name, 0.0) + float(value)
-    module.train(was_training)
-    n = max(count, 1)
-    return {"eval/loss": total / n} | {f"eval/loss/{name}": value / n for name, value in parts.items()}
+    return total, count, parts
+
+
+def _with_other_texts(model, rows: list) -> list[tuple]:
+    """(row, the row with the next row's text) for each row that has a different text and still fits
+    ``model.max_length`` with it."""
+    pairs = []
+    for i, row in enumerate(rows):
+        text = rows[(i + 1) % len(rows)].text
+        if text != row.text:
+            swapped = dataclasses.replace(row, text=text)
+            if model.length(swapped) <= model.max_length:
+                pairs.append((row, swapped))
+    return pairs
 
 
 def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: float = 20.0,

@@ -68,7 +68,7 @@ def test_eval_logs_the_parts_of_the_loss(run):
         with_parts = eval_loss(run)
     finally:
         run.model = inner
-    assert set(plain) == {"eval/loss"}
+    assert set(plain) == {"eval/loss", "eval/text_gain"}
     assert with_parts["eval/loss"] == plain["eval/loss"]
     assert with_parts["eval/loss/half"] == pytest.approx(plain["eval/loss"] / 2)
 
