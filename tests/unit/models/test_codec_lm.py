@@ -145,7 +145,12 @@ def test_generation_bounded_by_max_seq_len() -> None:
 
 def overfit(model: CodecLM, text: str, codes: np.ndarray, steps: int = 100) -> float:
     """Train ``model`` on one example for ``steps`` AdamW steps; the last mean loss."""
-    batch = model.collate([model.encode_example(text, codes)])
+    return train_on(model, [(text, codes)], steps)
+
+
+def train_on(model: CodecLM, pairs: list[tuple[str, np.ndarray]], steps: int) -> float:
+    """Train ``model`` on one batch of (text, codes) examples for ``steps`` AdamW steps; the last mean loss."""
+    batch = model.collate([model.encode_example(text, codes) for text, codes in pairs])
     opt = torch.optim.AdamW(model.module.parameters(), lr=3e-3)
     model.module.train()
     for _ in range(steps):

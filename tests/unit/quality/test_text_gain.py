@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.models.test_codec_lm import random_codes, tiny_model
+from tests.unit.models.test_codec_lm import random_codes, tiny_model, train_on
 from voxrelay.data.shards import EncodedUtterance
 from voxrelay.quality.samples import held_out_loss
 
@@ -15,28 +15,17 @@ def _row(text: str, codes: np.ndarray) -> EncodedUtterance:
     return EncodedUtterance(text, text, None, None, 1.0, codes)
 
 
-def _train(model, pairs: list[tuple[str, np.ndarray]], steps: int = 150) -> None:
-    batch = model.collate([model.encode_example(text, codes) for text, codes in pairs])
-    opt = torch.optim.AdamW(model.module.parameters(), lr=3e-3)
-    model.module.train()
-    for _ in range(steps):
-        loss_sum, n, _ = model.loss(model.module, batch)
-        opt.zero_grad()
-        (loss_sum / n).backward()
-        opt.step()
-
-
 def test_a_model_that_reads_the_text_gains_from_it_and_one_that_cannot_does_not() -> None:
     torch.manual_seed(0)
     x, y = random_codes(12, seed=1), random_codes(12, seed=2)
     rows = [_row("aaaa", x), _row("bbbb", y)]
     reader = tiny_model()  # each text has its own audio: the text says which
-    _train(reader, [("aaaa", x), ("bbbb", y)])
+    train_on(reader, [("aaaa", x), ("bbbb", y)], steps=150)
     read = held_out_loss(reader, reader.module, rows, torch.device("cpu"))
     assert read["eval/text_gain"] > 2.0  # nats per code: the other text predicts the wrong audio
     assert reader.module.training  # the module is handed back in the mode it came in
     deaf = tiny_model()  # both audios follow both texts: the text says nothing
-    _train(deaf, [("aaaa", x), ("aaaa", y), ("bbbb", x), ("bbbb", y)])
+    train_on(deaf, [("aaaa", x), ("aaaa", y), ("bbbb", x), ("bbbb", y)], steps=150)
     heard = held_out_loss(deaf, deaf.module, rows, torch.device("cpu"))
     assert abs(heard["eval/text_gain"]) < 0.2
     assert heard["eval/loss"] > read["eval/loss"]
