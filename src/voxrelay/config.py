@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from voxrelay.config_fields import Section
 from voxrelay.errors import UserError, one_line
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.orpheus.config import OrpheusConfig
@@ -34,11 +35,8 @@ class ConfigError(UserError, ValueError):
     """A configuration problem; the message names the key, the bad value and the fix."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-
-class SourceConfig(_Section):
+class SourceConfig(Section):
     """One input of ``prepare``."""
 
     type: Literal["folder", "ljspeech", "jsonl", "hf", "demo"] = Field(
@@ -72,7 +70,7 @@ class SourceConfig(_Section):
         return self
 
 
-class DataConfig(_Section):
+class DataConfig(Section):
     name: str = Field("demo", description="Prepared data lives at <root>/prepared/<name>/")
     sources: list[SourceConfig] = Field(
         default_factory=lambda: [SourceConfig(type="demo")], description="Inputs of prepare"
@@ -96,7 +94,7 @@ class DataConfig(_Section):
         return self
 
 
-class CodecConfig(_Section):
+class CodecConfig(Section):
     type: Literal["mel_kmeans", "snac", "dac"] = Field(
         "mel_kmeans", description="mel_kmeans: built-in, no download; snac / dac: pretrained neural codecs"
     )
@@ -118,7 +116,7 @@ DEFAULT_FAMILY = "codec_lm"
 ModelConfig = Annotated[Union[tuple(FAMILY_CONFIGS.values())], Field(discriminator="family")]  # noqa: UP007
 
 
-class CheckpointConfig(_Section):
+class CheckpointConfig(Section):
     every_steps: int | None = Field(100, gt=0, description="Save every N steps (None = off)")
     every_minutes: float | None = Field(None, gt=0, description="Save every N minutes (None = off)")
     adaptive_mtbf: str | None = Field(
@@ -147,20 +145,20 @@ class CheckpointConfig(_Section):
         return v
 
 
-class MonitorConfig(_Section):
+class MonitorConfig(Section):
     tensorboard: bool = Field(True, description="Write TensorBoard events to the run folder")
     wandb: bool = Field(False, description="Log to Weights & Biases (needs `pip install wandb`)")
     wandb_project: str = Field("voxrelay", description="wandb project name")
 
 
-class CacheConfig(_Section):
+class CacheConfig(Section):
     max_gb: float = Field(
         20.0, gt=0, description="Local cache of prepared shards ($VOXRELAY_CACHE/prepared) is kept under this "
         "size; least recently used shards are evicted (staged checkpoints are not counted)",
     )
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     name: str = Field("demo", description="Run name; the run lives at <root>/runs/<name>/")
     root: str = Field(
         "./voxrelay-data", description="Storage root: a local folder, file://, gs://bucket/path or s3://bucket/path"

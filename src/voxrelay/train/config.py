@@ -8,9 +8,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from voxrelay.config_fields import switch_section
+from voxrelay.config_fields import Section, switch_section
 from voxrelay.train.lora_config import LoraConfig
 
 _DURATION_RE = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")
@@ -27,11 +27,7 @@ def parse_duration(value: str | float | int | None) -> float | None:
     return h * 3600 + mi * 60 + s
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class TrainConfig(_Section):
+class TrainConfig(Section):
     seed: int = Field(0, description="Seed of init, batch order and sampling")
     max_steps: int = Field(300, gt=0, description="Optimizer steps of the run")
     batch_seconds: float | None = Field(
