@@ -43,8 +43,9 @@ def held_out_loss(model, module, rows: list, device, autocast=contextlib.nullcon
     try:
         total, count, parts = _summed_loss(model, module, rows, device, autocast)
         pairs = _with_other_texts(model, rows)
-        if pairs:
-            own = _summed_loss(model, module, [row for row, _ in pairs], device, autocast)
+        if pairs:  # every row usually pairs: then its own-text loss is the one just computed
+            own = (total, count) if len(pairs) == len(rows) else _summed_loss(
+                model, module, [row for row, _ in pairs], device, autocast)
             other = _summed_loss(model, module, [swapped for _, swapped in pairs], device, autocast)
     finally:
         module.train(was_training)
