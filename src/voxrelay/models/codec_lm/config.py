@@ -39,6 +39,13 @@ class CodecLMConfig(BaseModel):
         "demo: ~1.75 for phonemes at 50 frames/s). null: one position per token (plain causal LM)",
     )
 
+    frames_per_position: int | None = Field(
+        None, ge=1, description="Audio frames per sequence position: a position embeds the K codes of each of its "
+        "frames (summed) and predicts the next position's with one head per code, so an utterance takes G times "
+        "fewer positions (2 halves the demo's 50 per second of audio). null: one position per code, frame by "
+        "frame (Orpheus' layout)",
+    )
+
     @model_validator(mode="after")
     def _heads(self) -> CodecLMConfig:
         if self.hidden_size % self.num_heads:

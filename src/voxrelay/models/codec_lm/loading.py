@@ -61,6 +61,12 @@ def load_init(
     if (Path(source) / META_FILE).is_file():
         meta = read_meta(Path(source))
         layout = VocabLayout.from_dict(meta["layout"])
+        if meta.get("frames_per_position") != cfg.frames_per_position:
+            raise ModelLoadError(
+                f"model.init_from={source!r} was trained with frames_per_position "
+                f"{meta.get('frames_per_position')} but model.frames_per_position is {cfg.frames_per_position}; "
+                f"set model.frames_per_position={json.dumps(meta.get('frames_per_position'))}"
+            )
         if (layout.num_codebooks, layout.codebook_size) != (num_codebooks, codebook_size):
             raise ModelLoadError(
                 f"model.init_from={source!r} was trained on {layout.num_codebooks} codebooks x "

@@ -2,7 +2,8 @@
 
 As in Orpheus, the audio codes of a frame are flattened codebook by codebook (frame 0: k = 0..K-1,
 then frame 1, ...) and each codebook has its own id range (see :class:`VocabLayout`). The loss is
-taken on audio ids and AUDIO_END only. With known speakers the text is prefixed by the speaker
+taken on audio ids and AUDIO_END only. With ``frames_per_position`` a position holds whole frames
+instead of one code (:mod:`.grouped`). With known speakers the text is prefixed by the speaker
 name as plain text (``"en-us+m3: Hello"``), which works with any text tokenizer.
 
 A saved folder holds ``model.safetensors`` + ``config.json`` (``LlamaForCausalLM.from_pretrained``
@@ -30,6 +31,7 @@ from voxrelay.models.base import (
     decay_groups,
     module_classes,
 )
+from voxrelay.models.codec_lm import grouped
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.codec_lm.loading import (
     FORMAT_VERSION,
@@ -73,6 +75,7 @@ class CodecLM:
         speakers: list[str],
         max_seq_len: int,
         text_position_scale: float | None = None,
+        frames_per_position: int | None = None,
     ) -> None:
         self.module = module
         self.tokenizer = tokenizer
@@ -80,6 +83,7 @@ class CodecLM:
         self.speakers = speakers
         self.max_seq_len = max_seq_len
         self.text_position_scale = text_position_scale
+        self.frames_per_position = frames_per_position
 
     @property
     def max_length(self) -> int:
@@ -105,18 +109,22 @@ class CodecLM:
         The global torch RNG is left untouched. ``meta=True``: the module is on the meta device
         (no weights read or initialised), for planning.
         """
+        slots = num_codebooks * (model_cfg.frames_per_position or 1)  # audio id ranges: one per code of a position
         if meta:
-            module, tokenizer, layout = meta_init(model_cfg, num_codebooks, codebook_size)
-            return cls(module, tokenizer, layout, list(speakers), model_cfg.max_seq_len, model_cfg.text_position_scale)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            if model_cfg.init_from:
-                module, tokenizer, layout = load_init(model_cfg, num_codebooks, codebook_size)
-            else:
-                tokenizer = load_text_tokenizer(model_cfg.tokenizer)
-                layout = VocabLayout(tokenizer.vocab_size, num_codebooks, codebook_size)
-                module = LlamaForCausalLM._from_config(llama_config(model_cfg, layout), attn_implementation="sdpa")
-        return cls(module, tokenizer, layout, list(speakers), model_cfg.max_seq_len, model_cfg.text_position_scale)
+            module, tokenizer, layout = meta_init(model_cfg, slots, codebook_size)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                if model_cfg.init_from:
+                    module, tokenizer, layout = load_init(model_cfg, slots, codebook_size)
+                else:
+                    tokenizer = load_text_tokenizer(model_cfg.tokenizer)
+                    layout = VocabLayout(tokenizer.vocab_size, slots, codebook_size)
+                    module = LlamaForCausalLM._from_config(llama_config(model_cfg, layout), attn_implementation="sdpa")
+        if model_cfg.frames_per_position:
+            grouped.enable(module)
+        return cls(module, tokenizer, layout, list(speakers), model_cfg.max_seq_len, model_cfg.text_position_scale,
+                   model_cfg.frames_per_position)
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
         """Write weights + config.json, ``tokenizer/`` and, last, ``voxrelay.json`` into a local folder."""
@@ -132,6 +140,7 @@ class CodecLM:
             "speakers": list(self.speakers),
             "max_seq_len": self.max_seq_len,
             "text_position_scale": self.text_position_scale,
+            "frames_per_position": self.frames_per_position,
         }
         write_meta(folder, meta)
 
@@ -143,8 +152,10 @@ class CodecLM:
         layout = VocabLayout.from_dict(meta["layout"])
         tokenizer = load_saved_tokenizer(folder / TOKENIZER_DIR)
         module = load_causal_lm(str(folder), f"model folder {str(folder)!r}", attn_implementation="sdpa")
+        if meta.get("frames_per_position"):
+            grouped.enable(module)
         return cls(module, tokenizer, layout, list(meta["speakers"]), int(meta["max_seq_len"]),
-                   meta.get("text_position_scale"))
+                   meta.get("text_position_scale"), meta.get("frames_per_position"))
 
     # ---------------------------------------------------------------- training data (the seam)
 
@@ -177,7 +188,10 @@ class CodecLM:
         """Tokens of the training sequence of an utterance (prompt + K * num_frames + AUDIO_END).
 
         Does not check ``max_seq_len``, so that a batch planner can filter long utterances.
+        With ``frames_per_position`` G: prompt + ceil((num_frames + 1) / G), AUDIO_END in the last group.
         """
+        if self.frames_per_position:
+            return len(self._prompt_ids(text, speaker)) + -(-(num_frames + 1) // self.frames_per_position)
         return len(self._prompt_ids(text, speaker)) + num_frames * self.layout.num_codebooks + 1
 
     def encode_example(self, text: str, codes: np.ndarray, speaker: str | None = None) -> dict[str, np.ndarray]:
@@ -187,14 +201,20 @@ class CodecLM:
         AUDIO_START (no loss there). L = prompt length + K * T + 1.
         """
         prompt = self._prompt_ids(text, speaker)
-        audio = self.layout.codes_to_ids(codes)
-        length = len(prompt) + audio.size + 1
+        layout = self.layout
+        if self.frames_per_position:  # check the codes against the codec's K books (the layout has K * G slots)
+            books = layout.num_codebooks // self.frames_per_position
+            layout = VocabLayout(layout.text_vocab, books, layout.codebook_size)
+        audio = layout.codes_to_ids(codes)
+        length = self.sequence_length(text, np.asarray(codes).shape[1], speaker)
         if length > self.max_seq_len:
             raise SequenceTooLongError(
                 f"utterance {text[:40]!r} ({np.asarray(codes).shape[1]} frames, {len(prompt) - 2} text tokens) "
                 f"needs {length} tokens but model.max_seq_len is {self.max_seq_len}; raise model.max_seq_len "
                 "or lower data.max_duration"
             )
+        if self.frames_per_position:
+            return grouped.encode_example(self, prompt, codes)
         input_ids = np.concatenate(
             [np.asarray(prompt, dtype=np.int64), audio, np.asarray([self.layout.audio_end_id], dtype=np.int64)]
         )
@@ -226,6 +246,8 @@ class CodecLM:
         """
         if not examples:
             raise ValueError("collate needs at least one example")
+        if self.frames_per_position:
+            return grouped.collate(self, examples)
         lmax = max(len(e["input_ids"]) for e in examples)
         input_ids = torch.full((len(examples), lmax), self.layout.pad_id, dtype=torch.long)
         labels = torch.full((len(examples), lmax), IGNORE_INDEX, dtype=torch.long)
@@ -250,6 +272,8 @@ class CodecLM:
         float32 scalar, an int64 scalar (so the loop can divide by the token count of a whole
         gradient-accumulation window) and no parts.
         """
+        if self.frames_per_position:
+            return grouped.loss(self, module, batch)
         out = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                      position_ids=batch.get("position_ids"), use_cache=False)
         targets = batch["labels"][:, 1:]
@@ -296,7 +320,8 @@ class CodecLM:
         ``temperature <= 0`` is greedy; ``top_k`` None or 0 samples from the whole codebook.
         """
         prompt = self._prompt_ids(text, speaker)
-        budget = (self.max_seq_len - len(prompt) - 1) // self.layout.num_codebooks
+        per_frame = self.layout.num_codebooks if not self.frames_per_position else 1 / self.frames_per_position
+        budget = int((self.max_seq_len - len(prompt) - 1) // per_frame)
         if budget < 1:
             raise SequenceTooLongError(
                 f"the prompt of {text[:40]!r} takes {len(prompt)} tokens, leaving no room for one frame "
@@ -308,6 +333,8 @@ class CodecLM:
         was_training = self.module.training
         self.module.eval()
         try:
+            if self.frames_per_position:
+                return grouped.decode(self, prompt, max_frames, temperature, top_k, seed)
             ids = self._decode(prompt, max_frames, temperature, top_k, seed)
         finally:
             self.module.train(was_training)
