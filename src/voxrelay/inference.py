@@ -15,7 +15,6 @@ seeded random init) and its hash; synthesis rebuilds that base, checks the hash 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -80,7 +79,7 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     apply_lora(model, cfg.train.lora)
     load_trainable(model.module, weights, f"checkpoint {ckpt.uri}")
     note = {"base": describe_base(cfg.model, cfg.train.seed), "base_hash": base, "seed": cfg.train.seed,
-            "model": cfg.model.model_dump(mode="json"), "data": dataclasses.asdict(data)}
+            "model": cfg.model.model_dump(mode="json"), "data": data.to_note()}
     return model, codec, ckpt.step, note
 
 

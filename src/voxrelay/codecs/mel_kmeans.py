@@ -200,6 +200,11 @@ class MelKMeansCodec:
             )
         return self._centroids
 
+    def code_vectors(self) -> np.ndarray:
+        """The log-mel vector each code stands for: float32 [num_codebooks, codebook_size, n_mels] (the
+        residual stages' centroids), for ``model.audio_embedding: codec``."""
+        return self._require_fitted().numpy().copy()
+
     # -- codes ----------------------------------------------------------------------------------
 
     def encode(self, wav: np.ndarray) -> np.ndarray:

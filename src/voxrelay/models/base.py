@@ -36,7 +36,8 @@ class DataSpec:
     """What a family learns from the prepared data before it can build a model.
 
     ``num_codebooks`` K and ``codebook_size`` of the codec, the speakers of the data (sorted names,
-    may be empty), and the codec's ``frame_rate`` (frames per second) and ``sample_rate`` (Hz).
+    may be empty), the codec's ``frame_rate`` (frames per second) and ``sample_rate`` (Hz), and its
+    vector of each code (float [K, C, D], for codecs that have them, such as mel_kmeans' centroids).
     """
 
     num_codebooks: int
@@ -44,12 +45,19 @@ class DataSpec:
     speakers: list[str] = field(default_factory=list)
     frame_rate: float | None = None
     sample_rate: int | None = None
+    code_vectors: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_prepared(cls, index: dict, codec: Any) -> DataSpec:
         """From a prepared ``index.json`` and its codec (an :class:`~voxrelay.codecs.base.AudioCodec`)."""
+        vectors = codec.code_vectors() if hasattr(codec, "code_vectors") else None
         return cls(int(index["num_codebooks"]), int(codec.codebook_size), list(index.get("speakers") or []),
-                   float(codec.frame_rate), int(codec.sample_rate))
+                   float(codec.frame_rate), int(codec.sample_rate), vectors)
+
+    def to_note(self) -> dict[str, Any]:
+        """The JSON-able fields (all but ``code_vectors``), as an adapter-only export records them."""
+        return {"num_codebooks": self.num_codebooks, "codebook_size": self.codebook_size,
+                "speakers": list(self.speakers), "frame_rate": self.frame_rate, "sample_rate": self.sample_rate}
 
 
 @runtime_checkable

@@ -46,6 +46,13 @@ class CodecLMConfig(BaseModel):
         "frame (Orpheus' layout)",
     )
 
+    audio_embedding: Literal["free", "codec"] = Field(
+        "free", description="How audio ids are embedded: 'free' (a learned row per code) or 'codec' (a learned "
+        "projection, one per codebook slot, of the codec's own vector of the code, standardised; for mel_kmeans "
+        "its centroid's log-mel), so acoustically close codes get close inputs. 'codec' needs a codec with code "
+        "vectors (the built-in mel_kmeans) and a random init or a plain LM as model.init_from",
+    )
+
     @model_validator(mode="after")
     def _heads(self) -> CodecLMConfig:
         if self.hidden_size % self.num_heads:

@@ -15,7 +15,8 @@ class CodecLMFamily:
     name = "codec_lm"
 
     def build(self, cfg: CodecLMConfig, data: DataSpec, seed: int, meta: bool = False) -> CodecLM:
-        return CodecLM.build(cfg, data.num_codebooks, data.codebook_size, data.speakers, seed, meta=meta)
+        return CodecLM.build(cfg, data.num_codebooks, data.codebook_size, data.speakers, seed, meta=meta,
+                             code_vectors=data.code_vectors)
 
     def load(self, folder: str | os.PathLike[str]) -> CodecLM:
         return CodecLM.from_pretrained(folder)

@@ -61,6 +61,11 @@ def load_init(
     if (Path(source) / META_FILE).is_file():
         meta = read_meta(Path(source))
         layout = VocabLayout.from_dict(meta["layout"])
+        if cfg.audio_embedding == "codec":
+            raise ModelLoadError(
+                f"model.init_from={source!r} is a voxrelay folder: its audio rows are saved as plain embeddings, "
+                "so it fine-tunes with model.audio_embedding=free; set model.audio_embedding=free"
+            )
         if meta.get("frames_per_position") != cfg.frames_per_position:
             raise ModelLoadError(
                 f"model.init_from={source!r} was trained with frames_per_position "

@@ -31,7 +31,9 @@ from voxrelay.models.base import (
     decay_groups,
     module_classes,
 )
+from voxrelay.models.codec_lm import code_vectors as code_vectors_lib
 from voxrelay.models.codec_lm import grouped
+from voxrelay.models.codec_lm.code_vectors import CodeVectorEmbedding
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.codec_lm.loading import (
     FORMAT_VERSION,
@@ -100,6 +102,7 @@ class CodecLM:
         speakers: list[str],
         seed: int,
         meta: bool = False,
+        code_vectors: np.ndarray | None = None,
     ) -> CodecLM:
         """A new model: random init seeded by ``seed``, or weights from ``model_cfg.init_from``.
 
@@ -107,7 +110,9 @@ class CodecLM:
         the special and audio ids; ``model.tokenizer`` must be that model's tokenizer) or a folder
         written by :meth:`save_pretrained` (fine-tuning a voxrelay model; its layout is kept).
         The global torch RNG is left untouched. ``meta=True``: the module is on the meta device
-        (no weights read or initialised), for planning.
+        (no weights read or initialised), for planning; it keeps free audio rows whatever
+        ``audio_embedding`` says (their count differs by a few projection weights). ``code_vectors``:
+        the codec's vectors [K, C, D] (``model.audio_embedding: codec`` needs them).
         """
         slots = num_codebooks * (model_cfg.frames_per_position or 1)  # audio id ranges: one per code of a position
         if meta:
@@ -121,7 +126,9 @@ class CodecLM:
                     tokenizer = load_text_tokenizer(model_cfg.tokenizer)
                     layout = VocabLayout(tokenizer.vocab_size, slots, codebook_size)
                     module = LlamaForCausalLM._from_config(llama_config(model_cfg, layout), attn_implementation="sdpa")
-        if model_cfg.frames_per_position:
+                if model_cfg.audio_embedding == "codec":
+                    code_vectors_lib.attach(module, code_vectors, slots, codebook_size, layout.audio_offset)
+        if model_cfg.frames_per_position and not isinstance(module.get_input_embeddings(), CodeVectorEmbedding):
             grouped.enable(module)
         return cls(module, tokenizer, layout, list(speakers), model_cfg.max_seq_len, model_cfg.text_position_scale,
                    model_cfg.frames_per_position)
@@ -130,7 +137,15 @@ class CodecLM:
         """Write weights + config.json, ``tokenizer/`` and, last, ``voxrelay.json`` into a local folder."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.module.save_pretrained(str(folder))
+        embedding = self.module.get_input_embeddings()
+        if isinstance(embedding, CodeVectorEmbedding):  # the folder holds the computed rows, a plain Llama
+            self.module.set_input_embeddings(code_vectors_lib.plain_embedding(embedding))
+            try:
+                self.module.save_pretrained(str(folder))
+            finally:
+                self.module.set_input_embeddings(embedding)
+        else:
+            self.module.save_pretrained(str(folder))
         self.tokenizer.save(folder / TOKENIZER_DIR)
         meta = {
             "format_version": FORMAT_VERSION,
