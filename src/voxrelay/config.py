@@ -190,6 +190,14 @@ class RunConfig(Section):
                              f"{', '.join(sorted(FAMILY_CONFIGS))}")
         return {**v, "family": family}
 
+    @model_validator(mode="after")
+    def _code_vectors(self) -> RunConfig:
+        # (a codec without code vectors is refused when the model is built: the prepared data names the codec)
+        if getattr(self.model, "audio_embedding", "free") == "codec" and self.train.lora is not None:
+            raise ValueError("model.audio_embedding=codec learns its audio inputs from scratch, which LoRA's frozen "
+                             "model cannot; set model.audio_embedding=free to train with train.lora")
+        return self
+
     @property
     def prepared_uri(self) -> str:
         from voxrelay import storage

@@ -8,10 +8,11 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
-from tests.integration.tiny import tiny
+from tests.integration.tiny import tiny as tiny_args
 from voxrelay.cli import app, demo_config_path
 
 runner = CliRunner()
@@ -25,9 +26,18 @@ def invoke(*args: str):
     return result
 
 
-def test_prepare_train_synthesize_export(tmp_path):
+# the demo's model layout: two frames per position, audio inputs from the codec's centroids
+DEMO_MODEL = ("model.frames_per_position=2", "model.text_position_scale=0.875", "model.audio_embedding=codec")
+
+
+@pytest.mark.parametrize("model_args", [(), DEMO_MODEL], ids=["one-code-per-position", "demo-layout"])
+def test_prepare_train_synthesize_export(tmp_path, model_args):
     root = tmp_path / "bucket"
     cfg = EXAMPLE
+
+    def tiny(root: str, *extra: str) -> list[str]:
+        return tiny_args(root, *model_args, *extra)
+
     invoke("prepare", cfg, *tiny(str(root)))
     index = json.loads((root / "prepared/demo/index.json").read_text())
     assert index["counts"]["train"] > 0 and index["counts"]["eval"] == 3
@@ -44,6 +54,8 @@ def test_prepare_train_synthesize_export(tmp_path):
     assert any(p.name.startswith("events.out.tfevents") for p in (run / "tensorboard").iterdir())
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000004", "step-00000006"]
     assert (run / "config.yaml").exists()
+    assert (("model:\n" in (run / "config.yaml").read_text())
+            and ("frames_per_position: 2" in (run / "config.yaml").read_text()) == bool(model_args))
 
     out = tmp_path / "hello.wav"
     res = invoke("synthesize", run, "hello there", "-o", out, "--voice", "en-gb+f3")

@@ -36,8 +36,11 @@ from voxrelay.plan_model import Lengths, model_facts, shape_of
 from voxrelay.train.optim import build_optimizer
 from voxrelay.train.strategies import apply_lora
 
+# the layout the sizes below were cut for: one position per code, free audio rows (the demo's LoRA-free
+# code-vector inputs and two frames per position are its own choice)
+CODEC_LM_LAYOUT = ["model.frames_per_position=null", "model.text_position_scale=null", "model.audio_embedding=free"]
 TINY_CODEC_LM = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.intermediate_size=64",
-                 "train.lora={}"]
+                 *CODEC_LM_LAYOUT, "train.lora={}"]
 TINY_ORPHEUS = ["model.family=orpheus", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
                 "model.num_kv_heads=1", "model.intermediate_size=64", "train.lora={}"]
 
@@ -279,7 +282,7 @@ def test_plan_without_data_or_seq_len_exits_2_naming_the_fix(tmp_path: Path) -> 
 
 
 def test_plan_json_prices_every_strategy(tmp_path: Path) -> None:
-    args = ["plan", str(demo_config_path()), f"root={tmp_path}", *TINY_CODEC_LM[:4], "--seq-len", "512",
+    args = ["plan", str(demo_config_path()), f"root={tmp_path}", *TINY_CODEC_LM[:-1], "--seq-len", "512",
             "codec.num_codebooks=4", "codec.codebook_size=256",  # the vocabulary the GPU size below was cut for
             "--gpus", "2", "--gpu-memory", "1.5135GB", "--json"]
     res = CliRunner().invoke(app, args)
