@@ -32,6 +32,17 @@ def random_codes(frames: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, C, size=(K, frames), dtype=np.int64)
 
 
+def assert_saved_setting(folder: Path, key: str, value, **kw) -> None:
+    """A model built with ``kw`` records ``key: value`` in voxrelay.json and loads back with it, generating the same."""
+    model = tiny_model(seed=4, **kw)
+    model.save_pretrained(folder)
+    assert json.loads((folder / "voxrelay.json").read_text())[key] == value
+    again = CodecLM.from_pretrained(folder)
+    assert getattr(again, key) == value
+    np.testing.assert_array_equal(model.generate("x y", max_frames=6, temperature=0),
+                                  again.generate("x y", max_frames=6, temperature=0))
+
+
 def test_layout_round_trip_and_ranges() -> None:
     layout = VocabLayout(text_vocab=256, num_codebooks=3, codebook_size=10)
     assert (layout.pad_id, layout.bos_id, layout.audio_start_id, layout.audio_end_id) == (256, 257, 258, 259)

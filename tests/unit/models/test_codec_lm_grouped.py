@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.unit.models.test_codec_lm import C, K, overfit, random_codes, tiny_cfg, tiny_model
+from tests.unit.models.test_codec_lm import C, K, assert_saved_setting, overfit, random_codes, tiny_cfg, tiny_model
 from voxrelay.models.codec_lm import grouped
 from voxrelay.models.codec_lm.model import CodecLM, SequenceTooLongError
 
@@ -108,13 +107,8 @@ def test_overfits_one_example_and_generation_reproduces_it(scale: float | None) 
 def test_saved_and_loaded_with_the_model_and_checked_on_fine_tuning(tmp_path: Path) -> None:
     from voxrelay.errors import UserError
 
-    model = tiny_model(frames_per_position=2, seed=4)
-    model.save_pretrained(tmp_path / "m")
-    assert json.loads((tmp_path / "m" / "voxrelay.json").read_text())["frames_per_position"] == 2
-    again = CodecLM.from_pretrained(tmp_path / "m")
-    assert again.frames_per_position == 2
-    np.testing.assert_array_equal(model.generate("x y", max_frames=6, temperature=0),
-                                  again.generate("x y", max_frames=6, temperature=0))
+    assert_saved_setting(tmp_path / "m", "frames_per_position", 2, frames_per_position=2)
+    model = CodecLM.from_pretrained(tmp_path / "m")
     tuned = CodecLM.build(tiny_cfg(init_from=str(tmp_path / "m"), frames_per_position=2), K, C, [], seed=0)
     assert tuned.frames_per_position == 2 and tuned.layout == model.layout
     for other in (None, 3):

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from tests.unit.models.test_codec_lm import K, overfit, random_codes, tiny_model
+from tests.unit.models.test_codec_lm import K, assert_saved_setting, overfit, random_codes, tiny_model
 from voxrelay.models.codec_lm.model import CodecLM
 
 
@@ -61,13 +59,7 @@ def test_overfits_one_example_and_generation_reproduces_it() -> None:
 
 
 def test_the_scale_is_saved_with_the_model(tmp_path: Path) -> None:
-    model = tiny_model(text_position_scale=1.5, seed=4)
-    model.save_pretrained(tmp_path / "m")
-    assert json.loads((tmp_path / "m" / "voxrelay.json").read_text())["text_position_scale"] == 1.5
-    again = CodecLM.from_pretrained(tmp_path / "m")
-    assert again.text_position_scale == 1.5
-    np.testing.assert_array_equal(model.generate("x y", max_frames=5, temperature=0),
-                                  again.generate("x y", max_frames=5, temperature=0))
+    assert_saved_setting(tmp_path / "m", "text_position_scale", 1.5, text_position_scale=1.5)
 
 
 def test_fine_tuning_keeps_the_positions_it_was_trained_with(tmp_path: Path) -> None:
