@@ -22,6 +22,10 @@ class AsrConfig(BaseModel):
         5, ge=1, description="Whisper's beam width (5, Whisper's own setting; 1 = greedy, faster, but it can loop "
         "on unclear speech and repeat one phrase over a whole packed window)",
     )
+    batch_size: int | None = Field(
+        None, ge=1, description="Packed windows Whisper decodes at once (faster-whisper's batched pipeline); "
+        "null: 8 on a GPU, 1 (one window after another) on a CPU, where batching gains nothing",
+    )
 
 
 class EvalConfig(BaseModel):

@@ -45,7 +45,8 @@ class Scorer:
             try:
                 if kind == "asr":
                     asr = self.cfg.asr
-                    self._models[kind] = Transcriber.load(asr.model, asr.device, self.threads, asr.beam_size)
+                    self._models[kind] = Transcriber.load(asr.model, asr.device, self.threads, asr.beam_size,
+                                                            asr.batch_size)
                 else:
                     from voxrelay.quality.speaker import SpeakerEncoder
 

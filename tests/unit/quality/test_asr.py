@@ -78,6 +78,22 @@ def test_each_utterance_gets_its_own_words(whisper, clips):
         assert errors(SENTENCES[i], hyp).wer < min(others), (i, hyp)
 
 
+def test_windows_decoded_in_batches_give_each_utterance_its_words(whisper, clips):
+    # 12 clips fill more than one packed window; two windows go through the batched pipeline at once
+    order = [3, 0, 5, 1, 4, 2, 2, 4, 0, 3, 1, 5]
+    audio = [clips[i] for i in order]
+    assert len(pack([np.zeros(int(len(w) / sr * ASR_SAMPLE_RATE)) for w, sr in audio])) >= 2
+    batched = Transcriber(whisper.model, whisper.name, batch_size=2)
+    hyps = batched.transcribe(audio)
+    for i, hyp in zip(order, hyps, strict=True):
+        others = [errors(SENTENCES[j], hyp).wer for j in range(len(SENTENCES)) if j != i]
+        assert errors(SENTENCES[i], hyp).wer < min(others), (i, hyp)
+    assert set_errors([SENTENCES[i] for i in order], hyps).wer < 0.25, hyps
+    from voxrelay.quality.config import EvalConfig
+
+    assert EvalConfig().asr.batch_size is None and whisper.batch_size == 1  # auto on a CPU: one window at a time
+
+
 def test_beam_search_hears_clean_speech_better_than_greedy(whisper, clips):
     # the default (Whisper's own beam of 5) against eval.asr.beam_size=1 on the same packed window
     greedy = Transcriber(whisper.model, whisper.name, beam_size=1).transcribe(clips)
