@@ -199,3 +199,10 @@ def test_lora_changes_are_incompatible_on_resume():
     old = RunConfig().to_dict()
     del old["train"]["lora"]
     assert config_changes(old, full) == ([], [])
+
+
+def test_code_vector_inputs_are_refused_with_lora():
+    with pytest.raises(ConfigError, match=r"set model.audio_embedding=free to train with train.lora"):
+        load_config(demo_config_path(), ["train.lora={}"])  # the demo embeds audio through code vectors
+    cfg = load_config(demo_config_path(), ["train.lora={}", "model.audio_embedding=free"])
+    assert cfg.train.lora is not None and cfg.model.audio_embedding == "free"
