@@ -35,7 +35,6 @@ class ConfigError(UserError, ValueError):
     """A configuration problem; the message names the key, the bad value and the fix."""
 
 
-
 class SourceConfig(Section):
     """One input of ``prepare``."""
 

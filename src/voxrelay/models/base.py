@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -56,8 +56,7 @@ class DataSpec:
 
     def to_note(self) -> dict[str, Any]:
         """The JSON-able fields (all but ``code_vectors``), as an adapter-only export records them."""
-        return {"num_codebooks": self.num_codebooks, "codebook_size": self.codebook_size,
-                "speakers": list(self.speakers), "frame_rate": self.frame_rate, "sample_rate": self.sample_rate}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "code_vectors"}
 
 
 @runtime_checkable

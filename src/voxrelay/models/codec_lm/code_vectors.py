@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from voxrelay.errors import UserError
+from voxrelay.models.codec_lm.grouped import sum_slots
 
 
 class CodeVectorsError(UserError, ValueError):
@@ -48,10 +49,7 @@ class CodeVectorEmbedding(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         table = self.weight
-        if ids.dim() < 3:
-            return F.embedding(ids, table)
-        present = (ids >= 0).unsqueeze(-1)
-        return (F.embedding(ids.clamp(min=0), table) * present.to(table.dtype)).sum(-2)
+        return F.embedding(ids, table) if ids.dim() < 3 else sum_slots(ids, table)
 
 
 def standardised(vectors: np.ndarray, slots: int) -> torch.Tensor:

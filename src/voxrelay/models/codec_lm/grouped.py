@@ -41,11 +41,14 @@ class SlotSumEmbedding(torch.nn.Embedding):
     """
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.dim() < 3:
-            return super().forward(ids)
-        present = (ids >= 0).unsqueeze(-1)
-        rows = F.embedding(ids.clamp(min=0), self.weight, self.padding_idx)  # [B, L, S, H]
-        return (rows * present.to(rows.dtype)).sum(-2)
+        return super().forward(ids) if ids.dim() < 3 else sum_slots(ids, self.weight, self.padding_idx)
+
+
+def sum_slots(ids: torch.Tensor, table: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    """Slot ids [B, L, S] (-1 = empty) -> the sum of each position's rows of ``table``, [B, L, H]."""
+    present = (ids >= 0).unsqueeze(-1)
+    rows = F.embedding(ids.clamp(min=0), table, padding_idx)  # [B, L, S, H]
+    return (rows * present.to(rows.dtype)).sum(-2)
 
 
 def enable(module: torch.nn.Module) -> None:

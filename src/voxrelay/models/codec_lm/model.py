@@ -205,9 +205,12 @@ class CodecLM:
         Does not check ``max_seq_len``, so that a batch planner can filter long utterances.
         With ``frames_per_position`` G: prompt + ceil((num_frames + 1) / G), AUDIO_END in the last group.
         """
+        return self._length(len(self._prompt_ids(text, speaker)), num_frames)
+
+    def _length(self, prompt_length: int, num_frames: int) -> int:
         if self.frames_per_position:
-            return len(self._prompt_ids(text, speaker)) + -(-(num_frames + 1) // self.frames_per_position)
-        return len(self._prompt_ids(text, speaker)) + num_frames * self.layout.num_codebooks + 1
+            return prompt_length + -(-(num_frames + 1) // self.frames_per_position)
+        return prompt_length + num_frames * self.layout.num_codebooks + 1
 
     def encode_example(self, text: str, codes: np.ndarray, speaker: str | None = None) -> dict[str, np.ndarray]:
         """text + codes int [K, T] -> ``input_ids`` int64 [L] and ``labels`` int64 [L].
@@ -216,12 +219,11 @@ class CodecLM:
         AUDIO_START (no loss there). L = prompt length + K * T + 1.
         """
         prompt = self._prompt_ids(text, speaker)
-        layout = self.layout
-        if self.frames_per_position:  # check the codes against the codec's K books (the layout has K * G slots)
-            books = layout.num_codebooks // self.frames_per_position
-            layout = VocabLayout(layout.text_vocab, books, layout.codebook_size)
-        audio = layout.codes_to_ids(codes)
-        length = self.sequence_length(text, np.asarray(codes).shape[1], speaker)
+        if self.frames_per_position:  # the codec's K books (the layout has K * G id ranges)
+            codes = self.layout.check_codes(codes, self.layout.num_codebooks // self.frames_per_position)
+        else:
+            audio = self.layout.codes_to_ids(codes)
+        length = self._length(len(prompt), np.asarray(codes).shape[1])
         if length > self.max_seq_len:
             raise SequenceTooLongError(
                 f"utterance {text[:40]!r} ({np.asarray(codes).shape[1]} frames, {len(prompt) - 2} text tokens) "
@@ -335,8 +337,8 @@ class CodecLM:
         ``temperature <= 0`` is greedy; ``top_k`` None or 0 samples from the whole codebook.
         """
         prompt = self._prompt_ids(text, speaker)
-        per_frame = self.layout.num_codebooks if not self.frames_per_position else 1 / self.frames_per_position
-        budget = int((self.max_seq_len - len(prompt) - 1) // per_frame)
+        room = self.max_seq_len - len(prompt) - 1
+        budget = room * self.frames_per_position if self.frames_per_position else room // self.layout.num_codebooks
         if budget < 1:
             raise SequenceTooLongError(
                 f"the prompt of {text[:40]!r} takes {len(prompt)} tokens, leaving no room for one frame "

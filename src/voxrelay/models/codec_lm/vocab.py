@@ -62,12 +62,13 @@ class VocabLayout:
         lo = self.audio_offset + k * self.codebook_size
         return lo, lo + self.codebook_size
 
-    def codes_to_ids(self, codes: np.ndarray) -> np.ndarray:
-        """codes int [K, T] -> ids int64 [K*T], frame by frame (k = 0..K-1 of frame 0, then frame 1...)."""
-        codes = np.asarray(codes)
-        if codes.ndim != 2 or codes.shape[0] != self.num_codebooks:
+    def check_codes(self, codes: np.ndarray, num_codebooks: int | None = None) -> np.ndarray:
+        """``codes`` as an array, checked to be int [K, T] in ``[0, codebook_size)``; K = ``num_codebooks``
+        (default: the layout's; a layout with several frames per position has K * G id ranges)."""
+        codes, k = np.asarray(codes), num_codebooks or self.num_codebooks
+        if codes.ndim != 2 or codes.shape[0] != k:
             raise ValueError(
-                f"codes must have shape [K={self.num_codebooks}, T], got {list(codes.shape)}; "
+                f"codes must have shape [K={k}, T], got {list(codes.shape)}; "
                 "was the data prepared with a different codec?"
             )
         if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
@@ -75,6 +76,11 @@ class VocabLayout:
                 f"codes must be in [0, {self.codebook_size}), got range [{codes.min()}, {codes.max()}]; "
                 "was the data prepared with a different codec?"
             )
+        return codes
+
+    def codes_to_ids(self, codes: np.ndarray) -> np.ndarray:
+        """codes int [K, T] -> ids int64 [K*T], frame by frame (k = 0..K-1 of frame 0, then frame 1...)."""
+        codes = self.check_codes(codes)
         offsets = self.audio_offset + np.arange(self.num_codebooks, dtype=np.int64)[:, None] * self.codebook_size
         return (codes.astype(np.int64) + offsets).T.reshape(-1)
 
