@@ -9,12 +9,16 @@ Endpoints and credentials come from the usual places: AWS_* variables / ~/.aws f
 (``STORAGE_EMULATOR_HOST`` for a test server).
 """
 
+from voxrelay.storage.conditional import PreconditionFailed, Versioned, create_new, read_versioned, replace_if
 from voxrelay.storage.core import (
+    StorageDenied,
     StorageError,
     StorageUnavailable,
     check_root,
     delete,
+    denied,
     exists,
+    fsync_file,
     get_file,
     is_local,
     is_transient,
@@ -34,11 +38,16 @@ from voxrelay.storage.core import (
 )
 
 __all__ = [
+    "PreconditionFailed",
+    "StorageDenied",
     "StorageError",
     "StorageUnavailable",
     "check_root",
+    "create_new",
     "delete",
+    "denied",
     "exists",
+    "fsync_file",
     "get_file",
     "is_local",
     "is_transient",
@@ -49,9 +58,12 @@ __all__ = [
     "read_bytes",
     "read_json",
     "read_text",
+    "read_versioned",
+    "replace_if",
     "retry",
     "size",
     "transient_errors",
+    "Versioned",
     "write_bytes",
     "write_json",
     "write_text",

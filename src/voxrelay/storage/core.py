@@ -55,6 +55,10 @@ def transient_errors() -> tuple[type[BaseException], ...]:
     return tuple(errs)
 
 
+class StorageDenied(StorageError):
+    """The storage refused access (HTTP 401/403): the message names the bucket and what to check."""
+
+
 class StorageUnavailable(StorageError):
     """The storage did not answer after every retry (network, outage): it may come back."""
 
@@ -64,6 +68,8 @@ def is_transient(err: BaseException, io_errors: bool = False) -> bool:
     also any other OSError but a missing object or a denied access (a local disk that is full)."""
     if isinstance(err, StorageUnavailable):
         return True
+    if denied(err):
+        return False
     if io_errors and isinstance(err, OSError) and not isinstance(err, FileNotFoundError | PermissionError):
         return True
     if not isinstance(err, transient_errors()):
@@ -86,11 +92,20 @@ _CREDENTIALS_FIX = (
 )
 
 
-def _denied(err: BaseException) -> bool:
-    if isinstance(err, PermissionError):
+def denied(err: BaseException) -> bool:
+    """Access refused (HTTP 401/403: revoked credentials, billing disabled, a retention lock), whatever
+    exception class the SDK raises for it: never transient, retrying cannot fix it."""
+    if isinstance(err, PermissionError | StorageDenied):
         return True
     code = getattr(err, "code", None)
     if isinstance(code, int) and code in (401, 403):
+        return True
+    # gcsfs raises a plain OSError("Forbidden: <path>\n<message>") for a 403 (gcsfs/retry.py)
+    if type(err) is OSError and str(err).startswith(("Forbidden", "Unauthorized")):
+        return True
+    # s3fs keeps botocore's ClientError as the cause of the OSError it raises for codes it does not map
+    status = getattr(err.__cause__, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if status in (401, 403):
         return True
     return type(err).__name__ in ("DefaultCredentialsError", "RefreshError", "NoCredentialsError",
                                   "PartialCredentialsError")
@@ -129,8 +144,8 @@ def retry(fn: Callable[[], T], what: str, attempts: int | None = None, base_dela
         try:
             return fn()
         except Exception as err:
-            if _denied(err):
-                raise StorageError(f"access to {_bucket(what)} was denied ({what}: {type(err).__name__}: {err}); "
+            if denied(err):
+                raise StorageDenied(f"access to {_bucket(what)} was denied ({what}: {type(err).__name__}: {err}); "
                                    f"{_CREDENTIALS_FIX}") from None
             if not is_transient(err):
                 raise
@@ -284,6 +299,7 @@ def write_bytes(uri: str, data: bytes) -> None:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+            fsync_file(os.path.dirname(path))
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -308,11 +324,22 @@ def put_file(local: str | Path, uri: str) -> None:
         tmp = f"{path}.tmp-{os.getpid()}"
         try:
             shutil.copyfile(local, tmp)
+            fsync_file(tmp)  # on disk before the name points at it: a power loss leaves the old file or the new
             os.replace(tmp, path)
+            fsync_file(os.path.dirname(path))  # and the rename itself
         finally:
             Path(tmp).unlink(missing_ok=True)
         return
     retry(lambda: fs.put_file(str(local), path), f"upload {local} -> {uri}")
+
+
+def fsync_file(path: str | Path) -> None:
+    """Flush a local file's (or a folder's entries') data to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def get_file(uri: str, local: str | Path) -> None:
