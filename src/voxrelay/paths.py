@@ -10,6 +10,7 @@ from pathlib import Path
 CONFIG_SNAPSHOT = "config.yaml"  # the resolved config, written when training starts
 CKPT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
+LEASE_FILE = "lease.json"  # who writes the run now (voxrelay.checkpoint.lease)
 EXPORT_META = "voxrelay.json"  # in an export folder: tokenizer, vocabulary layout, speakers
 
 

@@ -24,6 +24,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from voxrelay import host
+
 log = logging.getLogger(__name__)
 
 EXIT_PREEMPTED = 75  # stopped by a signal or a preemption notice; the checkpoint is durable
@@ -133,15 +135,17 @@ TIME_LIMIT, TOTAL_TIME_LIMIT = "train.time_limit", "train.total_time_limit"
 def process_start_time() -> float:
     """Wall-clock time this process started (Linux: from /proc, so interpreter start-up and imports
     count); elsewhere the time voxrelay was first imported."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time in clock ticks
-    except (OSError, ValueError, IndexError, StopIteration):
-        import voxrelay
+    import voxrelay
 
-        return voxrelay.IMPORTED_AT
+    return host.started_at(os.getpid()) or voxrelay.IMPORTED_AT
+
+
+def session_start(time_limit_from: str = "process") -> float:
+    """When this session's ``train.time_limit`` started counting: the process start, or with ``boot``
+    the machine's (a Colab runtime's VM boots with the runtime; elsewhere the process start)."""
+    if time_limit_from == "boot":
+        return host.boot_time() or process_start_time()
+    return process_start_time()
 
 
 class Deadline:
