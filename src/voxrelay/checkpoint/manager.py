@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -77,9 +78,10 @@ class CheckpointManager:
         keep_best: bool = False,
         max_staged: int = 3,
         staging_dir: Path | None = None,
+        guard: Callable[[], None] | None = None,
     ):
         self.run_uri = run_uri
-        self.store = CommittedStore(storage.join(run_uri, CKPT_DIR), keep_last, keep_every, keep_best)
+        self.store = CommittedStore(storage.join(run_uri, CKPT_DIR), keep_last, keep_every, keep_best, guard)
         self.staging = Staging(staging_dir or cache_dir("staging", uri_key(run_uri)))
         self.uploader = Uploader(self.store, self.staging, max_staged)
         self.started = False
@@ -100,7 +102,7 @@ class CheckpointManager:
             if ckpt.step <= newest:
                 self.staging.remove(ckpt.step)
             else:
-                self.uploader.submit(ckpt)
+                self.uploader.submit(ckpt, trusted=False)  # a previous session's: re-hashed before upload
         self.uploader.start()
         self.started = True
 
@@ -115,6 +117,9 @@ class CheckpointManager:
         """
         if not self.started:
             self.start()
+        if self.holds(step):  # e.g. the save after an out-of-memory step: its step is already uploading
+            log.info("the checkpoint of step %d is already saved or on its way; not saving it again", step)
+            return None
         self.staging.check_space(step, expected_bytes)
         if background:
             self.uploader.submit_snapshot(step, writers, extra or {})
@@ -122,6 +127,10 @@ class CheckpointManager:
         ckpt = self.staging.stage(step, writers, extra or {})
         self.uploader.submit(ckpt)
         return ckpt
+
+    def holds(self, step: int) -> bool:
+        """True when the checkpoint of ``step`` is staged, on its way or committed by this session."""
+        return self.uploader.holds(step)
 
     def new_folder(self, step: int) -> Path:
         """A folder on the staging disk for a checkpoint written by every process (sharded)."""
@@ -162,15 +171,24 @@ class CheckpointManager:
         found = [c for c in self.candidates() if step is None or c.step == step]
         if step is not None and not found:
             raise CheckpointError(f"no checkpoint at step {step} in {self.store.root_uri}")
+        damaged = []
         for ckpt in found:
             try:
                 return ckpt, self._local_copy(ckpt)
             except CheckpointError as err:
                 where = "committed" if ckpt.durable else "staged"
+                damaged.append(f"{where} {ckpt.uri} ({err})")
                 log.warning("%s checkpoint %s is damaged (%s); falling back to the previous one", where,
                             ckpt.uri, err)
         if step is not None:
-            raise CheckpointError(f"the checkpoint at step {step} is damaged; see the warnings above")
+            raise CheckpointError(f"the checkpoint at step {step} is damaged: {damaged[0]}")
+        if damaged:  # starting over at step 0 here would also let retention delete the new checkpoints
+            raise CheckpointError(
+                f"none of the {len(damaged)} checkpoint(s) of {self.run_uri} can be loaded: {'; '.join(damaged)}. "
+                "Nothing was deleted. To continue the run, restore the named files (a staged copy may still be on "
+                "the machine that saved it, under $VOXRELAY_CACHE/staging/; re-running `voxrelay train` there "
+                "uploads it); to start over, delete them or run with --fresh (it deletes them)"
+            )
         return None
 
     @property
@@ -192,36 +210,45 @@ class CheckpointManager:
             shutil.rmtree(dest, ignore_errors=True)
             raise
 
-    def load(self, step: int | None = None, map_location: str | torch.device = "cpu",
-             ) -> tuple[Checkpoint, dict[str, torch.Tensor] | Path, dict] | None:
-        """(checkpoint, model tensors, train state) of the newest valid checkpoint, or None. For a sharded
-        checkpoint the model tensors are the verified local folder that DCP loads from."""
+    def open(self, step: int | None = None, mmap: bool = False) -> tuple[Checkpoint, Path, dict] | None:
+        """(checkpoint, verified local folder, train state) of the newest valid checkpoint (or ``step``), or None;
+        the weights stay in the folder (:func:`voxrelay.checkpoint.reader.read_into` reads them into a built
+        model, DCP into a sharded one); :meth:`release` the folder once they are loaded. ``mmap``: the train
+        state's tensors stay in the file until used (moved one by one to a GPU, no second copy in memory)."""
         found = self.latest_valid(step)
         if found is None:
             return None
         ckpt, folder = found
-        if is_sharded(ckpt.manifest):  # DCP loads it into the sharded model later; start() cleans it up
-            return ckpt, folder, load_state(folder / STATE_FILE, map_location)
-        loaded = ckpt, load_file(str(folder / MODEL_FILE)), load_state(folder / STATE_FILE, map_location)
-        self._release(folder)
-        return loaded
+        return ckpt, folder, load_state(folder / STATE_FILE, mmap=mmap)
+
+    def load(self, step: int | None = None) -> tuple[Checkpoint, dict[str, torch.Tensor] | Path, dict] | None:
+        """(checkpoint, model tensors, train state) of the newest valid checkpoint, or None. For a sharded
+        checkpoint the model tensors are the verified local folder that DCP loads from."""
+        found = self.open(step)
+        if found is None or is_sharded(found[0].manifest):  # DCP loads it into the sharded model; start() cleans up
+            return found
+        ckpt, folder, state = found
+        weights = load_file(str(folder / MODEL_FILE))
+        self.release(folder)
+        return ckpt, weights, state
 
     def load_model(self, step: int | None = None) -> tuple[Checkpoint, dict[str, torch.Tensor]]:
         found = self.latest_valid(step)
         if found is None:
             raise CheckpointError(f"no valid checkpoint in {self.store.root_uri}; train first (voxrelay train CONFIG)")
         weights = read_model(found[1]) if is_sharded(found[0].manifest) else load_file(str(found[1] / MODEL_FILE))
-        self._release(found[1])
+        self.release(found[1])
         return found[0], weights
 
-    def _release(self, folder: Path) -> None:
+    def release(self, folder: Path) -> None:
         """Remove a fetched copy once it is in memory; never a staged checkpoint (the only copy of
         one not yet uploaded). With several processes it stays for the others (see start())."""
         if folder.parent == self.fetched_dir and rank_world()[1] == 1:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def load_state(path: Path, map_location: str | torch.device = "cpu") -> dict:
-    """train_state.pt, unpickling nothing but tensors and plain containers."""
-    return torch.load(path, map_location=map_location, weights_only=True)
+def load_state(path: Path, mmap: bool = False) -> dict:
+    """train_state.pt on the CPU, unpickling nothing but tensors and plain containers (``mmap``: tensors
+    backed by the file's pages, read when used)."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
 

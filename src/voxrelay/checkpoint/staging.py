@@ -29,6 +29,7 @@ from voxrelay.checkpoint.store import (
     parse_step,
     read_local_manifest,
     step_name,
+    verify_folder,
 )
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,11 @@ class Staging:
         try:
             for name, write in writers.items():
                 write(tmp / name)
-            return self.commit(step, tmp, make_manifest(step, tmp, list(writers), extra))
-        except OSError as err:
+                storage.fsync_file(tmp / name)  # on disk before the manifest can exist: a power loss mid-save
+            return self.commit(step, tmp, make_manifest(step, tmp, list(writers), extra))  # leaves no manifest
+        except BaseException as err:  # any failure (torch, safetensors, a full disk, Ctrl-C): no partial folder
             shutil.rmtree(tmp, ignore_errors=True)
-            if err.errno == errno.ENOSPC:
+            if isinstance(err, OSError) and err.errno == errno.ENOSPC:
                 raise CheckpointError(
                     f"the staging disk {self.folder} is full while saving step {step}; free space or point "
                     "VOXRELAY_CACHE at a bigger disk. Committed checkpoints are untouched"
@@ -77,9 +79,12 @@ class Staging:
     def commit(self, step: int, tmp: Path, manifest: dict) -> Checkpoint:
         """Write ``manifest`` into ``tmp`` (holding its files) and rename it to the staged step folder."""
         (tmp / MANIFEST).write_text(_json(manifest))
+        storage.fsync_file(tmp / MANIFEST)
+        storage.fsync_file(tmp)
         final = self.folder / step_name(step)
-        shutil.rmtree(final, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)  # a previous session's copy of this step, never uploaded
         os.replace(tmp, final)  # the staging commit
+        storage.fsync_file(self.folder)
         return Checkpoint(step, str(final), manifest, durable=False)
 
     def list(self) -> list[Checkpoint]:
@@ -119,6 +124,9 @@ class Uploader:
         self.durable_step: int | None = None
         self.last_error: str | None = None
         self.fatal: str | None = None  # a permanent upload error: nothing more is uploaded
+        self.failed_saves = 0  # saves in a row that could not be staged (checkpoint.max_failed_saves stops the run)
+        self.save_error: str | None = None  # why the last of them failed
+        self._trusted: set[int] = set()  # staged by this process: hashed from bytes just written and fsynced
         self._uploading: int | None = None
         self._cond = threading.Condition()
         self._closing = False
@@ -127,8 +135,12 @@ class Uploader:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, ckpt: Checkpoint) -> None:
+    def submit(self, ckpt: Checkpoint, trusted: bool = True) -> None:
+        """Upload ``ckpt`` (staged); one not ``trusted`` (a previous session's) is verified in full first."""
         with self._cond:
+            if trusted:
+                self._trusted.add(ckpt.step)
+                self.failed_saves, self.save_error = 0, None
             self.pending.append(ckpt)
             self.pending.sort(key=lambda c: c.step)
             while len(self.pending) > self.max_staged:
@@ -150,6 +162,20 @@ class Uploader:
             self.snapshot = (step, writers, extra)
             self._cond.notify_all()
 
+    def save_failed(self, step: int, err: BaseException | str) -> None:
+        """A save that could not be staged (a full disk, a failed write): reported now, counted."""
+        with self._cond:
+            self.failed_saves += 1
+            self.save_error = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
+            log.error("could not save the checkpoint of step %d (%s); %d failed save(s) in a row "
+                      "(training stops at checkpoint.max_failed_saves)", step, self.save_error, self.failed_saves)
+
+    def holds(self, step: int) -> bool:
+        """True when ``step`` is staged, being staged or uploaded, or committed by this session."""
+        with self._cond:
+            return step in {c.step for c in self.pending} or step in (self._uploading, self.durable_step) or (
+                self.snapshot is not None and self.snapshot[0] == step)
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted is committed; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -162,6 +188,11 @@ class Uploader:
         return self.fatal is None
 
     def close(self, timeout: float | None = None) -> bool:
+        """Wait (up to ``timeout``) for what was submitted, then stop the thread; True if all is committed.
+        Closing again answers at once."""
+        if self._closing:
+            with self._cond:
+                return not (self.pending or self.snapshot) and self.fatal is None
         done = self.wait(timeout)
         with self._cond:
             self._closing = True
@@ -176,8 +207,7 @@ class Uploader:
             ckpt = self.staging.stage(*job)
         except Exception as err:  # e.g. a full staging disk: committed checkpoints are untouched
             ckpt = None
-            self.last_error = f"{type(err).__name__}: {err}"
-            log.error("could not stage the checkpoint of step %d: %s", job[0], self.last_error)
+            self.save_failed(job[0], err)
         with self._cond:
             if self.snapshot is job:
                 self.snapshot = None
@@ -200,6 +230,8 @@ class Uploader:
             with self._cond:
                 ckpt = self.pending[-1]  # the newest: older pending ones are superseded by it
                 self._uploading = ckpt.step
+            if not self._verified(ckpt):
+                continue
             try:
                 self.store.upload(Path(ckpt.uri), ckpt.manifest)
             except Exception as err:  # keep training while the bucket is away; report and retry
@@ -217,6 +249,24 @@ class Uploader:
                 continue
             failures, self.last_error = 0, None
             self._committed(ckpt)
+
+    def _verified(self, ckpt: Checkpoint) -> bool:
+        """A previous session's staged checkpoint is re-hashed before upload (a power loss may have left
+        a manifest over truncated files); a damaged one is dropped, naming the file."""
+        if ckpt.step in self._trusted:
+            return True
+        try:
+            verify_folder(Path(ckpt.uri), ckpt.manifest)
+        except CheckpointError as err:
+            log.error("the staged checkpoint %s is damaged (%s); it is not uploaded and is removed", ckpt.uri, err)
+            with self._cond:
+                self.pending = [c for c in self.pending if c.step != ckpt.step]
+                self._uploading = None
+                self.staging.remove(ckpt.step)
+                self._cond.notify_all()
+            return False
+        self._trusted.add(ckpt.step)
+        return True
 
     def _give_up(self, ckpt: Checkpoint, err: Exception) -> None:
         with self._cond:

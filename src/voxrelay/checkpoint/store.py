@@ -7,10 +7,12 @@ re-hashes every file; a damaged checkpoint is skipped with a warning that names 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,13 +88,21 @@ def make_manifest(step: int, folder: Path, names: list[str], extra: dict) -> dic
 
 
 class CommittedStore:
-    """Committed checkpoints under ``<run>/checkpoints/`` in storage, with retention."""
+    """Committed checkpoints under ``<run>/checkpoints/`` in storage, with retention.
 
-    def __init__(self, root_uri: str, keep_last: int = 2, keep_every: int | None = None, keep_best: bool = False):
+    ``guard`` (the run's lease check) is called before every commit and every deletion: it raises
+    when this session may no longer write to the run folder. ``protected``: steps retention never
+    deletes (the checkpoint this session resumed from)."""
+
+    def __init__(self, root_uri: str, keep_last: int = 2, keep_every: int | None = None, keep_best: bool = False,
+                 guard: Callable[[], None] | None = None):
         self.root_uri = root_uri
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.keep_best = keep_best
+        self.guard = guard
+        self.protected: set[int] = set()
+        self._problems: dict[int, str | None] = {}  # step -> what is wrong with its files (None: whole)
 
     def list(self) -> list[Checkpoint]:
         """Committed checkpoints, newest first (manifests read, files not verified)."""
@@ -113,48 +123,87 @@ class CommittedStore:
         return sorted(out, key=lambda c: c.step, reverse=True)
 
     def upload(self, folder: Path, manifest: dict) -> Checkpoint:
-        """Copy a staged checkpoint folder's files, then its manifest (the commit)."""
+        """Copy a staged checkpoint folder's files, check their sizes in storage, then write its
+        manifest (the commit)."""
         check_manifest(manifest)
         uri = storage.join(self.root_uri, step_name(manifest["step"]))
         for name in manifest["files"]:
             storage.put_file(folder / name, storage.join(uri, name))
+        ckpt = Checkpoint(manifest["step"], uri, manifest, durable=True)
+        problem = self._check_sizes(ckpt)
+        if problem:  # e.g. a copy cut short: retried, never committed as it is
+            raise OSError(errno.EIO, f"the upload of {uri} is incomplete: {problem}")
+        if self.guard is not None:
+            self.guard()
         storage.write_json(storage.join(uri, MANIFEST), manifest)
-        return Checkpoint(manifest["step"], uri, manifest, durable=True)
+        self._problems[ckpt.step] = None
+        return ckpt
+
+    def _check_sizes(self, ckpt: Checkpoint) -> str | None:
+        sizes = storage.file_sizes(ckpt.uri)
+        for name, meta in ckpt.manifest["files"].items():
+            if name not in sizes:
+                return f"{name} is missing"
+            if sizes[name] != meta["size"]:
+                return f"{name} has {sizes[name]} bytes, the manifest says {meta['size']}"
+        return None
+
+    def problem(self, ckpt: Checkpoint) -> str | None:
+        """What is wrong with a committed checkpoint's files (missing, or another size than its manifest
+        says; one listing, remembered), or None. The sha256 is checked when it is loaded."""
+        if ckpt.step not in self._problems:
+            self._problems[ckpt.step] = self._check_sizes(ckpt)
+        return self._problems[ckpt.step]
 
     def fetch(self, ckpt: Checkpoint, dest: Path) -> Path:
         """Download and verify a committed checkpoint into ``dest``; raises CheckpointError if damaged."""
         check_manifest(ckpt.manifest)  # before any name is joined to ``dest``
         dest.mkdir(parents=True, exist_ok=True)
-        for name, meta in ckpt.manifest["files"].items():
+        needed = {name: meta for name, meta in ckpt.manifest["files"].items()
+                  if not ((dest / name).exists() and (dest / name).stat().st_size == meta["size"]
+                          and sha256_file(dest / name) == meta["sha256"])}
+        problem = self.problem(ckpt) if needed else None  # one listing before gigabytes are downloaded
+        if problem:
+            raise CheckpointError(problem)
+        for name in needed:
             local = dest / name
-            if local.exists() and local.stat().st_size == meta["size"] and sha256_file(local) == meta["sha256"]:
-                continue
-            uri = storage.join(ckpt.uri, name)
-            if not storage.exists(uri):
-                raise CheckpointError(f"{name} is missing")
-            storage.get_file(uri, local)
+            try:
+                storage.get_file(storage.join(ckpt.uri, name), local)
+            except FileNotFoundError:  # missing, or deleted meanwhile (retention of a training run beside us)
+                raise CheckpointError(f"{name} is missing (or was deleted while it was read)") from None
         verify_folder(dest, ckpt.manifest)
         return dest
 
     def retain(self) -> None:
-        """Delete committed checkpoints not kept (manifest first: never a half checkpoint), and
-        uncommitted leftovers older than the newest committed one (an upload cut short)."""
+        """Delete the committed checkpoints retention does not keep (manifest first: never a half
+        checkpoint), and uncommitted leftovers older than the newest kept one (an upload cut short).
+
+        Only checkpoints whose files are whole count toward ``keep_last`` (and qualify for ``keep_every``
+        and ``keep_best``); ``protected`` ones are never deleted. A damaged one is deleted only once
+        ``keep_last`` whole ones exist, so a run whose checkpoints are all damaged keeps them all."""
         committed = self.list()
-        keep = {c.step for c in committed[: self.keep_last]}
+        whole = [c for c in committed if self.problem(c) is None]
+        keep = {c.step for c in whole[: self.keep_last]} | self.protected
         if self.keep_every:
-            keep |= {c.step for c in committed if c.step % self.keep_every == 0}
-        scored = [c for c in committed if "eval/loss" in c.metrics]
+            keep |= {c.step for c in whole if c.step % self.keep_every == 0}
+        scored = [c for c in whole if "eval/loss" in c.metrics]
         if self.keep_best and scored:
             keep.add(min(scored, key=lambda c: c.metrics["eval/loss"]).step)
-        newest = committed[0].step if committed else -1
-        for ckpt in committed:
-            if ckpt.step not in keep:
-                storage.delete(storage.join(ckpt.uri, MANIFEST))
-                storage.delete(ckpt.uri, recursive=True)
-        for name in storage.listdir(self.root_uri):
-            step = parse_step(name)
-            if step is not None and step < newest and step not in keep:
-                storage.delete(storage.join(self.root_uri, name), recursive=True)
+        doomed = [c for c in committed if c.step not in keep and (c in whole or len(whole) >= self.keep_last)]
+        newest = max(keep, default=-1)
+        steps = {c.step for c in committed}
+        leftovers = [name for name in storage.listdir(self.root_uri)
+                     if (step := parse_step(name)) is not None and step < newest and step not in steps | keep]
+        if (doomed or leftovers) and self.guard is not None:
+            self.guard()
+        for ckpt in doomed:
+            if ckpt not in whole:
+                log.warning("deleting the damaged checkpoint %s (%s)", ckpt.uri, self.problem(ckpt))
+            storage.delete(storage.join(ckpt.uri, MANIFEST))
+            storage.delete(ckpt.uri, recursive=True)
+            self._problems.pop(ckpt.step, None)
+        for name in leftovers:
+            storage.delete(storage.join(self.root_uri, name), recursive=True)
 
 
 def verify_folder(folder: Path, manifest: dict) -> None:

@@ -274,6 +274,21 @@ def listdir(uri: str) -> list[str]:
     return retry(_ls, f"list {uri}")
 
 
+def file_sizes(uri: str) -> dict[str, int]:
+    """Name -> size in bytes of the files directly under ``uri`` (one listing); {} when it does not exist."""
+    fs, path = _fs_path(uri)
+
+    def _ls() -> dict[str, int]:
+        try:
+            entries = fs.ls(_fresh(fs, path), detail=True)
+        except FileNotFoundError:
+            return {}
+        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries
+                if e.get("type") == "file"}
+
+    return retry(_ls, f"list {uri}")
+
+
 def read_bytes(uri: str) -> bytes:
     fs, path = _fs_path(uri)
     return retry(lambda: fs.cat_file(_fresh(fs, path)), f"read {uri}")

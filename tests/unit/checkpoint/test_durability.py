@@ -1,0 +1,183 @@
+"""What keeps a run from being stranded or silently damaged: retention counts only whole checkpoints and
+never deletes the one a session resumed from; a run whose every checkpoint is damaged is refused, not
+restarted at step 0; a previous session's staged checkpoint is verified before upload; a failed save leaves
+no partial folder and is counted; saving a step already on its way is a no-op; a reader falls back when
+retention deletes the checkpoint it is reading."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from voxrelay import storage
+from voxrelay.checkpoint import store as store_module
+from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, CheckpointManager, model_writer, state_writer
+from voxrelay.checkpoint.store import MANIFEST, CheckpointError, step_name
+
+
+def _manager(tmp_path: Path, run: str | None = None, **kw) -> CheckpointManager:
+    return CheckpointManager(run or f"memory://dur-{uuid.uuid4().hex}", staging_dir=tmp_path / "staging", **kw)
+
+
+def _writers(step: int) -> dict:
+    return {MODEL_FILE: model_writer({"w": torch.full((64,), float(step))}),
+            STATE_FILE: state_writer({"loop": {"step": step}})}
+
+
+def _save(mgr: CheckpointManager, *steps: int) -> None:
+    for step in steps:
+        mgr.save(step, _writers(step))
+        assert mgr.wait(30)
+
+
+def _truncate(mgr: CheckpointManager, step: int) -> None:
+    """What a VM powered off mid-upload by an older version left: a manifest over a short file."""
+    uri = storage.join(mgr.store.root_uri, step_name(step), MODEL_FILE)
+    storage.write_bytes(uri, storage.read_bytes(uri)[:10])
+
+
+def _steps(mgr: CheckpointManager) -> list[int]:
+    return [c.step for c in mgr.store.list()]
+
+
+def test_retention_counts_only_whole_checkpoints_and_keeps_the_resumed_one(tmp_path):
+    earlier = _manager(tmp_path, keep_last=2)
+    _save(earlier, 10, 20)
+    earlier.close(5)
+    _truncate(earlier, 20)
+    mgr = _manager(tmp_path, run=earlier.run_uri, keep_last=2)  # the next session
+    try:
+        _save(mgr, 30)  # keep_last=2 whole ones: 30 and 10; the damaged 20 does not count, and goes
+        assert _steps(mgr) == [30, 10]
+        mgr.store.protected.add(10)  # this session resumed from it
+        _save(mgr, 40, 50)
+        assert _steps(mgr) == [50, 40, 10]
+    finally:
+        mgr.close(5)
+
+
+def test_damaged_checkpoints_are_kept_while_too_few_whole_ones_exist(tmp_path):
+    earlier = _manager(tmp_path, keep_last=3)
+    _save(earlier, 10, 20)
+    earlier.close(5)
+    _truncate(earlier, 10)
+    mgr = _manager(tmp_path, run=earlier.run_uri, keep_last=3)
+    try:
+        _save(mgr, 30)  # whole: 30 and 20, fewer than keep_last: nothing is deleted, the damaged one neither
+        assert _steps(mgr) == [30, 20, 10]
+    finally:
+        mgr.close(5)
+
+
+def test_a_run_whose_every_checkpoint_is_damaged_is_refused_naming_them(tmp_path):
+    mgr = _manager(tmp_path, keep_last=2)
+    _save(mgr, 10, 20)
+    mgr.close(5)
+    _truncate(mgr, 10)
+    _truncate(mgr, 20)
+    with pytest.raises(CheckpointError) as err:
+        _manager(tmp_path, run=mgr.run_uri).open()
+    msg = str(err.value)
+    assert "none of the 2 checkpoint(s)" in msg and "step-00000020" in msg and "step-00000010" in msg
+    assert "Nothing was deleted" in msg and "--fresh" in msg
+    assert _steps(mgr) == [20, 10]
+
+
+def test_a_previous_sessions_damaged_staged_checkpoint_is_not_uploaded(tmp_path, caplog):
+    first = _manager(tmp_path, run=f"memory://dur-{uuid.uuid4().hex}")
+    staged = first.staging.stage(7, _writers(7), {})  # staged, never uploaded (the session died)
+    model = Path(staged.uri) / MODEL_FILE
+    model.write_bytes(model.read_bytes()[:10])  # a power loss before the data reached the disk
+    second = _manager(tmp_path, run=first.run_uri)
+    second.start()
+    try:
+        assert second.wait(30)
+        assert _steps(second) == [] and second.staging.list() == []  # dropped, not committed
+        assert "is damaged" in caplog.text and MODEL_FILE in caplog.text
+    finally:
+        second.close(5)
+
+
+def test_a_failed_write_leaves_no_partial_folder_and_is_counted(tmp_path):
+    mgr = _manager(tmp_path)
+
+    def broken(path):
+        path.write_bytes(b"half")
+        raise RuntimeError("safetensors: out of disk quota")  # not an OSError
+
+    try:
+        for _ in range(2):
+            mgr.save(3, {MODEL_FILE: broken}, background=True)
+            assert mgr.wait(30)
+        assert not list((tmp_path / "staging").glob(".tmp-*"))
+        assert mgr.uploader.failed_saves == 2 and "out of disk quota" in mgr.uploader.save_error
+        _save(mgr, 4)
+        assert mgr.uploader.failed_saves == 0  # a save that works resets the count
+    finally:
+        mgr.close(5)
+
+
+def test_saving_a_step_already_on_its_way_is_a_no_op(tmp_path, monkeypatch):
+    mgr = _manager(tmp_path)
+    entered, release = threading.Event(), threading.Event()
+    upload = mgr.store.upload
+
+    def held_upload(folder, manifest):
+        entered.set()
+        assert release.wait(30)
+        return upload(folder, manifest)
+
+    monkeypatch.setattr(mgr.store, "upload", held_upload)
+    try:
+        first = mgr.save(5, _writers(5))
+        assert entered.wait(30)  # step 5 is being uploaded
+        inode = (Path(first.uri) / MODEL_FILE).stat().st_ino
+        assert mgr.save(5, _writers(5)) is None  # e.g. the save after an out-of-memory step
+        assert (Path(first.uri) / MODEL_FILE).stat().st_ino == inode  # the uploader's files untouched
+        release.set()
+        assert mgr.wait(30) and _steps(mgr) == [5]
+        ckpt, weights = mgr.load_model()
+        assert ckpt.step == 5 and torch.equal(weights["w"], torch.full((64,), 5.0))
+    finally:
+        release.set()
+        mgr.close(5)
+
+
+def test_a_reader_falls_back_when_retention_deletes_what_it_reads(tmp_path, monkeypatch):
+    writer = _manager(tmp_path, keep_last=2)
+    _save(writer, 10, 20)
+    writer.close(5)
+    get_file = storage.get_file
+    newest = storage.join(writer.store.root_uri, step_name(20))
+
+    def retention_meanwhile(uri, local):
+        if uri.startswith(newest) and storage.exists(newest):  # a training run's retention, as it deletes
+            storage.delete(storage.join(newest, MANIFEST))
+            storage.delete(newest, recursive=True)
+        return get_file(uri, local)
+
+    monkeypatch.setattr(store_module.storage, "get_file", retention_meanwhile)
+    reader = _manager(tmp_path / "reader", run=writer.run_uri)
+    ckpt, weights = reader.load_model()  # synthesize/eval beside the training
+    assert ckpt.step == 10 and torch.equal(weights["w"], torch.full((64,), 10.0))
+
+
+def test_an_upload_cut_short_is_never_committed(tmp_path, monkeypatch):
+    mgr = _manager(tmp_path)
+    put_file = storage.put_file
+
+    def short_put(local, uri):
+        put_file(local, uri)
+        if uri.endswith(MODEL_FILE):
+            storage.write_bytes(uri, storage.read_bytes(uri)[:5])  # the copy arrived cut short
+
+    monkeypatch.setattr(store_module.storage, "put_file", short_put)
+    staged = mgr.staging.stage(9, _writers(9), {})
+    with pytest.raises(OSError, match="incomplete"):
+        mgr.store.upload(Path(staged.uri), json.loads((Path(staged.uri) / MANIFEST).read_text()))
+    assert _steps(mgr) == []  # no manifest over a short file
