@@ -89,6 +89,10 @@ def train_cmd(
     config: Path = typer.Argument(..., help="YAML config"),
     overrides: list[str] = OVERRIDES,
     fresh: bool = typer.Option(False, "--fresh", help="Ignore existing checkpoints of this run and start over"),
+    take_over: bool = typer.Option(
+        False, "--take-over", help="Take the run's lease from the session holding it (one whose machine is gone): "
+        "it is fenced (its later writes are refused), its lease waited out, and this session resumes",
+    ),
 ):
     """Train (resuming from the run's latest valid checkpoint, if any)."""
     from voxrelay.config import load_config
@@ -97,7 +101,7 @@ def train_cmd(
     from voxrelay.train.build import build_run
     from voxrelay.train.loop import train
 
-    run = build_run(cfg, fresh=fresh)
+    run = build_run(cfg, fresh=fresh, take_over=take_over)
     if run.resumed_from is not None:
         err.print(f"resuming {run.cfg.run_uri} from step {run.resumed_from}")
     result = train(run)

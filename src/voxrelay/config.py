@@ -136,6 +136,15 @@ class CheckpointConfig(Section):
         "auto", description="Poll the cloud metadata server for a preemption notice (auto: when running on GCP/AWS)"
     )
     metadata_url: str | None = Field(None, description="Override the metadata server base URL (tests, proxies)")
+    max_failed_saves: int = Field(
+        3, gt=0, description="Saves in a row that cannot be staged (a full disk, a failed write) after which training "
+        "stops (exit 76, the reason named) instead of going on with nothing to resume from",
+    )
+    lease_seconds: float = Field(
+        60.0, ge=1, description="The run's writer lease (<run>/lease.json) expires this long after its last "
+        "renewal (renewed every third of it): how long a second `train` of the run is refused after its holder "
+        "died elsewhere without releasing it (--take-over skips the wait)",
+    )
 
     @field_validator("adaptive_mtbf")
     @classmethod
@@ -223,7 +232,8 @@ class RunConfig(Section):
 # (the run would not continue as if uninterrupted). Prefixes end with a dot.
 RESUME_SAFE_KEYS = (
     "root", "name", "train.max_steps", "train.eval_every", "train.eval_synth", "train.log_every",
-    "train.time_limit", "train.total_time_limit", "train.max_bad_steps", "train.early_stopping_patience",
+    "train.time_limit", "train.time_limit_from", "train.total_time_limit", "train.max_bad_steps",
+    "train.early_stopping_patience",
     # how the same training is laid out in memory; a sharded checkpoint loads under any of them
     "train.fsdp_sharding", "train.gradient_checkpointing", "train.cpu_offload", "train.ignore_plan",
     "checkpoint.", "eval.", "monitor.", "cache.",

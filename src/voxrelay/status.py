@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from voxrelay import storage
+from voxrelay.checkpoint.lease import describe, read_lease
 from voxrelay.checkpoint.staging import Staging
 from voxrelay.checkpoint.store import CommittedStore
 from voxrelay.errors import UserError
@@ -69,6 +70,7 @@ class RunStatus:
     last_eval: dict = field(default_factory=dict)
     cache: CacheUse | None = None
     stop_reason: str | None = None  # why the newest committed checkpoint's session stopped early, if it did
+    writer: dict | None = None  # the run's lease record (who trains it now, or last did)
 
     @property
     def finished(self) -> bool:
@@ -111,6 +113,7 @@ def run_status(run_uri: str) -> RunStatus:
         committed[0].uri if committed else None, staged,
         last_eval={k: v for k, v in (evals[-1] if evals else {}).items() if k.startswith("eval/")},
         cache=cache_use(), stop_reason=committed[0].manifest.get("stopped") if committed else None,
+        writer=read_lease(run_uri),
     )
     if logged:
         status.tokens_per_sec = logged[-1]["tokens_per_sec"]
@@ -139,9 +142,21 @@ def format_status(s: RunStatus) -> str:
         c = s.cache
         lines.append(f"local cache  {_size(c.total)} (prepared {_size(c.prepared)}, staging {_size(c.staging)}) "
                      f"in {c.folder}")
+    lines.append(f"writer       {_writer(s.writer)}")
     done = "no" if not s.finished else "yes (early stopping)" if s.stop_reason == "early stopping" else "yes"
     lines.append(f"finished     {done}")
     return "\n".join(lines)
+
+
+def _writer(lease: dict | None) -> str:
+    """Who holds the run's lease (voxrelay.checkpoint.lease), from its record."""
+    if not lease:
+        return "none"
+    now = time.time()
+    if lease.get("released") or now >= lease.get("expires", 0):
+        how = "released it" if lease.get("released") else "left it to expire"
+        return f"none (the last session, host {lease.get('host')} pid {lease.get('pid')}, {how})"
+    return describe(lease, now)
 
 
 def _size(n: int) -> str:

@@ -18,6 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaPreTrainedModel
 
 from voxrelay.checkpoint.sharded import MODEL_KEY, OPTIM_KEY
 from voxrelay.models.base import module_classes
+from voxrelay.train.ranks import Ranks
 from voxrelay.train.sharded import load_sharded
 from voxrelay.train.strategies import apply_fsdp, fsdp_mesh
 
@@ -41,7 +42,7 @@ def main(mode: str, folder: Path) -> None:
         dcp.save({MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}, checkpoint_id=str(folder))
     else:  # another init: whatever equals the saved state afterwards came from the checkpoint
         module, optimizer = build(seed=1)
-        load_sharded(SimpleNamespace(module=module, optimizer=optimizer, base_hash=None), folder)
+        load_sharded(SimpleNamespace(module=module, optimizer=optimizer, base_hash=None, ranks=Ranks.of_job()), folder)
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd, optim_sd = get_state_dict(module, optimizer, options=full)
     if dist.get_rank() == 0:

@@ -87,6 +87,7 @@ class PreemptionWatcher:
         self.poll_every = poll_every
         self.metadata_url = metadata_url
         self.stop_reason: str | None = None
+        self.noticed_at: float | None = None  # wall time of the signal or notice: grace_seconds counts from it
         self._previous: dict[int, object] = {}
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
@@ -116,17 +117,22 @@ class PreemptionWatcher:
             os.write(2, b"\nvoxrelay: second SIGINT, aborting without saving\n")
             os._exit(EXIT_ABORTED)
         if self.stop_reason is None:
-            self.stop_reason = name
+            self._notice(name)
             os.write(2, f"\nvoxrelay: {name} received; finishing the step, saving, then exiting\n".encode())
+
+    def _notice(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.noticed_at = time.time()
+            self.stop_reason = reason
 
     def _poll_loop(self, probe: Callable[[str], bool], base: str) -> None:
         while not self._closed.wait(self.poll_every):
             try:
                 if probe(base):
-                    self.stop_reason = self.stop_reason or "preemption notice from the metadata server"
+                    self._notice("preemption notice from the metadata server")
                     return
-            except (OSError, urllib.error.URLError) as err:
-                log.debug("metadata poll failed: %s", err)
+            except Exception as err:  # any failure of one poll (refused, reset, a malformed answer): poll again
+                log.debug("metadata poll failed: %s: %s", type(err).__name__, err)
 
 
 TIME_LIMIT, TOTAL_TIME_LIMIT = "train.time_limit", "train.total_time_limit"

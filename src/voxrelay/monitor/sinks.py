@@ -11,6 +11,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -126,10 +127,12 @@ class WandbSink:
 class Monitor:
     """Fans metrics out to the sinks; only rank 0 has sinks."""
 
-    def __init__(self, sinks: list[MetricSink], local_dir: Path | None, run_uri: str):
+    def __init__(self, sinks: list[MetricSink], local_dir: Path | None, run_uri: str,
+                 guard: Callable[[], None] | None = None):
         self.sinks = sinks
         self.local_dir = local_dir
         self.run_uri = run_uri
+        self.guard = guard  # the run's lease check: raises once another session owns the run folder
         self._sync_thread: threading.Thread | None = None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -165,6 +168,8 @@ class Monitor:
             log.warning("could not copy metrics to %s (%s); will retry at the next checkpoint", self.run_uri, err)
 
     def _copy_files(self) -> None:
+        if self.guard is not None:
+            self.guard()
         for path in sorted(self.local_dir.rglob("*")):
             if path.is_file():
                 rel = path.relative_to(self.local_dir).as_posix()
@@ -176,7 +181,8 @@ class Monitor:
         self.sync(wait=True)
 
 
-def build_monitor(cfg, run_uri: str, local_dir: Path, is_main: bool) -> Monitor:
+def build_monitor(cfg, run_uri: str, local_dir: Path, is_main: bool,
+                  guard: Callable[[], None] | None = None) -> Monitor:
     """Sinks for the main process; a remote run's metrics.jsonl is first fetched so it continues."""
     if not is_main:
         return Monitor([], None, run_uri)
@@ -190,4 +196,4 @@ def build_monitor(cfg, run_uri: str, local_dir: Path, is_main: bool) -> Monitor:
         sinks.append(TensorBoardSink(local_dir / TB_DIR))
     if cfg.monitor.wandb:
         sinks.append(WandbSink(cfg.monitor.wandb_project, cfg.name, cfg.to_dict()))
-    return Monitor(sinks, local_dir, run_uri)
+    return Monitor(sinks, local_dir, run_uri, guard)

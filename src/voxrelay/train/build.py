@@ -16,12 +16,15 @@ import torch
 from accelerate import Accelerator
 
 from voxrelay import storage
+from voxrelay.checkpoint.lease import RunLease
 from voxrelay.checkpoint.manager import CheckpointManager
+from voxrelay.checkpoint.sharded import is_sharded
 from voxrelay.codecs.base import AudioCodec
 from voxrelay.config import RunConfig, TrainConfig
 from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
+from voxrelay.errors import UserError
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model
 from voxrelay.monitor.sinks import TB_DIR, Monitor, build_monitor
@@ -33,7 +36,8 @@ from voxrelay.train.launch_env import apply_accelerate_env
 from voxrelay.train.memory import check_fits, gpu_memory
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
-from voxrelay.train.resume import broadcast_step, check_compatible, load_weights, restore
+from voxrelay.train.ranks import Ranks
+from voxrelay.train.resume import check_compatible, load_weights, restore
 from voxrelay.train.sharded import ShardSaver
 from voxrelay.train.strategies import (
     apply_fsdp,
@@ -69,6 +73,8 @@ class Run:
     index: dict | None = None  # the prepared data's index.json (the memory plan behind the advice at an OOM)
     shard_saver: ShardSaver = field(default_factory=ShardSaver)  # fsdp: the asynchronous DCP saves
     scorer: Scorer | None = None  # WER/CER and speaker similarity of eval samples (rank 0; loads on first use)
+    ranks: Ranks = field(default_factory=lambda: Ranks(None, 0, 1))  # the processes agreeing on CPU-side values
+    lease: RunLease | None = None  # rank 0: this session's hold on the run folder (voxrelay.checkpoint.lease)
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """What a checkpoint holds: every weight, or with LoRA the trained tensors only (the frozen
@@ -145,12 +151,45 @@ def local_run_dir(run_uri: str) -> Path:
     return cache_dir("runs", uri_key(run_uri))
 
 
-def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
+def build_run(cfg: RunConfig, fresh: bool = False, take_over: bool = False) -> Run:
+    """Everything a run needs, its lease taken (``take_over``: from a live holder too) and its latest
+    valid checkpoint restored (none with ``fresh``: the run's checkpoints and metrics are deleted)."""
     cfg = apply_accelerate_env(cfg)  # `accelerate launch` with an FSDP config: before anything records cfg
     # cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone)
     accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available())
-    rank, world = accelerator.process_index, accelerator.num_processes
+    ranks = Ranks.of_job()  # a collective: every process, at once
     storage.check_root(cfg.root)
+    lease = take_lease(cfg, ranks, take_over)  # before anything is written to the run folder, --fresh included
+    try:
+        run = _build(cfg, accelerator, ranks, lease, fresh)
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
+    if lease is not None:
+        lease.start_renewing()
+    return run
+
+
+def take_lease(cfg: RunConfig, ranks: Ranks, take_over: bool) -> RunLease | None:
+    """Rank 0 takes the run's lease (see :mod:`voxrelay.checkpoint.lease`); a refusal stops every rank."""
+    lease, error = None, None
+    if ranks.main:
+        lease = RunLease(cfg.run_uri, cfg.checkpoint.lease_seconds)
+        try:
+            taken = lease.acquire(take_over)
+            if taken:
+                log.warning(taken)
+        except UserError as err:  # held by another session, or the bucket refused
+            error = err
+    error = ranks.broadcast(error)
+    if error is not None:
+        raise error
+    return lease
+
+
+def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLease | None, fresh: bool) -> Run:
+    rank, world = accelerator.process_index, accelerator.num_processes
     check_available(cfg.train)  # a missing optional package, before data and weights are loaded
     index = load_index(cfg.prepared_uri)
     check_fits(cfg, index, world, gpu_memory())  # on a GPU: stop now, with the plan, if it will not fit
@@ -165,15 +204,18 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
     ck = cfg.checkpoint
-    checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged)
+    checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged,
+                                    guard=lease.check if lease is not None else None)
     if fresh and accelerator.is_main_process:
         start_over(cfg.run_uri, checkpoints)
     accelerator.wait_for_everyone()
-    found = None if fresh else _load_latest(checkpoints, accelerator)
+    found = None if fresh else _load_latest(checkpoints, accelerator, ranks)
     accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
     if found is not None:
         check_compatible(found[2], cfg, index, found[0].step, len(checkpoints.candidates()))
         load_weights(model, found, cfg, base, len(checkpoints.candidates()))
+        if not is_sharded(found[0].manifest):  # the weights are in the model (a sharded one loads in restore)
+            checkpoints.release(found[1])
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
     module, optimizer = wrap_model(model, cfg, accelerator)
     scheduler = build_scheduler(cfg.train, optimizer)
@@ -181,13 +223,16 @@ def build_run(cfg: RunConfig, fresh: bool = False) -> Run:
     run_dir = local_run_dir(cfg.run_uri)
     run = Run(
         cfg, accelerator, model, module, optimizer, scheduler, stream, eval_rows, codec, checkpoints,
-        build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process), st.LoopState(), run_dir,
+        build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process, checkpoints.store.guard),
+        st.LoopState(), run_dir,
         fingerprint(index), base_hash=base, sharded=cfg.train.strategy == "fsdp", index=index,
         scorer=Scorer(cfg.eval, torch.get_num_threads()) if accelerator.is_main_process else None,
+        ranks=ranks, lease=lease,
     )
     if found is not None:
         restore(run, found)
         run.resumed_from = found[0].step
+        checkpoints.store.protected.add(found[0].step)  # retention never deletes what this session resumed from
     accelerator.wait_for_everyone()  # every rank has read the shards before rank 0's start() cleans them up
     if accelerator.is_main_process:
         storage.write_text(storage.join(cfg.run_uri, CONFIG_SNAPSHOT), cfg.to_yaml())
@@ -208,15 +253,22 @@ def wrap_model(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator):
     return accelerator.prepare(model.module, build_optimizer(tc, optimizer_groups(model, tc)))
 
 
-def _load_latest(checkpoints: CheckpointManager, accelerator: Accelerator):
-    """Rank 0 picks the newest valid checkpoint; every rank loads that one."""
-    found = checkpoints.load() if accelerator.is_main_process else None
-    if found is not None and not found[0].durable and spans_machines(accelerator.num_processes):
-        found = commit_before_others_look(checkpoints, found)
-    step = broadcast_step(found[0].step if found else None)
-    if step is None or accelerator.is_main_process:
+def _load_latest(checkpoints: CheckpointManager, accelerator: Accelerator, ranks: Ranks):
+    """Rank 0 picks the newest valid checkpoint; every rank loads that one (rank 0's error stops every rank)."""
+    found, error = None, None
+    if ranks.main:
+        try:  # on a GPU the optimizer state stays in the file until each tensor moves to the device
+            found = checkpoints.open(mmap=torch.cuda.is_available())
+            if found is not None and not found[0].durable and spans_machines(accelerator.num_processes):
+                found = commit_before_others_look(checkpoints, found)
+        except UserError as err:  # e.g. every checkpoint is damaged
+            error = err
+    step, error = ranks.broadcast((found[0].step if found else None, error))
+    if error is not None:
+        raise error
+    if step is None or ranks.main:
         return found
-    return checkpoints.load(step)
+    return checkpoints.open(step, mmap=torch.cuda.is_available())
 
 
 def spans_machines(world: int) -> bool:
@@ -238,7 +290,7 @@ def commit_before_others_look(checkpoints: CheckpointManager, found: tuple):
         log.warning("the staged checkpoint of step %d could not be uploaded (%s); the other machines cannot read "
                     "it, so this session resumes from %s; it stays staged here", ckpt.step, e,
                     f"step {committed[0].step}" if committed else "the start")
-        return checkpoints.load(committed[0].step) if committed else None
+        return checkpoints.open(committed[0].step, mmap=torch.cuda.is_available()) if committed else None
     return found  # the same files, now also in the bucket: what this rank loaded stays valid
 
 

@@ -73,6 +73,10 @@ class TrainConfig(Section):
         description="Per session: save and exit (code 77) this long after the process started, imports "
         "included, e.g. '23h30m' a little under a Colab session; the next session gets the same again",
     )
+    time_limit_from: Literal["process", "boot"] = Field(
+        "process", description="What train.time_limit counts from: process (this process's start) or boot (the "
+        "machine's: on Colab the runtime's start, so time spent in earlier cells counts too)",
+    )
     total_time_limit: str | None = Field(
         None, description="Budget over all sessions of the run: save and exit (code 77) once the training time "
         "of every session together reaches it (None = no budget)",

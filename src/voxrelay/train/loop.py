@@ -19,12 +19,21 @@ from voxrelay.train.build import Run
 from voxrelay.train.evaluate import evaluate
 from voxrelay.train.memory import gpu_memory, oom_advice
 from voxrelay.train.resume import any_rank, save_checkpoint
+from voxrelay.train.stops import (
+    LEASE_LOST,
+    NON_FINITE,
+    OUT_OF_MEMORY,
+    SAVES_FAILED,
+    STORAGE,
+    TIME_LIMIT,
+    TOTAL_TIME_LIMIT,
+    Decision,
+    Stops,
+    is_preemption,
+)
 
 log = logging.getLogger(__name__)
-
-TIME_LIMIT, TOTAL_TIME_LIMIT, EARLY_STOP = pre.TIME_LIMIT, pre.TOTAL_TIME_LIMIT, "early stopping"
-NON_FINITE, STORAGE, OUT_OF_MEMORY = "non-finite steps", "storage error", "out of memory"
-CLEAN_STOPS = (TIME_LIMIT, TOTAL_TIME_LIMIT, EARLY_STOP, NON_FINITE, OUT_OF_MEMORY)  # others are preemptions
+EXIT_USER_ERROR = 2  # as the CLI's for a UserError: this session may not write the run (taken over)
 
 
 @dataclass
@@ -81,47 +90,72 @@ def _due(step: int, every: int | None) -> bool:
 
 def train(run: Run) -> TrainResult:
     """Train until ``train.max_steps``, a stop signal, a time limit, early stopping or too many
-    non-finite steps in a row."""
+    non-finite steps in a row. Whatever ends it, an exception included, the checkpoint manager is
+    closed (the last good checkpoint still uploads, bounded) and the run's lease released."""
+    try:
+        return _train(run)
+    finally:
+        if run.accelerator.is_main_process:
+            run.checkpoints.close(run.cfg.checkpoint.final_upload_timeout)  # a no-op once _finish closed it
+        if run.lease is not None:
+            run.lease.release()
+
+
+def _train(run: Run) -> TrainResult:
     tc, ck, loop = run.cfg.train, run.cfg.checkpoint, run.loop
     deadline = pre.Deadline(parse_duration(tc.time_limit), parse_duration(tc.total_time_limit),
-                            pre.process_start_time())
+                            pre.session_start(tc.time_limit_from))
     trigger = pre.SaveTrigger(ck.every_steps, ck.every_minutes, parse_duration(ck.adaptive_mtbf))
     meter, batches, t0, wall0 = Throughput(), iter(run.stream), time.time(), loop.wall_time
     if run.resumed_from is None and tc.eval_every:
         run.monitor.log(0, evaluate(run, 0))  # the untrained baseline
-    main = run.accelerator.is_main_process
     with pre.PreemptionWatcher(ck.preemption_poll, metadata_url=ck.metadata_url) as watcher, \
-            ProgressLine(tc.max_steps, loop.step, enabled=main) as bar:
-        stop = _stop_reason(run, watcher, deadline, 0.0)  # e.g. the total budget was spent before
-        while loop.step < tc.max_steps and stop is None:
+            ProgressLine(tc.max_steps, loop.step, enabled=run.accelerator.is_main_process) as bar:
+        stops = Stops(run, watcher, deadline, trigger)
+        decision = stops.agree(0.0, saving=False)  # e.g. the total budget was spent before
+        while loop.step < tc.max_steps and decision.stop is None:
             started, cursor = time.time(), run.stream.state_dict()
             try:
                 stats = train_step(run, [next(batches) for _ in range(tc.grad_accum)])
             except torch.OutOfMemoryError as e:
-                return _out_of_memory(run, e, cursor, bar)
+                return _out_of_memory(run, e, cursor, stops, bar)
             loop.advance(stats.tokens, stats.audio_seconds, wall0 + time.time() - t0, stats.finite)
             meter.add(stats.tokens, stats.audio_seconds)
             _log_step(run, stats, meter, bar)
-            results = {}
-            if _due(loop.step, tc.eval_every) or loop.step == tc.max_steps:
-                results = evaluate(run, loop.step)
-                run.monitor.log(loop.step, results)
-                bar.note(f"eval @{loop.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in results.items()))
-                loop.record_eval(results["eval/loss"])
-            stop = _stop_reason(run, watcher, deadline, time.time() - started)
-            last = stop is not None or loop.step == tc.max_steps
+            results = _evaluate(run, stops, bar, time.time() - started)
+            decision = stops.agree(time.time() - started)
+            last = decision.stop is not None or loop.step == tc.max_steps
             new_best = bool(results) and ck.keep_best and loop.evals_since_best == 0  # keep_best needs it saved
-            if trigger.due(loop.step) or last or new_best:
-                trigger.saved(save_checkpoint(run, results, background=not last, stopped=stop))
+            if (decision.save or last or new_best) and decision.stop != LEASE_LOST:  # taken over: write nothing
+                trigger.saved(save_checkpoint(run, results, background=not last, stopped=decision.stop))
                 run.monitor.sync()
-        return _finish(run, stop, bar)  # still watching: a second Ctrl-C while waiting aborts
+        return _finish(run, decision, stops, bar)  # still watching: a second Ctrl-C while waiting aborts
 
 
-def _out_of_memory(run: Run, err: torch.OutOfMemoryError, cursor: dict, bar: ProgressLine) -> TrainResult:
+def _evaluate(run: Run, stops: Stops, bar: ProgressLine, step_s: float) -> dict:
+    """The eval due at this step, unless the run stops here (a signal, a notice, a limit): then saving
+    comes first, and sampling plus Whisper could outlast a 30 s preemption notice."""
+    loop, tc = run.loop, run.cfg.train
+    if not (_due(loop.step, tc.eval_every) or loop.step == tc.max_steps):
+        return {}
+    stopping = stops.agree(step_s, saving=False).stop
+    if stopping is not None:
+        bar.note(f"stopping at step {loop.step} ({stopping}): its eval is skipped, the checkpoint saved first")
+        return {}
+    results = evaluate(run, loop.step)
+    run.monitor.log(loop.step, results)
+    bar.note(f"eval @{loop.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in results.items()))
+    loop.record_eval(results["eval/loss"])
+    return results
+
+
+def _out_of_memory(run: Run, err: torch.OutOfMemoryError, cursor: dict, stops: Stops,
+                   bar: ProgressLine) -> TrainResult:
     """A step ran out of memory: free it, save the state of the last complete step (its data cursor: the
-    failed step's batches are trained again on resume) and stop with the plan's next-best strategy. With
-    several processes the others wait in a collective the failed one will never join: it exits at once
-    (the last committed checkpoint stays durable; torchrun stops the rest)."""
+    failed step's batches are trained again on resume; a no-op when that step's checkpoint is already on its
+    way) and stop with the plan's next-best strategy. With several processes the others wait in a collective
+    the failed one will never join: it exits at once (the last committed checkpoint stays durable; torchrun
+    stops the rest)."""
     run.optimizer.zero_grad(set_to_none=True)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -133,7 +167,7 @@ def _out_of_memory(run: Run, err: torch.OutOfMemoryError, cursor: dict, bar: Pro
         logging.shutdown()
         os._exit(pre.EXIT_OUT_OF_MEMORY)
     save_checkpoint(run, {}, background=False, stopped=OUT_OF_MEMORY)
-    return _finish(run, OUT_OF_MEMORY, bar)
+    return _finish(run, Decision(OUT_OF_MEMORY), stops, bar)
 
 
 def _log_step(run: Run, stats: StepStats, meter: Throughput, bar: ProgressLine) -> None:
@@ -151,36 +185,38 @@ def _log_step(run: Run, stats: StepStats, meter: Throughput, bar: ProgressLine) 
     bar.update(loop.step, metrics, force_print=_due(loop.step, tc.log_every))
 
 
-def _stop_reason(run: Run, watcher: pre.PreemptionWatcher, deadline: pre.Deadline, step_s: float) -> str | None:
-    loop, patience = run.loop, run.cfg.train.early_stopping_patience
-    local = watcher.stop_reason or deadline.reached(loop.wall_time, step_s)
-    if local is None and run.checkpoints.uploader.fatal is not None:
-        local = STORAGE
-    if local is None and loop.bad_in_a_row >= run.cfg.train.max_bad_steps:
-        local = NON_FINITE
-    if local is None and patience is not None and loop.evals_since_best >= patience:
-        local = EARLY_STOP
-    if any_rank(local is not None, run.accelerator.device):  # every rank stops at the same step
-        return local or "another process stopped"
-    return None
-
-
-def _finish(run: Run, stop: str | None, bar: ProgressLine) -> TrainResult:
-    """Wait for the last upload (bounded: checkpoint.grace_seconds after a signal, else
-    checkpoint.final_upload_timeout), close the sinks, and pick the exit code."""
-    ck, step = run.cfg.checkpoint, run.loop.step
-    preempted = stop is not None and stop not in CLEAN_STOPS
+def _finish(run: Run, decision: Decision, stops: Stops, bar: ProgressLine) -> TrainResult:
+    """Wait for the last upload (bounded: what is left of checkpoint.grace_seconds since the notice after a
+    signal or notice, none once taken over, else checkpoint.final_upload_timeout), close the sinks, and pick
+    the exit code (rank 0 decides, every rank returns it)."""
+    ck, step, stop = run.cfg.checkpoint, run.loop.step, decision.stop
     durable = True
     if run.accelerator.is_main_process:
-        if run.checkpoints.uploader.pending or run.checkpoints.uploader.snapshot:
+        uploader = run.checkpoints.uploader
+        if stop != LEASE_LOST and (uploader.pending or uploader.snapshot):
             bar.note(f"waiting for the upload of step {step} to {run.cfg.run_uri}")
-        durable = run.checkpoints.close(ck.grace_seconds if preempted else ck.final_upload_timeout)
+        timeout = 0.0 if stop == LEASE_LOST else stops.grace_left(decision) if decision.preempted else \
+            ck.final_upload_timeout
+        durable = run.checkpoints.close(timeout) and uploader.failed_saves == 0
         run.monitor.close()
-    durable = not any_rank(not durable, run.accelerator.device)
-    if not durable and run.accelerator.is_main_process:
+        _report_end(run, stop, durable, bar)
+    code = run.ranks.broadcast(_exit_code(stop, durable) if run.ranks.main else None)
+    return TrainResult(step, stop, durable, code)
+
+
+def _report_end(run: Run, stop: str | None, durable: bool, bar: ProgressLine) -> None:
+    step, uploader = run.loop.step, run.checkpoints.uploader
+    if stop == LEASE_LOST:
+        bar.note(f"stopped at step {step} without saving: {run.lease.lost}. That session owns the run now")
+    elif not durable and uploader.failed_saves:
+        bar.note(f"stopped at step {step}: {uploader.failed_saves} save(s) in a row failed ({uploader.save_error}; "
+                 f"the limit is checkpoint.max_failed_saves={run.cfg.checkpoint.max_failed_saves}); the last durable "
+                 f"checkpoint: {_step_or_none(run.checkpoints.durable_step)}. Free the staging disk (VOXRELAY_CACHE) "
+                 "or fix the error, then run the same command again")
+    elif not durable:
         staged = run.checkpoints.staging.list()
         where = staged[0].uri if staged else str(run.checkpoints.staging.folder)
-        error = run.checkpoints.uploader.fatal or run.checkpoints.uploader.last_error or "the upload did not finish"
+        error = uploader.fatal or uploader.last_error or "the upload did not finish"
         bar.note(f"the checkpoint of step {step} is only on this machine, at {where} ({error}). Run the same "
                  "command again on this machine to upload it and continue")
     elif stop is not None:
@@ -190,13 +226,18 @@ def _finish(run: Run, stop: str | None, bar: ProgressLine) -> TrainResult:
                  f"skipped; {run.loop.bad_steps} in all), so the checkpoint of step {step} holds the last good "
                  "weights. Lower train.lr, keep train.clip_norm on, try train.precision=bf16 instead of fp16, "
                  "or look for broken rows in the data")
-    return TrainResult(step, stop, durable, _exit_code(stop, preempted, durable))
 
 
-def _exit_code(stop: str | None, preempted: bool, durable: bool) -> int:
+def _step_or_none(step: int | None) -> str:
+    return "none yet" if step is None else f"step {step}"
+
+
+def _exit_code(stop: str | None, durable: bool) -> int:
+    if stop == LEASE_LOST:
+        return EXIT_USER_ERROR
     if not durable:
         return pre.EXIT_PREEMPTED_STAGED
-    if preempted:
+    if is_preemption(stop) or stop in (STORAGE, SAVES_FAILED):
         return pre.EXIT_PREEMPTED
     return {TIME_LIMIT: pre.EXIT_TIME_LIMIT, TOTAL_TIME_LIMIT: pre.EXIT_TIME_LIMIT,
             NON_FINITE: pre.EXIT_NON_FINITE, OUT_OF_MEMORY: pre.EXIT_OUT_OF_MEMORY}.get(stop, 0)

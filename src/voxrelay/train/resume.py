@@ -12,42 +12,32 @@ from __future__ import annotations
 import io
 import logging
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, model_writer, state_writer
+from voxrelay.checkpoint.reader import read_into
+from voxrelay.checkpoint.sharded import is_sharded
 from voxrelay.config import ConfigError, config_changes
 from voxrelay.data import identity as ident
 from voxrelay.train import state as st
 from voxrelay.train.sharded import load_sharded
-from voxrelay.train.strategies import check_base, describe_base, load_trainable
+from voxrelay.train.strategies import check_base, describe_base, trainable_state
 
 BASE_HASH = "base_hash"  # manifest key: the LoRA base's hash, read by synthesis and export
+WRITER = "writer"  # manifest key: the lease token of the session that saved it (voxrelay.checkpoint.lease)
 
 log = logging.getLogger(__name__)
 
 
-def gather_rng() -> list[dict]:
-    """RNG state of every rank (a collective: every rank must call it)."""
-    mine = st.rng_state()
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [mine]
-    # as bytes in uint8 tensors (padded to the longest), read back with weights_only=True
+def gather_rng(ranks) -> list[dict]:
+    """RNG state of every rank, in rank order (a collective over the job's gloo group: every rank calls it).
+    Sent as torch.save bytes and read back with weights_only=True (pickled tensors do not survive an
+    object collective's unpickler in torch 2.13)."""
     buf = io.BytesIO()
-    torch.save(mine, buf)
-    data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-    world = dist.get_world_size()
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([data.numel()]))
-    longest = int(max(s.item() for s in sizes))
-    padded = torch.zeros(longest, dtype=torch.uint8)
-    padded[: data.numel()] = data
-    parts = [torch.zeros(longest, dtype=torch.uint8) for _ in range(world)]
-    dist.all_gather(parts, padded)
-    return [torch.load(io.BytesIO(p[: int(n.item())].numpy().tobytes()), weights_only=True)
-            for p, n in zip(parts, sizes, strict=True)]
+    torch.save(st.rng_state(), buf)
+    return [torch.load(io.BytesIO(blob), weights_only=True) for blob in ranks.gather(buf.getvalue())]
 
 
 def train_state(run, rngs: list[dict]) -> dict:
@@ -72,22 +62,29 @@ def save_checkpoint(run, metrics: dict | None = None, background: bool = True, s
     and uploads it (fsdp: every rank copies its shards, a thread writes them, see ShardSaver);
     ``background=False`` stages before returning (last or emergency save).
     ``stopped``: why the run stops here early (recorded in the manifest; `status` shows it).
-    Returns the seconds the training thread was blocked."""
-    t0 = time.perf_counter()
-    rngs = gather_rng()
+    Every rank calls it at the same step. A save that cannot be made (no room on the staging disk) is
+    reported and counted (``checkpoint.max_failed_saves``), not raised: the ranks stay in step.
+    Saving a step that is already saved or on its way is a no-op. Returns the seconds the training
+    thread was blocked."""
+    t0, step = time.perf_counter(), run.loop.step
+    if run.ranks.broadcast(run.checkpoints.holds(step) if run.ranks.main else None):
+        log.info("the checkpoint of step %d is already saved or on its way; not saving it again", step)
+        return 0.0
+    rngs = gather_rng(run.ranks)
     extra = {"metrics": metrics or {}, "config_hash": run.cfg.hash(), **({"stopped": stopped} if stopped else {}),
-             **({BASE_HASH: run.base_hash} if run.base_hash else {})}
+             **({BASE_HASH: run.base_hash} if run.base_hash else {}),
+             **({WRITER: run.lease.record["token"]} if run.lease is not None else {})}
     if run.sharded:  # every rank copies its shards; written and staged in a thread unless background=False
         expected = sum(p.numel() * p.element_size() for p in run.module.parameters() if p.requires_grad) * 4
         run.shard_saver.save(run, train_state(run, rngs), extra, expected, background=background)
     elif run.accelerator.is_main_process:
         model_state = run.model_state()
         expected = sum(t.numel() * t.element_size() for t in model_state.values()) * 4  # + AdamW moments
-        run.checkpoints.save(
-            run.loop.step,
-            {MODEL_FILE: model_writer(model_state), STATE_FILE: state_writer(train_state(run, rngs))}, extra,
-            expected_bytes=expected, background=background,
-        )
+        try:
+            run.checkpoints.save(step, {MODEL_FILE: model_writer(model_state), STATE_FILE: state_writer(
+                train_state(run, rngs))}, extra, expected_bytes=expected, background=background)
+        except Exception as err:  # no room to stage it, or (a last save) its write failed: reported, counted
+            run.checkpoints.uploader.save_failed(step, err)
     run.accelerator.wait_for_everyone()
     return time.perf_counter() - t0
 
@@ -117,35 +114,36 @@ def check_compatible(saved: dict, run_cfg, index: dict, step: int, num_checkpoin
 
 
 def load_weights(model, found: tuple, run_cfg, base: str | None, num_checkpoints: int) -> None:
-    """The weights of ``found`` (checkpoint, tensors, train state) into ``model.module`` before accelerate
-    wraps it: every tensor, or with LoRA (``base`` = the hash of the base just built) the trained ones,
-    once the checkpoint's base hash matches."""
-    ckpt, weights, state = found
-    if base is None:
-        if not isinstance(weights, Path):  # a sharded checkpoint loads once the model is sharded (restore)
-            model.module.load_state_dict(weights)
+    """The weights of ``found`` (checkpoint, verified local folder, train state) into ``model.module`` before
+    accelerate wraps it, read tensor by tensor into the module's own storage (no second copy in memory):
+    every tensor, or with LoRA (``base`` = the hash of the base just built) the trained ones, once the
+    checkpoint's base hash matches. A sharded checkpoint loads once the model is sharded (:func:`restore`)."""
+    ckpt, folder, state = found
+    if base is not None:
+        check_base(
+            state.get(st.K_BASE_HASH), base, describe_base(run_cfg.model, run_cfg.train.seed),
+            f"cannot resume {run_cfg.run_uri} from step {ckpt.step}",
+            "to continue this run, give it that base again (the same model.init_from weights: pin a hub revision; "
+            f"for a random init the same torch version). To train on the new base, use another run name "
+            f"(name={run_cfg.name}-2). Last resort: --fresh deletes this run's {num_checkpoints} checkpoint(s) "
+            "and metrics and starts over",
+        )
+    if is_sharded(ckpt.manifest):
         return
-    check_base(
-        state.get(st.K_BASE_HASH), base, describe_base(run_cfg.model, run_cfg.train.seed),
-        f"cannot resume {run_cfg.run_uri} from step {ckpt.step}",
-        "to continue this run, give it that base again (the same model.init_from weights: pin a hub revision; "
-        f"for a random init the same torch version). To train on the new base, use another run name "
-        f"(name={run_cfg.name}-2). Last resort: --fresh deletes this run's {num_checkpoints} checkpoint(s) "
-        "and metrics and starts over",
-    )
-    if not isinstance(weights, Path):
-        load_trainable(model.module, weights, f"checkpoint {ckpt.uri}")
+    targets = model.module.state_dict() if base is None else trainable_state(model.module)
+    read_into(folder / MODEL_FILE, targets, f"checkpoint {ckpt.uri}",
+              "it was written with other model or train.lora settings: use the settings of the run that wrote it")
 
 
 def restore(run, found: tuple) -> None:
     """Load everything but the weights of a whole-model checkpoint (loaded before accelerate wraps the
     model); a sharded checkpoint's weights and optimizer come from its folder (``found[1]``) here."""
-    _, weights, state = found
+    ckpt, folder, state = found
     run.loop.load_state_dict(state[st.K_LOOP])
-    if isinstance(weights, Path):
-        load_sharded(run, weights)
+    if is_sharded(ckpt.manifest):
+        load_sharded(run, folder)
     else:
-        run.optimizer.load_state_dict(state[st.K_OPTIMIZER])
+        run.optimizer.load_state_dict(state[st.K_OPTIMIZER])  # each state moved to its parameter's device
     run.scheduler.load_state_dict(state[st.K_SCHEDULER])
     run.stream.load_state_dict(state[st.K_DATA])
     if state.get(st.K_SCALER) is not None and run.accelerator.scaler is not None:
@@ -158,17 +156,10 @@ def restore(run, found: tuple) -> None:
         st.seed_everything(run.cfg.train.seed + rank)
 
 
-def broadcast_step(step: int | None) -> int | None:
-    """Rank 0's choice of checkpoint, for every rank."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return step
-    box = [step]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def any_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
-    """True on every rank if it is True on any (so all ranks stop at the same step)."""
+    """True on every rank if it is True on any, over the default group: ``device`` must be the one
+    that group's backend takes (the accelerator's: CUDA under NCCL). For the training step's own
+    flags; decisions about saving and stopping go through :class:`voxrelay.train.ranks.Ranks`."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return flag
     t = torch.tensor([int(flag)], device=device)

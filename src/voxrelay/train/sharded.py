@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from voxrelay import storage
 from voxrelay.checkpoint.manager import STATE_FILE
 from voxrelay.checkpoint.sharded import DCP, DCP_METADATA, MODEL_KEY, OPTIM_KEY, SHARDED, rank_files
 from voxrelay.checkpoint.store import CheckpointError, sha256_file
@@ -39,14 +41,8 @@ def _options(lora: bool) -> StateDictOptions:
 
 
 def _file_meta(path: Path) -> dict:
+    storage.fsync_file(path)  # DCP wrote it: on disk before the manifest can exist
     return {"size": path.stat().st_size, "sha256": sha256_file(path)}
-
-
-def _one(obj):
-    """Rank 0's ``obj`` on every rank."""
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 class ShardSaver:
@@ -64,32 +60,55 @@ class ShardSaver:
     def save(self, run, state: dict, extra: dict, expected_bytes: int, background: bool = True) -> None:
         """Every rank: start writing this rank's shards of ``run.module`` and ``run.optimizer`` (a collective);
         rank 0 writes ``state`` (the train state without the optimizer) now and stages the folder once every
-        rank's shards are on disk. ``background=False``: staged before it returns."""
+        rank's shards are on disk. ``background=False``: staged before it returns. A failure (no room, a failed
+        write on any rank) is reported and counted on rank 0 (``checkpoint.max_failed_saves``), not raised."""
         self.wait()
         main, step = run.accelerator.is_main_process, run.loop.step
+        folder = None
         if main:
-            run.checkpoints.staging.check_space(step, expected_bytes)
-        # ranks of one machine share the staging disk (the same VOXRELAY_CACHE): rank 0 names the folder
-        folder = Path(_one(str(run.checkpoints.new_folder(step)) if main else None))
-        if main:  # small (no optimizer, no weights): written now, so later changes to the live objects miss it
-            torch.save(state, folder / STATE_FILE)
+            try:
+                run.checkpoints.staging.check_space(step, expected_bytes)
+                # ranks of one machine share the staging disk (the same VOXRELAY_CACHE): rank 0 names the folder
+                folder = str(run.checkpoints.new_folder(step))
+                torch.save(state, Path(folder) / STATE_FILE)  # small: written now, before the live objects change
+            except Exception as err:  # no room, an unwritable staging disk: reported and counted
+                run.checkpoints.uploader.save_failed(step, err)
+                folder = None
+        folder = run.ranks.broadcast(folder)
+        if folder is None:
+            return
         model_sd, optim_sd = get_state_dict(run.module, run.optimizer, options=_options(run.base_hash is not None))
         shards = {MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}
         if not background:  # last or emergency save: no copy in memory, the write is what we wait for
-            dcp.save(shards, checkpoint_id=str(folder))
-            _stage(run, step, folder, extra, dist.group.WORLD)
+            try:
+                dcp.save(shards, checkpoint_id=folder, process_group=run.ranks.group)
+                _stage(run, step, Path(folder), extra, run.ranks.group)
+            except Exception as err:  # DCP and _stage raise on every rank alike: all go on in step
+                _report_failure(run, step, err)
             return
         if self.group is None:
             self.group = dist.new_group(backend="gloo")
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxrelay-shards")
-        written = dcp.async_save(shards, checkpoint_id=str(folder), process_group=self.group)
-        self.pending = self._thread.submit(_finish, written, run, step, folder, extra, self.group)
+        written = dcp.async_save(shards, checkpoint_id=folder, process_group=self.group)
+        self.pending = self._thread.submit(_finish, written, run, step, Path(folder), extra, self.group)
+        # reported as soon as it fails (not at the next save, which may be hours later or the emergency one)
+        self.pending.add_done_callback(lambda done: _report_failure(run, step, done.exception()))
 
     def wait(self) -> None:
-        """Block until the save in flight is staged (every rank calls it at the same point); raises its error."""
+        """Block until the save in flight is staged or failed (every rank calls it at the same point). Its
+        failure was reported when it happened and does not stop the next save (e.g. the emergency one)."""
         pending, self.pending = self.pending, None
         if pending is not None:
-            pending.result()
+            futures_wait([pending])
+
+
+def _report_failure(run, step: int, err: BaseException | None) -> None:
+    if err is None:
+        return
+    if run.accelerator.is_main_process:
+        run.checkpoints.uploader.save_failed(step, err)
+    else:
+        log.error("this rank could not save its shards of step %d: %s: %s", step, type(err).__name__, err)
 
 
 def _finish(written: Future, run, step: int, folder: Path, extra: dict, group) -> None:
@@ -139,5 +158,5 @@ def load_sharded(run, folder: Path) -> None:
     sets the learning rate the schedule had reached)."""
     options = _options(run.base_hash is not None)
     model_sd, optim_sd = get_state_dict(run.module, run.optimizer, options=options)
-    dcp.load({MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}, checkpoint_id=str(folder))
+    dcp.load({MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}, checkpoint_id=str(folder), process_group=run.ranks.group)
     set_state_dict(run.module, run.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options)

@@ -61,7 +61,8 @@ class LoopState:
 
 
 def rng_state() -> dict:
-    """Python, numpy and torch (+ CUDA when present) RNG state of this process."""
+    """Python, numpy and torch RNG state of this process, and with CUDA that of its own device only (a
+    process draws on one GPU; all of them would tie the checkpoint to the machine's GPU count)."""
     np_state = np.random.get_state()
     state = {
         "python": random.getstate(),
@@ -69,17 +70,27 @@ def rng_state() -> dict:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
     return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore :func:`rng_state` into this process, whatever GPUs this machine has: the saved CUDA state
+    goes to the current device (none here: it is left out). Checkpoints of voxrelay < 0.2 hold a list,
+    one state per visible device: the one of this process's device index is taken, else the first."""
     random.setstate(state["python"])
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, keys.numpy(), *rest))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is None or not torch.cuda.is_available():
+        return
+    if isinstance(cuda, list | tuple):
+        if not cuda:
+            return
+        index = torch.cuda.current_device()
+        cuda = cuda[index] if index < len(cuda) else cuda[0]
+    torch.cuda.set_rng_state(cuda)
 
 
 def seed_everything(seed: int) -> None:

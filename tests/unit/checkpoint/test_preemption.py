@@ -100,3 +100,53 @@ def test_save_trigger_steps_minutes_and_young_daly():
     assert adaptive.interval_s() == pytest.approx(60.0)  # sqrt(2 * 0.5 * 3600)
     adaptive.saved(2.0)  # a slower save stretches the interval (smoothed)
     assert 60.0 < adaptive.interval_s() < pre.young_daly_interval(2.0, 3600)
+
+
+class _Flaky(_Metadata):
+    """Answers the first polls with bytes that are not HTTP (http.client.BadStatusLine: an HTTPException,
+    not an OSError), then like the real server."""
+
+    garbage_left = 3
+
+    def handle_one_request(self):
+        if _Flaky.garbage_left > 0:
+            _Flaky.garbage_left -= 1
+            self.rfile.readline()
+            self.wfile.write(b"not http at all\r\n\r\n")
+            self.close_connection = True
+            return
+        super().handle_one_request()
+
+
+def test_the_poller_survives_a_malformed_answer_and_sees_the_notice_after_it():
+    _Flaky.garbage_left, _Flaky.preempted = 3, True
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pre.PreemptionWatcher("gcp", poll_every=0.05, metadata_url=f"http://127.0.0.1:{server.server_address[1]}"
+                                   ) as watcher:
+            deadline = time.time() + 10
+            while watcher.stop_reason is None and time.time() < deadline:
+                time.sleep(0.02)
+        assert _Flaky.garbage_left == 0  # the malformed answers were really given
+        assert watcher.stop_reason == "preemption notice from the metadata server"
+    finally:
+        server.shutdown()
+
+
+def test_a_notice_records_its_time_for_the_grace_period():
+    with pre.PreemptionWatcher("off") as watcher:
+        before = time.time()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert before <= watcher.noticed_at <= time.time()
+
+
+def test_time_limit_counts_from_the_process_or_the_machine_boot():
+    from voxrelay import host
+
+    boot, started = host.boot_time(), pre.process_start_time()
+    assert boot is not None and boot < started <= time.time()
+    assert pre.session_start("boot") == boot and pre.session_start("process") == started
+    deadline = pre.Deadline(session_s=time.time() - boot - 1, total_s=None, started_at=pre.session_start("boot"))
+    assert deadline.reached(0.0, 0.0) == pre.TIME_LIMIT  # the machine has been up longer than the limit

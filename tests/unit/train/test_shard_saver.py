@@ -21,6 +21,7 @@ from torch.distributed.checkpoint import filesystem
 from voxrelay.checkpoint.manager import STATE_FILE, CheckpointManager
 from voxrelay.checkpoint.sharded import DCP_METADATA, rank_files, read_model
 from voxrelay.checkpoint.store import MANIFEST
+from voxrelay.train.ranks import Ranks
 from voxrelay.train.sharded import ShardSaver
 
 WRITE = filesystem._FileSystemWriter.write_data  # what every rank's DCP write calls (FileSystemWriter)
@@ -42,7 +43,7 @@ def _sharded_run(run_uri: str, staging: Path) -> SimpleNamespace:
     optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
     _train_step(module, optimizer)
     return SimpleNamespace(module=module, optimizer=optimizer, base_hash=None, loop=SimpleNamespace(step=3),
-                           accelerator=SimpleNamespace(is_main_process=True),
+                           accelerator=SimpleNamespace(is_main_process=True), ranks=Ranks(None, 0, 1),
                            checkpoints=CheckpointManager(run_uri, staging_dir=staging))
 
 
@@ -99,6 +100,36 @@ def test_save_returns_before_the_write_and_stages_the_state_of_its_step(tmp_path
         assert restored.keys() == saved.keys() and all(torch.equal(restored[k], saved[k]) for k in saved)
     finally:
         release.set()
+        run.checkpoints.close(5)
+
+
+def test_a_failed_asynchronous_write_is_reported_at_once_and_the_emergency_save_still_works(
+        tmp_path, monkeypatch, world_of_one):
+    failing = {"on": True}
+
+    def write_data(self, plan, planner):
+        if failing["on"]:
+            raise OSError(28, "No space left on device")
+        return WRITE(self, plan, planner)
+
+    monkeypatch.setattr(filesystem._FileSystemWriter, "write_data", write_data)
+    run = _sharded_run(str(tmp_path / "run"), tmp_path / "staging")
+    try:
+        saver = ShardSaver()
+        saver.save(run, {"loop": {"step": 3}}, {}, 0)  # in the background: returns before the write fails
+        deadline = time.monotonic() + 30
+        while run.checkpoints.uploader.failed_saves == 0:  # reported without waiting for the next save
+            assert time.monotonic() < deadline, "the failed write was never reported"
+            time.sleep(0.01)
+        assert "No space left" in run.checkpoints.uploader.save_error
+        failing["on"] = False
+        _train_step(run.module, run.optimizer)
+        run.loop.step = 4
+        saver.save(run, {"loop": {"step": 4}}, {}, 0, background=False)  # the emergency save: not blocked by it
+        assert run.checkpoints.wait(30)
+        assert [c.step for c in run.checkpoints.store.list()] == [4]
+        assert run.checkpoints.uploader.failed_saves == 0
+    finally:
         run.checkpoints.close(5)
 
 

@@ -1,0 +1,94 @@
+"""Why a run stops, and the one decision all processes of a job take together after each step.
+
+Each process has its own reasons to stop — a signal or a preemption notice it received, its clock
+past ``train.time_limit``, (rank 0) a storage error, a lost lease, saves that keep failing — and
+rank 0 alone decides whether a periodic save is due (its clock, its measured save cost). Deciding
+apart, ranks would disagree at a step: some would enter the save's collectives, others the next
+step (a hang until the NCCL timeout). So every step the processes exchange their views
+(:meth:`Stops.agree`, one small gather over the job's gloo group) and all take the same decision:
+the most serious reason of any rank (a lost lease, then a signal or notice, then storage, failing
+saves, time limits, non-finite steps, early stopping), rank 0's save decision, and the time of the
+earliest notice (``checkpoint.grace_seconds`` counts from it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from voxrelay.checkpoint import preemption as pre
+
+TIME_LIMIT, TOTAL_TIME_LIMIT, EARLY_STOP = pre.TIME_LIMIT, pre.TOTAL_TIME_LIMIT, "early stopping"
+NON_FINITE, STORAGE, OUT_OF_MEMORY = "non-finite steps", "storage error", "out of memory"
+LEASE_LOST = "the run was taken over by another session"
+SAVES_FAILED = "checkpoint.max_failed_saves"
+# anything else is a signal or a preemption notice (its name): the machine is going away
+_RANKS = {LEASE_LOST: 0, STORAGE: 2, SAVES_FAILED: 3, TIME_LIMIT: 4, TOTAL_TIME_LIMIT: 5, NON_FINITE: 6,
+          EARLY_STOP: 7, OUT_OF_MEMORY: 8}
+CLEAN_STOPS = (TIME_LIMIT, TOTAL_TIME_LIMIT, EARLY_STOP, NON_FINITE, OUT_OF_MEMORY)
+
+
+def severity(reason: str) -> int:
+    """Lower is more serious; a signal or notice ranks right after a lost lease."""
+    return _RANKS.get(reason, 1)
+
+
+def is_preemption(reason: str | None) -> bool:
+    return reason is not None and reason not in _RANKS
+
+
+@dataclass(frozen=True)
+class Decision:
+    stop: str | None = None  # why every process stops after this step (None: go on)
+    save: bool = False  # a periodic save is due (rank 0's trigger)
+    noticed_at: float | None = None  # wall time of the earliest signal or notice on any process
+
+    @property
+    def preempted(self) -> bool:
+        return is_preemption(self.stop)
+
+
+class Stops:
+    """This process's reasons to stop, agreed with the others' (see the module docstring)."""
+
+    def __init__(self, run, watcher: pre.PreemptionWatcher, deadline: pre.Deadline, trigger: pre.SaveTrigger):
+        self.run = run
+        self.watcher = watcher
+        self.deadline = deadline
+        self.trigger = trigger
+
+    def local(self, step_s: float) -> str | None:
+        """This process's own reason to stop before another step lasting ``step_s``, if any."""
+        run, loop, patience = self.run, self.run.loop, self.run.cfg.train.early_stopping_patience
+        uploader = run.checkpoints.uploader
+        if run.lease is not None and run.lease.lost:
+            return LEASE_LOST
+        if self.watcher.stop_reason:
+            return self.watcher.stop_reason
+        if uploader.fatal is not None:
+            return STORAGE
+        if uploader.failed_saves >= run.cfg.checkpoint.max_failed_saves:
+            return SAVES_FAILED
+        reached = self.deadline.reached(loop.wall_time, step_s)
+        if reached:
+            return reached
+        if loop.bad_in_a_row >= run.cfg.train.max_bad_steps:
+            return NON_FINITE
+        if patience is not None and loop.evals_since_best >= patience:
+            return EARLY_STOP
+        return None
+
+    def agree(self, step_s: float, saving: bool = True) -> Decision:
+        """The decision of every process after this step (a collective: all call it at the same point).
+        ``saving``: ask rank 0's trigger whether a periodic save is due."""
+        ranks = self.run.ranks
+        due = saving and ranks.main and self.trigger.due(self.run.loop.step)
+        views = ranks.gather((self.local(step_s), due, self.watcher.noticed_at))
+        reasons = [reason for reason, _, _ in views if reason]
+        notices = [at for _, _, at in views if at is not None]
+        return Decision(min(reasons, key=severity) if reasons else None, views[0][1], min(notices, default=None))
+
+    def grace_left(self, decision: Decision) -> float:
+        """Seconds of ``checkpoint.grace_seconds`` left, counted from the earliest notice."""
+        grace = self.run.cfg.checkpoint.grace_seconds
+        return max(0.0, grace - (time.time() - decision.noticed_at)) if decision.noticed_at else grace

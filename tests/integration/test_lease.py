@@ -1,0 +1,140 @@
+"""One writer per run, as users would hit it: a second `voxrelay train` of a live run (a Colab reconnect
+beside the old runtime, a spot job restarted before the old VM is gone) on a local folder, the S3 server
+and the GCS server. It is refused (exit 2) naming the holder, `--fresh` too (nothing is deleted); once
+the holder is SIGKILLed the next session takes over at once on this machine, and on any machine once
+the lease expires; `--take-over` fences a live holder, which then stops without writing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.runner import CONFIG, Trainer, env_for, voxrelay
+from tests.integration.tiny import tiny
+from voxrelay import storage
+from voxrelay.checkpoint.preemption import EXIT_PREEMPTED
+from voxrelay.checkpoint.store import CommittedStore
+
+ENDLESS = ("train.max_steps=100000", "train.eval_every=100000", "train.log_every=1", "checkpoint.every_steps=2")
+
+
+def _env(tmp_path: Path) -> dict:
+    env = env_for(tmp_path / "cache")
+    return env | {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "STORAGE_EMULATOR", "GCSFS_"))}
+
+
+@pytest.fixture
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    kind = request.param
+    return str(tmp_path / "root") if kind == "local" else request.getfixturevalue(f"{kind}_root")
+
+
+def _committed(run_uri: str) -> list[int]:
+    return [c.step for c in CommittedStore(storage.join(run_uri, "checkpoints")).list()]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _squashed(text: str) -> str:
+    """Without any whitespace: log lines are wrapped at the console's width, wherever a path falls."""
+    return "".join(text.split())
+
+
+@pytest.mark.parametrize("root", ["local", "s3", "gcs"], indirect=True)
+def test_a_second_writer_is_refused_until_the_first_is_killed(tmp_path, root):
+    env = _env(tmp_path)
+    assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
+    run_uri = storage.join(root, "runs", "leased")
+    first = Trainer(root, env, "name=leased", *ENDLESS)
+    try:
+        deadline = time.monotonic() + 120
+        while not _committed(run_uri):  # it has written to the run folder
+            assert first.proc.poll() is None and time.monotonic() < deadline, first.output()
+            time.sleep(0.05)
+        second = voxrelay("train", CONFIG, *tiny(root, "name=leased", *ENDLESS), env=env)
+        msg = _one_line(second.stderr)
+        assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
+        assert f"host {socket.gethostname()}, pid {first.proc.pid}, since" in msg and "expires in" in msg, msg
+        assert "--take-over" in msg and run_uri in msg
+        holder = json.loads(storage.read_text(storage.join(run_uri, "lease.json")))["token"]
+        fresh = voxrelay("train", CONFIG, *tiny(root, "name=leased", *ENDLESS), "--fresh", env=env)
+        assert fresh.returncode == 2 and f"pid {first.proc.pid}" in _one_line(fresh.stderr), fresh.stderr
+        assert "--fresh: deleting" not in fresh.stderr  # refused before deleting anything under the holder
+        assert json.loads(storage.read_text(storage.join(run_uri, "lease.json")))["token"] == holder
+        assert _committed(run_uri) and storage.exists(storage.join(run_uri, "config.yaml"))
+        assert first.proc.poll() is None  # and the holder trains on
+    finally:
+        first.kill()  # SIGKILL: no release; the lease stays in the run folder, unexpired
+    step = max(_committed(run_uri))
+    third = voxrelay("train", CONFIG, *tiny(root, "name=leased", f"train.max_steps={step + 2}"), env=env)
+    assert third.returncode == 0, third.stderr
+    out = _squashed(third.stderr)
+    assert f"pid{first.proc.pid}" in out and ":dead" in out  # gone from this machine: taken at once
+    assert _squashed(f"resuming {run_uri} from step {step}") in out
+    lease = json.loads(storage.read_text(storage.join(run_uri, "lease.json")))
+    assert lease["released"] is True and lease["taken_from"]["pid"] == first.proc.pid
+
+
+def test_take_over_fences_the_live_writer_which_stops_without_writing(tmp_path):
+    root, env = str(tmp_path / "root"), _env(tmp_path)
+    assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
+    run_uri = storage.join(root, "runs", "fenced")
+    args = ("name=fenced", "train.max_steps=100000", "checkpoint.lease_seconds=4", "checkpoint.every_steps=1",
+            "train.eval_every=100000", "train.log_every=1")
+    first = Trainer(root, env, *args)
+    second = None
+    try:
+        assert first.wait_step_lines(3, 120), first.output()
+        second = Trainer(root, env, *args, "--take-over")
+        code = first.proc.wait(timeout=180)  # fenced: it stops by itself
+        token = json.loads(storage.read_text(storage.join(run_uri, "lease.json")))["token"]
+        deadline = time.monotonic() + 180
+        while token not in _writers(run_uri).values():  # the new writer's own first commit
+            assert second.proc.poll() is None and time.monotonic() < deadline, second.output()
+            time.sleep(0.05)
+        second.proc.send_signal(signal.SIGTERM)
+        assert second.proc.wait(timeout=120) == EXIT_PREEMPTED, second.output()
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    took = _squashed(second.output())
+    assert _squashed(f"took over {run_uri} from host {socket.gethostname()}, pid {first.proc.pid}") in took, took
+    out = _squashed(first.output())
+    assert code == 2 and "anothersessiontookover" in out and "withoutsaving" in out, first.output()
+    resumed = int(re.search(r"from step (\d+)", _one_line(second.output())).group(1))
+    writers = _writers(run_uri)
+    assert all(w == token for step, w in writers.items() if step > resumed), (resumed, writers)  # none of the old
+    assert max(writers) > resumed
+
+
+def _writers(run_uri: str) -> dict[int, str]:
+    return {c.step: c.manifest.get("writer") for c in CommittedStore(storage.join(run_uri, "checkpoints")).list()}
+
+
+def test_a_lease_left_by_another_machine_blocks_until_it_expires(tmp_path):
+    root, env = str(tmp_path / "root"), _env(tmp_path)
+    assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
+    run = Path(root) / "runs" / "elsewhere"
+    run.mkdir(parents=True)
+    left = {"token": "t0", "host": "spot-vm-7", "pid": 4242, "boot_id": "another-boot", "since": time.time() - 600,
+            "renewed": time.time(), "expires": time.time() + 600, "ttl": 600, "seq": 9, "released": False,
+            "command": "voxrelay train"}  # a VM that died holding it: its pid means nothing here
+    (run / "lease.json").write_text(json.dumps(left))
+    args = tiny(root, "name=elsewhere", "train.max_steps=2")
+    refused = voxrelay("train", CONFIG, *args, env=env)
+    assert refused.returncode == 2 and "hostspot-vm-7,pid4242" in _squashed(refused.stderr), refused.stderr
+    assert not (run / "checkpoints").exists() and not (run / "config.yaml").exists()  # it wrote nothing
+    # ten minutes on: no renewal came (the record as the dead VM left it, its expiry now past)
+    (run / "lease.json").write_text(json.dumps(left | {"renewed": time.time() - 601, "expires": time.time() - 1}))
+    res = voxrelay("train", CONFIG, *args, env=env)
+    assert res.returncode == 0 and "spot-vm-7" in res.stderr and ":expired" in _squashed(res.stderr), res.stderr

@@ -1,0 +1,72 @@
+"""Failures that surface instead of hiding: saves that keep failing stop the run (exit 76, the reason
+named) rather than training on for hours with nothing to resume from; an exception out of the loop still
+closes the checkpoint manager, so the last good checkpoint finishes uploading, and releases the lease."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.integration.runner import CONFIG
+from tests.integration.tiny import tiny
+from voxrelay.checkpoint.lease import read_lease
+from voxrelay.checkpoint.preemption import EXIT_PREEMPTED_STAGED
+
+
+def _run(tmp_path, monkeypatch, *extra):
+    from voxrelay.config import load_config
+    from voxrelay.data.prepare import prepare
+    from voxrelay.train.build import build_run
+
+    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(CONFIG, tiny(str(tmp_path / "root"), "train.max_steps=50", "train.eval_every=1000",
+                                   "train.log_every=1", *extra))
+    prepare(cfg)
+    return build_run(cfg)
+
+
+def test_saves_that_keep_failing_stop_the_run_naming_why(tmp_path, monkeypatch, capsys):
+    from voxrelay.train.loop import SAVES_FAILED, train
+
+    run = _run(tmp_path, monkeypatch, "checkpoint.every_steps=1", "checkpoint.max_failed_saves=3")
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("the staging disk is gone")  # a file where the staging folder should be
+    run.checkpoints.staging.folder = blocker / "staging"
+    result = train(run)
+    assert result.stop_reason == SAVES_FAILED and result.exit_code == EXIT_PREEMPTED_STAGED
+    # the saves of steps 1-3 failed; the decision after step 4 stops, and its last save attempt fails too
+    assert result.step == 4 and not result.durable
+    out = " ".join(capsys.readouterr().err.split())
+    assert "4 save(s) in a row failed" in out and "checkpoint.max_failed_saves" in out and "NotADirectoryError" in out
+
+
+def test_an_exception_in_the_loop_still_uploads_the_last_checkpoint_and_releases_the_lease(tmp_path, monkeypatch):
+    from voxrelay.train.loop import train
+
+    run = _run(tmp_path, monkeypatch, "checkpoint.every_steps=2", "train.eval_synth=0")
+    crashed = threading.Event()
+    upload = run.checkpoints.store.upload
+
+    def slow_upload(folder, manifest):  # a bucket that takes a moment: still uploading when the crash comes
+        crashed.wait(30)
+        time.sleep(0.3)
+        return upload(folder, manifest)
+
+    monkeypatch.setattr(run.checkpoints.store, "upload", slow_upload)
+    calls = {"n": 0}
+
+    def crash_on_third_step(module, inputs, output):
+        calls["n"] += module.training  # training steps only, not the evaluation's forwards
+        if calls["n"] == 3 and module.training:
+            crashed.set()
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return output
+
+    run.model.module.get_input_embeddings().register_forward_hook(crash_on_third_step)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        train(run)
+    # when the error leaves train(), the checkpoint of step 2 is committed (the process may exit right away)
+    assert [c.step for c in run.checkpoints.store.list()] == [2]
+    assert read_lease(run.cfg.run_uri)["released"] is True
