@@ -57,6 +57,7 @@ def worker(args) -> None:
     from voxrelay.checkpoint.manager import CheckpointManager, model_writer, state_writer
     from voxrelay.checkpoint.sharded import rank_files
     from voxrelay.checkpoint.store import sha256_file
+    from voxrelay.train.ranks import Ranks
     from voxrelay.train.sharded import ShardSaver
 
     dist.init_process_group("gloo")
@@ -88,7 +89,7 @@ def worker(args) -> None:
             dist.barrier()
             fsdp.append(time.perf_counter() - t0)
         run = SimpleNamespace(module=sharded, optimizer=optimizer, base_hash=None, loop=SimpleNamespace(step=0),
-                              accelerator=SimpleNamespace(is_main_process=rank == 0),
+                              accelerator=SimpleNamespace(is_main_process=rank == 0), ranks=Ranks.of_job(),
                               checkpoints=CheckpointManager(str(Path(tmp) / "run"), staging_dir=Path(tmp) / "stg"))
         saver = ShardSaver()
         for i in range(args.repeats + 1):  # the first one also makes the saver's gloo group: not counted

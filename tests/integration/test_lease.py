@@ -19,6 +19,7 @@ import pytest
 from tests.integration.runner import CONFIG, Trainer, env_for, voxrelay
 from tests.integration.tiny import tiny
 from voxrelay import storage
+from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.checkpoint.preemption import EXIT_PREEMPTED
 from voxrelay.checkpoint.store import CommittedStore
 
@@ -115,6 +116,9 @@ def test_take_over_fences_the_live_writer_which_stops_without_writing(tmp_path):
     writers = _writers(run_uri)
     assert all(w == token for step, w in writers.items() if step > resumed), (resumed, writers)  # none of the old
     assert max(writers) > resumed
+    reader = CheckpointManager(run_uri, staging_dir=tmp_path / "verify")
+    for step in writers:  # every file of every checkpoint is the one its manifest names: no mixed step
+        assert reader.latest_valid(step)[0].step == step
 
 
 def _writers(run_uri: str) -> dict[int, str]:

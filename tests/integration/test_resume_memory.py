@@ -4,7 +4,8 @@ through its first steps stays within 5% of a fresh one's.
 
 Each measurement is its own process (this file run as a script): it resets its peak RSS (VmHWM, via
 /proc/self/clear_refs) right before ``build_run``, reads the peak and the current RSS after it, trains two
-steps and reads the peak again. The model is big enough (~150 MB of weights) for a copy to show.
+steps and reads the peak again (on a GPU machine also ``torch.cuda.max_memory_allocated``). The model is
+big enough (~150 MB of weights) for a copy to show.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def test_resume_reads_the_checkpoint_into_the_model_and_peaks_like_a_fresh_start
     transient = resumed["peak_build"] - resumed["rss_after_build"]
     assert transient < 0.1 * weights_mb, (transient, weights_mb, resumed)
     assert resumed["peak_steps"] <= 1.05 * fresh["peak_steps"], (resumed, fresh)
+    if fresh["gpu_peak"] is not None:  # on a GPU machine: the device's own peak, too
+        assert resumed["gpu_peak"] <= 1.05 * fresh["gpu_peak"], (resumed, fresh)
     print(f"resume memory: weights {weights_mb:.0f} MB, transient at build {transient:.0f} MB, peak through two "
           f"steps {resumed['peak_steps']:.0f} MB vs fresh {fresh['peak_steps']:.0f} MB")
 
@@ -71,8 +74,9 @@ def main(root: str, name: str) -> None:
     batches = iter(run.stream)
     for _ in range(2):
         train_step(run, [next(batches)])
+    gpu_peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
     print(json.dumps({"resumed_from": run.resumed_from, "peak_build": peak_build, "rss_after_build": after_build,
-                      "peak_steps": _status_mb("VmHWM")}))
+                      "peak_steps": _status_mb("VmHWM"), "gpu_peak": gpu_peak}))
     sys.stdout.flush()
     os._exit(0)
 

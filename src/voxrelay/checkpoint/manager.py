@@ -32,6 +32,7 @@ from voxrelay.checkpoint.store import (
     FORMAT_VERSION,
     Checkpoint,
     CheckpointError,
+    CheckpointVanished,
     CommittedStore,
     check_manifest,
     step_name,
@@ -95,9 +96,9 @@ class CheckpointManager:
         the fetched copies they shared."""
         self.staging.clean()
         shutil.rmtree(self.fetched_dir, ignore_errors=True)
-        committed = self.store.list()
-        newest = committed[0].step if committed else -1
-        self.uploader.durable_step = newest if committed else None
+        whole = [c for c in self.store.list() if self.store.problem(c) is None]  # a damaged newest supersedes nothing
+        newest = whole[0].step if whole else -1
+        self.uploader.durable_step = newest if whole else None
         for ckpt in reversed(self.staging.list()):
             if ckpt.step <= newest:
                 self.staging.remove(ckpt.step)
@@ -129,8 +130,9 @@ class CheckpointManager:
         return ckpt
 
     def holds(self, step: int) -> bool:
-        """True when the checkpoint of ``step`` is staged, on its way or committed by this session."""
-        return self.uploader.holds(step)
+        """True when the checkpoint of ``step`` is staged, on its way, committed by this session or the one it
+        resumed from (verified when loaded)."""
+        return self.uploader.holds(step) or step in self.store.protected
 
     def new_folder(self, step: int) -> Path:
         """A folder on the staging disk for a checkpoint written by every process (sharded)."""
@@ -167,28 +169,44 @@ class CheckpointManager:
         return [by_step[s] for s in sorted(by_step, reverse=True)]
 
     def latest_valid(self, step: int | None = None) -> tuple[Checkpoint, Path] | None:
-        """(checkpoint, local folder with verified files) of the newest valid checkpoint or ``step``."""
-        found = [c for c in self.candidates() if step is None or c.step == step]
-        if step is not None and not found:
-            raise CheckpointError(f"no checkpoint at step {step} in {self.store.root_uri}")
-        damaged = []
+        """(checkpoint, local folder with verified files) of the newest valid checkpoint or ``step``. A file
+        deleted while it is read (retention of a run training beside this reader) makes it list again."""
+        for _ in range(3):
+            found = [c for c in self.candidates() if step is None or c.step == step]
+            if step is not None and not found:
+                raise CheckpointError(f"no checkpoint at step {step} in {self.store.root_uri}")
+            damaged: list[str] = []
+            try:
+                picked = self._first_valid(found, damaged)
+            except CheckpointVanished:
+                continue
+            if picked is not None:
+                return picked
+            damaged += [f"committed {storage.join(self.store.root_uri, name)} ({why})"
+                        for name, why in self.store.unreadable.items()]
+            if step is not None:
+                raise CheckpointError(f"the checkpoint at step {step} is damaged: {damaged[0]}")
+            if damaged:  # starting over at step 0 here would also let retention delete the new checkpoints
+                raise CheckpointError(
+                    f"none of the {len(damaged)} checkpoint(s) of {self.run_uri} can be loaded: {'; '.join(damaged)}. "
+                    "Nothing was deleted. To continue the run, restore the named files (a staged copy may still be "
+                    "on the machine that saved it, under $VOXRELAY_CACHE/staging/; re-running `voxrelay train` there "
+                    "uploads it); to start over, delete them or run `voxrelay train` with --fresh (it deletes them)"
+                )
+            return None
+        raise CheckpointError(f"the checkpoints of {self.run_uri} keep being deleted while they are read; retry")
+
+    def _first_valid(self, found: list[Checkpoint], damaged: list[str]) -> tuple[Checkpoint, Path] | None:
         for ckpt in found:
             try:
                 return ckpt, self._local_copy(ckpt)
+            except CheckpointVanished:
+                raise
             except CheckpointError as err:
                 where = "committed" if ckpt.durable else "staged"
                 damaged.append(f"{where} {ckpt.uri} ({err})")
                 log.warning("%s checkpoint %s is damaged (%s); falling back to the previous one", where,
                             ckpt.uri, err)
-        if step is not None:
-            raise CheckpointError(f"the checkpoint at step {step} is damaged: {damaged[0]}")
-        if damaged:  # starting over at step 0 here would also let retention delete the new checkpoints
-            raise CheckpointError(
-                f"none of the {len(damaged)} checkpoint(s) of {self.run_uri} can be loaded: {'; '.join(damaged)}. "
-                "Nothing was deleted. To continue the run, restore the named files (a staged copy may still be on "
-                "the machine that saved it, under $VOXRELAY_CACHE/staging/; re-running `voxrelay train` there "
-                "uploads it); to start over, delete them or run with --fresh (it deletes them)"
-            )
         return None
 
     @property

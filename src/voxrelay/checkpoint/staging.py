@@ -127,6 +127,7 @@ class Uploader:
         self.failed_saves = 0  # saves in a row that could not be staged (checkpoint.max_failed_saves stops the run)
         self.save_error: str | None = None  # why the last of them failed
         self._trusted: set[int] = set()  # staged by this process: hashed from bytes just written and fsynced
+        self._committed_steps: set[int] = set()  # committed by this process
         self._uploading: int | None = None
         self._cond = threading.Condition()
         self._closing = False
@@ -173,7 +174,7 @@ class Uploader:
     def holds(self, step: int) -> bool:
         """True when ``step`` is staged, being staged or uploaded, or committed by this session."""
         with self._cond:
-            return step in {c.step for c in self.pending} or step in (self._uploading, self.durable_step) or (
+            return step in {c.step for c in self.pending} | self._committed_steps or step == self._uploading or (
                 self.snapshot is not None and self.snapshot[0] == step)
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -278,6 +279,7 @@ class Uploader:
     def _committed(self, ckpt: Checkpoint) -> None:
         with self._cond:
             self.durable_step = ckpt.step
+            self._committed_steps.add(ckpt.step)
             done = [c for c in self.pending if c.step <= ckpt.step]
             self.pending = [c for c in self.pending if c.step > ckpt.step]
             self._uploading = None

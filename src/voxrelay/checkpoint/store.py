@@ -29,6 +29,10 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing or damaged, or cannot be written; the message says which and what to do."""
 
 
+class CheckpointVanished(CheckpointError):
+    """A committed checkpoint's file was deleted while it was read (retention of a run training beside us)."""
+
+
 @dataclass
 class Checkpoint:
     step: int
@@ -102,11 +106,13 @@ class CommittedStore:
         self.keep_best = keep_best
         self.guard = guard
         self.protected: set[int] = set()
+        self.unreadable: dict[str, str] = {}  # folder name -> why its manifest.json cannot be read (last list())
         self._problems: dict[int, str | None] = {}  # step -> what is wrong with its files (None: whole)
 
     def list(self) -> list[Checkpoint]:
-        """Committed checkpoints, newest first (manifests read, files not verified)."""
-        out = []
+        """Committed checkpoints, newest first (manifests read, files not verified); the folders whose
+        manifest exists but cannot be read are in ``unreadable`` (damaged, never deleted as leftovers)."""
+        out, self.unreadable = [], {}
         for name in storage.listdir(self.root_uri):
             step = parse_step(name)
             if step is None:
@@ -118,6 +124,7 @@ class CommittedStore:
                 continue  # not committed (an upload cut short)
             except (ValueError, KeyError, CheckpointError) as err:
                 log.warning("ignoring %s: damaged manifest (%s)", uri, err)
+                self.unreadable[name] = f"its {MANIFEST} cannot be read: {err}"
                 continue
             out.append(Checkpoint(step, uri, manifest, durable=True))
         return sorted(out, key=lambda c: c.step, reverse=True)
@@ -128,6 +135,8 @@ class CommittedStore:
         check_manifest(manifest)
         uri = storage.join(self.root_uri, step_name(manifest["step"]))
         for name in manifest["files"]:
+            if self.guard is not None:  # taken over meanwhile: not one more file
+                self.guard()
             storage.put_file(folder / name, storage.join(uri, name))
         ckpt = Checkpoint(manifest["step"], uri, manifest, durable=True)
         problem = self._check_sizes(ckpt)
@@ -164,15 +173,22 @@ class CommittedStore:
                           and sha256_file(dest / name) == meta["sha256"])}
         problem = self.problem(ckpt) if needed else None  # one listing before gigabytes are downloaded
         if problem:
-            raise CheckpointError(problem)
+            raise self._gone_or_damaged(ckpt, problem)
         for name in needed:
-            local = dest / name
             try:
-                storage.get_file(storage.join(ckpt.uri, name), local)
-            except FileNotFoundError:  # missing, or deleted meanwhile (retention of a training run beside us)
-                raise CheckpointError(f"{name} is missing (or was deleted while it was read)") from None
+                storage.get_file(storage.join(ckpt.uri, name), dest / name)
+            except FileNotFoundError:
+                raise self._gone_or_damaged(ckpt, f"{name} is missing") from None
         verify_folder(dest, ckpt.manifest)
         return dest
+
+    def _gone_or_damaged(self, ckpt: Checkpoint, problem: str) -> CheckpointError:
+        """Deleted since it was listed (its manifest is gone too: retention of a run training beside this
+        reader), or damaged."""
+        if storage.exists(storage.join(ckpt.uri, MANIFEST)):
+            return CheckpointError(problem)
+        self._problems.pop(ckpt.step, None)
+        return CheckpointVanished(f"{problem}: deleted while it was read")
 
     def retain(self) -> None:
         """Delete the committed checkpoints retention does not keep (manifest first: never a half
@@ -192,8 +208,8 @@ class CommittedStore:
         doomed = [c for c in committed if c.step not in keep and (c in whole or len(whole) >= self.keep_last)]
         newest = max(keep, default=-1)
         steps = {c.step for c in committed}
-        leftovers = [name for name in storage.listdir(self.root_uri)
-                     if (step := parse_step(name)) is not None and step < newest and step not in steps | keep]
+        leftovers = [name for name in storage.listdir(self.root_uri) if name not in self.unreadable
+                     and (step := parse_step(name)) is not None and step < newest and step not in steps | keep]
         if (doomed or leftovers) and self.guard is not None:
             self.guard()
         for ckpt in doomed:

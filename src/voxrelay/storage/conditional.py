@@ -44,6 +44,8 @@ def read_versioned(uri: str) -> Versioned | None:
     """The object's bytes and version, read in one request; None when it does not exist."""
     proto, path = _split(uri)
     if proto == "file":
+        if not os.path.isdir(os.path.dirname(path)):  # nothing to read, and a reader creates no folder
+            return None
         with _folder_lock(path, fcntl.LOCK_SH):
             try:
                 data = Path(path).read_bytes()
@@ -169,7 +171,8 @@ def _s3_write(uri: str, data: bytes, version: str | None) -> str:
             raise
         raise PreconditionFailed(f"{uri} changed since ETag {version}") from None
     except OSError as err:  # s3fs turns If-Match's 412 (and 409 ConditionalRequestConflict) into EINVAL/EIO
-        code = getattr(err.__cause__, "response", {}).get("Error", {}).get("Code")
+        response = getattr(err.__cause__, "response", None)
+        code = (response.get("Error") or {}).get("Code") if isinstance(response, dict) else None
         if code in ("PreconditionFailed", "ConditionalRequestConflict"):
             if version is None:
                 raise FileExistsError(errno.EEXIST, f"{uri} exists") from None

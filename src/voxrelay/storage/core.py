@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -104,8 +105,9 @@ def denied(err: BaseException) -> bool:
     if type(err) is OSError and str(err).startswith(("Forbidden", "Unauthorized")):
         return True
     # s3fs keeps botocore's ClientError as the cause of the OSError it raises for codes it does not map
-    status = getattr(err.__cause__, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
-    if status in (401, 403):
+    response = getattr(err.__cause__, "response", None)
+    meta = response.get("ResponseMetadata") if isinstance(response, dict) else None
+    if isinstance(meta, dict) and meta.get("HTTPStatusCode") in (401, 403):
         return True
     return type(err).__name__ in ("DefaultCredentialsError", "RefreshError", "NoCredentialsError",
                                   "PartialCredentialsError")
@@ -349,10 +351,14 @@ def put_file(local: str | Path, uri: str) -> None:
 
 
 def fsync_file(path: str | Path) -> None:
-    """Flush a local file's (or a folder's entries') data to disk."""
+    """Flush a local file's (or a folder's entries') data to disk; a no-op on a filesystem that cannot
+    (some FUSE mounts refuse fsync on a folder)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.ENOSYS):
+            raise
     finally:
         os.close(fd)
 

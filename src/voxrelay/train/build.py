@@ -157,35 +157,51 @@ def build_run(cfg: RunConfig, fresh: bool = False, take_over: bool = False) -> R
     cfg = apply_accelerate_env(cfg)  # `accelerate launch` with an FSDP config: before anything records cfg
     # cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone)
     accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available())
-    ranks = Ranks.of_job()  # a collective: every process, at once
+    # a collective: every process, at once; its exchanges outwait rank 0's bounded waits (the last upload,
+    # a take-over's wait for the old lease)
+    ck = cfg.checkpoint
+    ranks = Ranks.of_job(max(1800.0, ck.final_upload_timeout + 300, ck.lease_seconds + 300))
     storage.check_root(cfg.root)
     lease = take_lease(cfg, ranks, take_over)  # before anything is written to the run folder, --fresh included
     try:
-        run = _build(cfg, accelerator, ranks, lease, fresh)
+        return _build(cfg, accelerator, ranks, lease, fresh)
     except BaseException:
         if lease is not None:
             lease.release()
         raise
-    if lease is not None:
-        lease.start_renewing()
-    return run
 
 
 def take_lease(cfg: RunConfig, ranks: Ranks, take_over: bool) -> RunLease | None:
-    """Rank 0 takes the run's lease (see :mod:`voxrelay.checkpoint.lease`); a refusal stops every rank."""
-    lease, error = None, None
+    """Rank 0 takes the run's lease (see :mod:`voxrelay.checkpoint.lease`) and renews it from now on (building
+    the run may take longer than the lease: weights, a big checkpoint to fetch); a refusal stops every rank."""
+    lease = RunLease(cfg.run_uri, cfg.checkpoint.lease_seconds) if ranks.main else None
+
+    def acquire() -> None:
+        taken = lease.acquire(take_over)
+        if taken:
+            log.warning(taken)
+        lease.start_renewing()
+
+    on_main(ranks, acquire)
+    return lease
+
+
+def on_main(ranks: Ranks, fn):
+    """``fn()`` on rank 0 and its result on every rank; its error stops every rank (the others would
+    otherwise wait in the next exchange): rank 0 raises it, the others a UserError that names it."""
+    result, error = None, None
     if ranks.main:
-        lease = RunLease(cfg.run_uri, cfg.checkpoint.lease_seconds)
         try:
-            taken = lease.acquire(take_over)
-            if taken:
-                log.warning(taken)
-        except UserError as err:  # held by another session, or the bucket refused
+            result = fn()
+        except Exception as err:
             error = err
-    error = ranks.broadcast(error)
+    summary = ranks.broadcast(None if error is None else error if isinstance(error, UserError) else
+                              f"{type(error).__name__}: {error}")
     if error is not None:
         raise error
-    return lease
+    if summary is not None:
+        raise summary if isinstance(summary, UserError) else UserError(f"the main process (rank 0) failed: {summary}")
+    return ranks.broadcast(result)
 
 
 def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLease | None, fresh: bool) -> Run:
@@ -207,6 +223,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged,
                                     guard=lease.check if lease is not None else None)
     if fresh and accelerator.is_main_process:
+        lease.check()  # still ours (a lease taken over meanwhile must not lose its run)
         start_over(cfg.run_uri, checkpoints)
     accelerator.wait_for_everyone()
     found = None if fresh else _load_latest(checkpoints, accelerator, ranks)
@@ -235,6 +252,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
         checkpoints.store.protected.add(found[0].step)  # retention never deletes what this session resumed from
     accelerator.wait_for_everyone()  # every rank has read the shards before rank 0's start() cleans them up
     if accelerator.is_main_process:
+        lease.check()
         storage.write_text(storage.join(cfg.run_uri, CONFIG_SNAPSHOT), cfg.to_yaml())
         checkpoints.start()
     return run
@@ -254,18 +272,19 @@ def wrap_model(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator):
 
 
 def _load_latest(checkpoints: CheckpointManager, accelerator: Accelerator, ranks: Ranks):
-    """Rank 0 picks the newest valid checkpoint; every rank loads that one (rank 0's error stops every rank)."""
-    found, error = None, None
-    if ranks.main:
-        try:  # on a GPU the optimizer state stays in the file until each tensor moves to the device
-            found = checkpoints.open(mmap=torch.cuda.is_available())
-            if found is not None and not found[0].durable and spans_machines(accelerator.num_processes):
-                found = commit_before_others_look(checkpoints, found)
-        except UserError as err:  # e.g. every checkpoint is damaged
-            error = err
-    step, error = ranks.broadcast((found[0].step if found else None, error))
-    if error is not None:
-        raise error
+    """Rank 0 picks the newest valid checkpoint; every rank loads that one (rank 0's error, e.g. every
+    checkpoint damaged, stops every rank). On a GPU the optimizer state stays in the file until each
+    tensor moves to the device."""
+    found = None
+
+    def pick() -> int | None:
+        nonlocal found
+        found = checkpoints.open(mmap=torch.cuda.is_available())
+        if found is not None and not found[0].durable and spans_machines(accelerator.num_processes):
+            found = commit_before_others_look(checkpoints, found)
+        return found[0].step if found else None
+
+    step = on_main(ranks, pick)
     if step is None or ranks.main:
         return found
     return checkpoints.open(step, mmap=torch.cuda.is_available())

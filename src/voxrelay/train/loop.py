@@ -123,10 +123,10 @@ def _train(run: Run) -> TrainResult:
             meter.add(stats.tokens, stats.audio_seconds)
             _log_step(run, stats, meter, bar)
             results = _evaluate(run, stops, bar, time.time() - started)
-            decision = stops.agree(time.time() - started)
-            last = decision.stop is not None or loop.step == tc.max_steps
             new_best = bool(results) and ck.keep_best and loop.evals_since_best == 0  # keep_best needs it saved
-            if (decision.save or last or new_best) and decision.stop != LEASE_LOST:  # taken over: write nothing
+            decision = stops.agree(time.time() - started, best=new_best)
+            last = decision.stop is not None or loop.step == tc.max_steps
+            if (decision.save or last) and decision.stop != LEASE_LOST:  # taken over: write nothing
                 trigger.saved(save_checkpoint(run, results, background=not last, stopped=decision.stop))
                 run.monitor.sync()
         return _finish(run, decision, stops, bar)  # still watching: a second Ctrl-C while waiting aborts
@@ -235,9 +235,9 @@ def _step_or_none(step: int | None) -> str:
 def _exit_code(stop: str | None, durable: bool) -> int:
     if stop == LEASE_LOST:
         return EXIT_USER_ERROR
-    if not durable:
+    if not durable or stop == SAVES_FAILED:  # failed saves: 76 even when the very last one went through
         return pre.EXIT_PREEMPTED_STAGED
-    if is_preemption(stop) or stop in (STORAGE, SAVES_FAILED):
+    if is_preemption(stop) or stop == STORAGE:
         return pre.EXIT_PREEMPTED
     return {TIME_LIMIT: pre.EXIT_TIME_LIMIT, TOTAL_TIME_LIMIT: pre.EXIT_TIME_LIMIT,
             NON_FINITE: pre.EXIT_NON_FINITE, OUT_OF_MEMORY: pre.EXIT_OUT_OF_MEMORY}.get(stop, 0)

@@ -10,6 +10,7 @@ Training's own tensors (losses, token counts, gradients) stay on the device and 
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -24,11 +25,13 @@ class Ranks:
         self.world = world
 
     @classmethod
-    def of_job(cls) -> Ranks:
-        """The job's processes (a collective: every process calls it at the same point)."""
+    def of_job(cls, timeout_s: float = 1800.0) -> Ranks:
+        """The job's processes (a collective: every process calls it at the same point). ``timeout_s``: how
+        long a process waits for the others in one exchange (rank 0 may be uploading the last checkpoint)."""
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return cls(None, 0, 1)
-        return cls(dist.new_group(backend="gloo"), dist.get_rank(), dist.get_world_size())
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        return cls(group, dist.get_rank(), dist.get_world_size())
 
     @property
     def main(self) -> bool:

@@ -67,6 +67,8 @@ def save_checkpoint(run, metrics: dict | None = None, background: bool = True, s
     Saving a step that is already saved or on its way is a no-op. Returns the seconds the training
     thread was blocked."""
     t0, step = time.perf_counter(), run.loop.step
+    if run.sharded:
+        run.shard_saver.wait()  # a save in flight is staged (or failed) before we ask what is held
     if run.ranks.broadcast(run.checkpoints.holds(step) if run.ranks.main else None):
         log.info("the checkpoint of step %d is already saved or on its way; not saving it again", step)
         return 0.0

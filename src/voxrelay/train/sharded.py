@@ -73,6 +73,8 @@ class ShardSaver:
                 torch.save(state, Path(folder) / STATE_FILE)  # small: written now, before the live objects change
             except Exception as err:  # no room, an unwritable staging disk: reported and counted
                 run.checkpoints.uploader.save_failed(step, err)
+                if folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
                 folder = None
         folder = run.ranks.broadcast(folder)
         if folder is None:
@@ -85,6 +87,8 @@ class ShardSaver:
                 _stage(run, step, Path(folder), extra, run.ranks.group)
             except Exception as err:  # DCP and _stage raise on every rank alike: all go on in step
                 _report_failure(run, step, err)
+                if main:
+                    shutil.rmtree(folder, ignore_errors=True)  # no partial folder left behind
             return
         if self.group is None:
             self.group = dist.new_group(backend="gloo")

@@ -14,7 +14,7 @@ earliest notice (``checkpoint.grace_seconds`` counts from it).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from voxrelay.checkpoint import preemption as pre
 
@@ -40,8 +40,9 @@ def is_preemption(reason: str | None) -> bool:
 @dataclass(frozen=True)
 class Decision:
     stop: str | None = None  # why every process stops after this step (None: go on)
-    save: bool = False  # a periodic save is due (rank 0's trigger)
-    noticed_at: float | None = None  # wall time of the earliest signal or notice on any process
+    save: bool = False  # a save is due: rank 0's trigger, or its eval found the best weights so far (keep_best)
+    notice_age: float | None = None  # seconds since the earliest signal or notice on any process, when decided
+    decided_at: float = field(default_factory=time.monotonic)  # this process's clock
 
     @property
     def preempted(self) -> bool:
@@ -78,17 +79,21 @@ class Stops:
             return EARLY_STOP
         return None
 
-    def agree(self, step_s: float, saving: bool = True) -> Decision:
+    def agree(self, step_s: float, saving: bool = True, best: bool = False) -> Decision:
         """The decision of every process after this step (a collective: all call it at the same point).
-        ``saving``: ask rank 0's trigger whether a periodic save is due."""
-        ranks = self.run.ranks
-        due = saving and ranks.main and self.trigger.due(self.run.loop.step)
-        views = ranks.gather((self.local(step_s), due, self.watcher.noticed_at))
+        ``saving``: ask rank 0's trigger whether a periodic save is due; ``best``: this rank's eval found the
+        best weights so far (rank 0's counts: evals may differ in the last bit between GPUs)."""
+        ranks, noticed = self.run.ranks, self.watcher.noticed_at
+        due = saving and ranks.main and (best or self.trigger.due(self.run.loop.step))
+        # each process's own clock only measures its own notice's age: clocks of several hosts may disagree
+        views = ranks.gather((self.local(step_s), due, None if noticed is None else time.time() - noticed))
         reasons = [reason for reason, _, _ in views if reason]
-        notices = [at for _, _, at in views if at is not None]
-        return Decision(min(reasons, key=severity) if reasons else None, views[0][1], min(notices, default=None))
+        ages = [age for _, _, age in views if age is not None]
+        return Decision(min(reasons, key=severity) if reasons else None, views[0][1], max(ages, default=None))
 
     def grace_left(self, decision: Decision) -> float:
         """Seconds of ``checkpoint.grace_seconds`` left, counted from the earliest notice."""
         grace = self.run.cfg.checkpoint.grace_seconds
-        return max(0.0, grace - (time.time() - decision.noticed_at)) if decision.noticed_at else grace
+        if decision.notice_age is None:
+            return grace
+        return max(0.0, grace - decision.notice_age - (time.monotonic() - decision.decided_at))

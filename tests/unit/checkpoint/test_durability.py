@@ -148,23 +148,62 @@ def test_saving_a_step_already_on_its_way_is_a_no_op(tmp_path, monkeypatch):
         mgr.close(5)
 
 
-def test_a_reader_falls_back_when_retention_deletes_what_it_reads(tmp_path, monkeypatch):
+def test_a_reader_lists_again_when_retention_deletes_what_it_reads(tmp_path, monkeypatch):
+    """A synthesize/eval beside a training run: it lists 20 and 10 and starts reading 20; meanwhile the run
+    commits 30 and 40, and its retention (keep_last=2) deletes 20 and 10. The reader loads 40."""
     writer = _manager(tmp_path, keep_last=2)
     _save(writer, 10, 20)
-    writer.close(5)
     get_file = storage.get_file
-    newest = storage.join(writer.store.root_uri, step_name(20))
+    target = storage.join(writer.store.root_uri, step_name(20))
 
-    def retention_meanwhile(uri, local):
-        if uri.startswith(newest) and storage.exists(newest):  # a training run's retention, as it deletes
-            storage.delete(storage.join(newest, MANIFEST))
-            storage.delete(newest, recursive=True)
+    def training_meanwhile(uri, local):
+        if uri.startswith(target) and storage.exists(storage.join(target, MANIFEST)):
+            _save(writer, 30, 40)
         return get_file(uri, local)
 
-    monkeypatch.setattr(store_module.storage, "get_file", retention_meanwhile)
-    reader = _manager(tmp_path / "reader", run=writer.run_uri)
-    ckpt, weights = reader.load_model()  # synthesize/eval beside the training
-    assert ckpt.step == 10 and torch.equal(weights["w"], torch.full((64,), 10.0))
+    monkeypatch.setattr(store_module.storage, "get_file", training_meanwhile)
+    try:
+        reader = _manager(tmp_path / "reader", run=writer.run_uri)
+        ckpt, weights = reader.load_model()
+        assert _steps(writer) == [40, 30]  # what it first listed is gone
+        assert ckpt.step == 40 and torch.equal(weights["w"], torch.full((64,), 40.0))
+    finally:
+        writer.close(5)
+
+
+def test_an_unreadable_manifest_counts_as_damaged_and_is_never_deleted_as_a_leftover(tmp_path):
+    earlier = _manager(tmp_path, keep_last=2)
+    _save(earlier, 10, 20)
+    earlier.close(5)
+    for step in (10, 20):  # e.g. written by a newer voxrelay, or cut by a broken disk
+        storage.write_text(storage.join(earlier.store.root_uri, step_name(step), MANIFEST), "{not json")
+    with pytest.raises(CheckpointError, match="none of the 2 checkpoint"):
+        _manager(tmp_path, run=earlier.run_uri).open()  # refused, not a fresh start at step 0
+    mgr = _manager(tmp_path, run=earlier.run_uri, keep_last=2)
+    try:
+        _save(mgr, 5, 15, 25)  # what --fresh-less training at step 0 would have done: their folders stay
+        names = storage.listdir(mgr.store.root_uri)
+        assert step_name(10) in names and step_name(20) in names
+    finally:
+        mgr.close(5)
+
+
+def test_a_damaged_checkpoint_at_a_step_is_saved_again_when_training_reaches_it(tmp_path):
+    earlier = _manager(tmp_path, keep_last=3)
+    _save(earlier, 10, 20)
+    earlier.close(5)
+    _truncate(earlier, 20)
+    mgr = _manager(tmp_path, run=earlier.run_uri, keep_last=3)
+    try:
+        assert mgr.open()[0].step == 10  # resumed from the whole one
+        mgr.store.protected.add(10)
+        mgr.start()
+        assert mgr.durable_step == 10 and not mgr.holds(20)
+        _save(mgr, 20)  # not skipped as "already saved": the one there is damaged
+        ckpt, weights = mgr.load_model()
+        assert ckpt.step == 20 and torch.equal(weights["w"], torch.full((64,), 20.0))
+    finally:
+        mgr.close(5)
 
 
 def test_an_upload_cut_short_is_never_committed(tmp_path, monkeypatch):
