@@ -45,12 +45,19 @@ def _steps(mgr: CheckpointManager) -> list[int]:
     return [c.step for c in mgr.store.list()]
 
 
-def test_retention_counts_only_whole_checkpoints_and_keeps_the_resumed_one(tmp_path):
-    earlier = _manager(tmp_path, keep_last=2)
+def _earlier_session(tmp_path: Path, truncated: tuple[int, ...], keep_last: int = 2) -> CheckpointManager:
+    """A run a previous session left with checkpoints 10 and 20, those of ``truncated`` damaged; a manager
+    of the next session on it."""
+    earlier = _manager(tmp_path, keep_last=keep_last)
     _save(earlier, 10, 20)
     earlier.close(5)
-    _truncate(earlier, 20)
-    mgr = _manager(tmp_path, run=earlier.run_uri, keep_last=2)  # the next session
+    for step in truncated:
+        _truncate(earlier, step)
+    return _manager(tmp_path, run=earlier.run_uri, keep_last=keep_last)
+
+
+def test_retention_counts_only_whole_checkpoints_and_keeps_the_resumed_one(tmp_path):
+    mgr = _earlier_session(tmp_path, truncated=(20,))
     try:
         _save(mgr, 30)  # keep_last=2 whole ones: 30 and 10; the damaged 20 does not count, and goes
         assert _steps(mgr) == [30, 10]
@@ -62,11 +69,7 @@ def test_retention_counts_only_whole_checkpoints_and_keeps_the_resumed_one(tmp_p
 
 
 def test_damaged_checkpoints_are_kept_while_too_few_whole_ones_exist(tmp_path):
-    earlier = _manager(tmp_path, keep_last=3)
-    _save(earlier, 10, 20)
-    earlier.close(5)
-    _truncate(earlier, 10)
-    mgr = _manager(tmp_path, run=earlier.run_uri, keep_last=3)
+    mgr = _earlier_session(tmp_path, truncated=(10,), keep_last=3)
     try:
         _save(mgr, 30)  # whole: 30 and 20, fewer than keep_last: nothing is deleted, the damaged one neither
         assert _steps(mgr) == [30, 20, 10]
@@ -75,13 +78,9 @@ def test_damaged_checkpoints_are_kept_while_too_few_whole_ones_exist(tmp_path):
 
 
 def test_a_run_whose_every_checkpoint_is_damaged_is_refused_naming_them(tmp_path):
-    mgr = _manager(tmp_path, keep_last=2)
-    _save(mgr, 10, 20)
-    mgr.close(5)
-    _truncate(mgr, 10)
-    _truncate(mgr, 20)
+    mgr = _earlier_session(tmp_path, truncated=(10, 20))
     with pytest.raises(CheckpointError) as err:
-        _manager(tmp_path, run=mgr.run_uri).open()
+        mgr.open()
     msg = str(err.value)
     assert "none of the 2 checkpoint(s)" in msg and "step-00000020" in msg and "step-00000010" in msg
     assert "Nothing was deleted" in msg and "--fresh" in msg
@@ -189,11 +188,7 @@ def test_an_unreadable_manifest_counts_as_damaged_and_is_never_deleted_as_a_left
 
 
 def test_a_damaged_checkpoint_at_a_step_is_saved_again_when_training_reaches_it(tmp_path):
-    earlier = _manager(tmp_path, keep_last=3)
-    _save(earlier, 10, 20)
-    earlier.close(5)
-    _truncate(earlier, 20)
-    mgr = _manager(tmp_path, run=earlier.run_uri, keep_last=3)
+    mgr = _earlier_session(tmp_path, truncated=(20,), keep_last=3)
     try:
         assert mgr.open()[0].step == 10  # resumed from the whole one
         mgr.store.protected.add(10)
