@@ -26,7 +26,8 @@ BIG = ("model.hidden_size=768", "model.num_layers=4", "model.num_heads=8", "mode
 
 
 def _measure(base: Path, name: str) -> dict:
-    env = env_for(base / "cache", {"PYTHONPATH": str(Path(__file__).resolve().parents[2])})  # tests.* importable
+    paths = [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]  # tests.* importable
+    env = env_for(base / "cache", {"PYTHONPATH": os.pathsep.join(p for p in paths if p)})
     res = subprocess.run([sys.executable, __file__, str(base / "root"), name], env=env, capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
