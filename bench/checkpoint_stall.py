@@ -36,7 +36,7 @@ def make_state(hidden: int, layers: int) -> tuple[dict, dict, int]:
     opt = torch.optim.AdamW(model.module.parameters())
     batch = model.collate([model.example(EncodedUtterance("x", "warm up", None, None, 1.0,
                                                            torch.zeros(4, 8).long().numpy()))])
-    loss = model.loss(model.module, batch).loss_sum
+    loss = model.loss(model.module, batch)["ce"].sum
     loss.backward()
     opt.step()  # creates the AdamW moments
     params = sum(p.numel() for p in model.module.parameters())

@@ -41,8 +41,8 @@ def make_batches(model: FamilyModel, n: int, batch: int, frames: int, seed: int 
 
 
 def bare_step(model: FamilyModel, module, optimizer, scheduler, batch: dict, clip: float) -> None:
-    loss_sum, n, _ = model.loss(module, batch)
-    (loss_sum / n).backward()
+    ce = model.loss(module, batch)["ce"]
+    (ce.sum / ce.count).backward()
     torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
     optimizer.step()
     scheduler.step()

@@ -61,8 +61,8 @@ def batches(model, n: int, batch: int, frames: int) -> list[dict]:
 
 
 def step(model, optimizer, batch: dict) -> None:
-    out = model.loss(model.module, batch)
-    (out.loss_sum / out.num_tokens).backward()
+    ce = model.loss(model.module, batch)["ce"]
+    (ce.sum / ce.count).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from voxrelay.config_fields import Section
 from voxrelay.errors import UserError, one_line
-from voxrelay.models.codec_lm.config import CodecLMConfig
-from voxrelay.models.orpheus.config import OrpheusConfig
+from voxrelay.models.configs import DEFAULT_FAMILY, FAMILY_CONFIGS
 from voxrelay.quality.config import EvalConfig
 from voxrelay.train.config import TrainConfig, parse_duration
 
@@ -108,10 +107,7 @@ class CodecConfig(Section):
     griffin_lim_iters: int = Field(32, gt=0, description="mel_kmeans: Griffin-Lim iterations when decoding")
 
 
-# One typed `model:` section per family, told apart by `model.family`; the implementations are
-# registered under the same names in voxrelay.models.registry (a test keeps the two in step).
-FAMILY_CONFIGS: dict[str, type[BaseModel]] = {"codec_lm": CodecLMConfig, "orpheus": OrpheusConfig}
-DEFAULT_FAMILY = "codec_lm"
+# One typed `model:` section per family, told apart by `model.family` (voxrelay.models.configs).
 ModelConfig = Annotated[Union[tuple(FAMILY_CONFIGS.values())], Field(discriminator="family")]  # noqa: UP007
 
 
@@ -173,7 +169,7 @@ class RunConfig(Section):
     )
     data: DataConfig = Field(default_factory=DataConfig)
     codec: CodecConfig = Field(default_factory=CodecConfig)
-    model: ModelConfig = Field(default_factory=CodecLMConfig)
+    model: ModelConfig = Field(default_factory=FAMILY_CONFIGS[DEFAULT_FAMILY])
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -188,7 +184,7 @@ class RunConfig(Section):
     @field_validator("model", mode="before")
     @classmethod
     def _family(cls, v: Any) -> Any:
-        """A section without `family` is codec_lm's (configs older than families); an unknown
+        """A section without `family` is the default family's (configs older than families); an unknown
         family is named here, with the known ones, rather than as pydantic's union-tag error."""
         if not isinstance(v, dict):
             return v
@@ -309,7 +305,7 @@ def _format_errors(err: ValidationError, source: str) -> str:
     for e in err.errors():
         loc = list(e["loc"])
         if loc[:1] == ["model"] and len(loc) > 1 and loc[1] in FAMILY_CONFIGS:
-            del loc[1]  # pydantic puts the union's tag in the path: model.codec_lm.hidden_size
+            del loc[1]  # pydantic puts the union's tag in the path: model.<family>.hidden_size
         key = ".".join(str(p) for p in loc) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":

@@ -9,7 +9,8 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
-from voxrelay.config import FAMILY_CONFIGS, RunConfig, SourceConfig
+from voxrelay.config import RunConfig, SourceConfig
+from voxrelay.models.configs import FAMILY_CONFIGS
 
 
 def reference_markdown() -> str:

@@ -16,10 +16,11 @@ from voxrelay.plan_formulas import Param, Shape
 
 def data_spec(cfg: RunConfig, index: dict | None) -> DataSpec:
     """The prepared data's codebooks, or without prepared data what the config's codec will give."""
-    if cfg.model.family == "orpheus":  # Orpheus only takes SNAC 7 x 4096 (its family checks the data)
-        from voxrelay.models.orpheus import layout as L
+    from voxrelay.models.registry import get_family
 
-        return DataSpec(L.CODES_PER_FRAME, L.CODEBOOK_SIZE, list((index or {}).get("speakers") or []))
+    needs = get_family(cfg.model.family).data_needs(cfg.model)
+    if needs.codes is not None:  # a vocabulary of fixed codes (the family checks the data at build)
+        return DataSpec(*needs.codes, list((index or {}).get("speakers") or []))
     if index is None:
         return DataSpec(cfg.codec.num_codebooks, cfg.codec.codebook_size)
     size = (index.get("codec") or {}).get("codebook_size")

@@ -7,8 +7,9 @@ prepared rows into batches, batches into a loss, and text into codes. ``train/``
 (VibeVoice), an encoder-decoder with a delay pattern (Parler) or a pretrained LM layout (Orpheus)
 plugs in without touching the loop.
 
-Shapes: a batch is a dict of tensors whose keys belong to the family, plus :data:`LOSS_TOKENS`
-(int64 scalar) put there by ``collate``; generated codes are int64 ``[K, T]``.
+Shapes: a batch is a dict of tensors whose keys belong to the family, plus one count per loss
+term (int64 scalars under :data:`LOSS_COUNT` + the term's name) put there by ``collate``; generated
+codes are int64 ``[K, T]``.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-# Key that `collate` adds to a batch: how many targets the loss will average over, known before the
-# forward pass, so the loop can normalise a whole gradient-accumulation window over every process.
-LOSS_TOKENS = "loss_tokens"
+# Prefix of the keys that `collate` adds to a batch, one per loss term: how many targets the term will
+# average over, known before the forward pass, so the loop can normalise each term over a whole
+# gradient-accumulation window and every process.
+LOSS_COUNT = "loss_count/"
 
 Example = dict[str, np.ndarray]  # one training example as the family encodes it (numpy, CPU)
-Batch = dict[str, "torch.Tensor"]  # collated examples (+ LOSS_TOKENS)
+Batch = dict[str, "torch.Tensor"]  # collated examples (+ a LOSS_COUNT key per loss term)
 
 
 @dataclass(frozen=True)
@@ -69,14 +71,34 @@ class Row(Protocol):
     codes: np.ndarray  # int [K, T]
 
 
-class LossOutput(NamedTuple):
-    """``loss_sum``: float32 scalar summed over the loss targets (with grad); ``num_tokens``: int64
-    scalar, their count; ``parts``: per-component sums for monitoring (e.g. per codebook, or a
-    diffusion term), each normalised by ``num_tokens`` when logged; may be empty."""
+class LossTerm(NamedTuple):
+    """One named term of a family's loss. ``sum``: float32 scalar summed over the term's targets (with
+    grad); ``count``: int64 scalar, how many targets; ``weight``: its factor in the objective, which is
+    ``sum over terms of weight * (sum / count)`` with sums and counts taken over a whole optimizer step
+    (every micro-batch, every process). A weight of 0 makes a monitored-only term (logged, no gradient)."""
 
-    loss_sum: torch.Tensor
-    num_tokens: torch.Tensor
-    parts: dict[str, torch.Tensor]
+    sum: torch.Tensor
+    count: torch.Tensor
+    weight: float = 1.0
+
+
+LossTerms = dict[str, LossTerm]  # term name -> term, in the order the family logs them
+
+
+def with_counts(batch: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``batch`` with one :data:`LOSS_COUNT` key per loss term (``counts``: term -> int64 scalar)."""
+    return batch | {LOSS_COUNT + name: count for name, count in counts.items()}
+
+
+def pop_counts(batch: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Remove and return the per-term target counts that ``collate`` put into ``batch``."""
+    keys = [k for k in batch if k.startswith(LOSS_COUNT)]
+    return {k[len(LOSS_COUNT):]: int(batch.pop(k)) for k in keys}
+
+
+def weighted_mean(sums: dict[str, float], counts: dict[str, int], weights: dict[str, float]) -> float:
+    """The objective's value: the weighted sum of each term's mean (a term without targets counts 0)."""
+    return sum(weights[name] * (sums[name] / max(counts[name], 1)) for name in sums)
 
 
 @runtime_checkable
@@ -99,11 +121,13 @@ class FamilyModel(Protocol):
         ...
 
     def collate(self, examples: list[Example]) -> Batch:
-        """Pad ``examples`` into a batch of CPU tensors with :data:`LOSS_TOKENS`."""
+        """Pad ``examples`` into a batch of CPU tensors with the count of every loss term (:func:`with_counts`)."""
         ...
 
-    def loss(self, module: torch.nn.Module, batch: Batch) -> LossOutput:
-        """``module`` is ``self.module`` possibly wrapped (DDP, FSDP, precision); ``batch`` is on its device."""
+    def loss(self, module: torch.nn.Module, batch: Batch) -> LossTerms:
+        """The loss terms of ``batch`` (the same names ``collate`` counted); ``module`` is ``self.module``
+        possibly wrapped (DDP, FSDP, precision) and is called through its forward, so the wrappers' hooks
+        fire; ``batch`` is on its device."""
         ...
 
     def generate(self, text: str, speaker: str | None = None, max_frames: int | None = None,
@@ -157,10 +181,25 @@ def decay_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str,
     return [g for g in groups if g["params"]]
 
 
+@dataclass(frozen=True)
+class DataNeeds:
+    """What a family needs ``prepare`` to produce. ``codes``: the (codes per frame, codebook size) its
+    vocabulary takes, ``None`` for any codec's; ``codec``: the ``codec.type`` it needs (``None``: the
+    configured one); ``fields``: text fields every row must carry (e.g. ``("description",)``)."""
+
+    codes: tuple[int, int] | None = None
+    codec: str | None = None
+    fields: tuple[str, ...] = ()
+
+
 class Family(Protocol):
     """A model family: builds new models and loads saved ones."""
 
     name: str
+
+    def data_needs(self, cfg: Any) -> DataNeeds:
+        """What ``prepare`` must produce for ``cfg`` (this family's ``model:`` section)."""
+        ...
 
     def build(self, cfg: Any, data: DataSpec, seed: int, meta: bool = False) -> FamilyModel:
         """A model for ``cfg`` (this family's ``model:`` section) and ``data``: random init seeded by

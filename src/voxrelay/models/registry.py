@@ -1,7 +1,7 @@
 """Model families by name (``model.family``): a dict of implementations, each imported only when
 used, so that ``--help`` and ``config show`` import no torch.
 
-The names are the tags of the ``model:`` union in :mod:`voxrelay.config` (``FAMILY_CONFIGS``);
+The names are the tags of the ``model:`` union (:data:`voxrelay.models.configs.FAMILY_CONFIGS`);
 a test keeps the two in step.
 """
 

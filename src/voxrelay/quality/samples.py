@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from voxrelay.metrics import mcd_dtw
-from voxrelay.models.base import LOSS_TOKENS
+from voxrelay.models.base import pop_counts, weighted_mean
 from voxrelay.quality.scorer import Sample
 
 
@@ -28,11 +28,11 @@ class TextRow:
 
 @torch.no_grad()
 def held_out_loss(model, module, rows: list, device, autocast=contextlib.nullcontext) -> dict[str, float]:
-    """``eval/loss`` (mean over the loss targets of every row) and, for a family whose loss has parts
-    (e.g. per codebook), ``eval/loss/<part>`` on the same scale.
+    """``eval/loss``, the objective over every row (each loss term's mean over its targets, weighted as in
+    training), and each term's mean as ``eval/loss/<term>``.
 
-    With two rows or more, also ``eval/text_gain``: how much the text helps predict the audio, in nats
-    per loss target. It is the loss of each row read with the next row's text (audio, speaker and
+    With two rows or more, also ``eval/text_gain``: how much the text helps predict the audio, in the
+    objective's units. It is the loss of each row read with the next row's text (audio, speaker and
     description kept) minus its loss with its own text. Near 0, the model speaks without reading the
     text (fluent babble); it grows as the model learns to read, often before WER moves.
     """
@@ -41,35 +41,39 @@ def held_out_loss(model, module, rows: list, device, autocast=contextlib.nullcon
     was_training = module.training
     module.eval()
     try:
-        total, count, parts = _summed_loss(model, module, rows, device, autocast)
+        own = _summed_loss(model, module, rows, device, autocast)
         pairs = _with_other_texts(model, rows)
         if pairs:  # every row usually pairs: then its own-text loss is the one just computed
-            own = (total, count) if len(pairs) == len(rows) else _summed_loss(
+            paired = own if len(pairs) == len(rows) else _summed_loss(
                 model, module, [row for row, _ in pairs], device, autocast)
             other = _summed_loss(model, module, [swapped for _, swapped in pairs], device, autocast)
     finally:
         module.train(was_training)
-    n = max(count, 1)
-    out = {"eval/loss": total / n} | {f"eval/loss/{name}": value / n for name, value in parts.items()}
+    sums, counts, _ = own
+    out = {"eval/loss": weighted_mean(*own)} | {f"eval/loss/{name}": sums[name] / max(counts[name], 1)
+                                                 for name in sums}
     if pairs:
-        out["eval/text_gain"] = other[0] / max(other[1], 1) - own[0] / max(own[1], 1)
+        out["eval/text_gain"] = weighted_mean(*other) - weighted_mean(*paired)
     return out
 
 
-def _summed_loss(model, module, rows: list, device, autocast) -> tuple[float, int, dict[str, float]]:
-    """(summed loss, loss targets, summed parts) over ``rows``, 8 at a time."""
-    total, count, parts = 0.0, 0, {}
+def _summed_loss(model, module, rows: list, device, autocast) -> tuple[dict[str, float], dict[str, int],
+                                                                         dict[str, float]]:
+    """Each loss term's sum and target count over ``rows`` (8 at a time), and its weight."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    weights: dict[str, float] = {}
     for i in range(0, len(rows), 8):
         batch = model.collate([model.example(r) for r in rows[i : i + 8]])
-        batch.pop(LOSS_TOKENS)  # the loss returns its own count
+        pop_counts(batch)  # the loss returns its own counts
         batch = {k: v.to(device) for k, v in batch.items()}
         with autocast():
-            out = model.loss(module, batch)
-        total += float(out.loss_sum)
-        count += int(out.num_tokens)
-        for name, value in out.parts.items():
-            parts[name] = parts.get(name, 0.0) + float(value)
-    return total, count, parts
+            terms = model.loss(module, batch)
+        for name, term in terms.items():
+            sums[name] = sums.get(name, 0.0) + float(term.sum)
+            counts[name] = counts.get(name, 0) + int(term.count)
+            weights[name] = term.weight
+    return sums, counts, weights
 
 
 def _with_other_texts(model, rows: list) -> list[tuple]:

@@ -7,13 +7,13 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from voxrelay.checkpoint import preemption as pre
 from voxrelay.config import parse_duration
-from voxrelay.models.base import LOSS_TOKENS
+from voxrelay.models.base import LossTerms, pop_counts, weighted_mean
 from voxrelay.monitor.progress import ProgressLine, Throughput
 from voxrelay.train.build import Run
 from voxrelay.train.evaluate import evaluate
@@ -38,11 +38,12 @@ EXIT_USER_ERROR = 2  # as the CLI's for a UserError: this session may not write 
 
 @dataclass
 class StepStats:
-    loss: float
-    tokens: int
+    loss: float  # the objective: the weighted sum of the terms' means (this process's micro-batches)
+    tokens: int  # targets of the weighted terms (throughput)
     audio_seconds: float
     grad_norm: float
     finite: bool = True  # False: NaN/inf loss or gradient norm, the optimizer step was skipped
+    terms: dict[str, float] = field(default_factory=dict)  # each term's mean, logged as loss/<term>
 
 
 @dataclass
@@ -54,34 +55,68 @@ class TrainResult:
 
 
 def train_step(run: Run, micro_batches: list[dict]) -> StepStats:
-    """One optimizer step over ``grad_accum`` micro-batches; the loss is normalised by the number
-    of loss tokens of the whole step, over every process (not averaged per micro-batch)."""
-    acc, device = run.accelerator, run.accelerator.device
+    """One optimizer step over ``grad_accum`` micro-batches. Each loss term is normalised by its target
+    count over the whole step and every process (not averaged per micro-batch), then weighted."""
+    acc = run.accelerator
     seconds = sum(b.pop("audio_seconds") for b in micro_batches)
-    local_tokens = sum(int(b.pop(LOSS_TOKENS)) for b in micro_batches)  # counted by the family's collate
-    total = local_tokens
-    if acc.num_processes > 1:
-        total = int(acc.reduce(torch.tensor(local_tokens, device=device), "sum"))
-    scale = acc.num_processes / max(total, 1)  # DDP averages gradients over processes
-    loss_sum = 0.0
+    local = _step_counts([pop_counts(b) for b in micro_batches])  # counted by the family's collate
+    scales = {name: acc.num_processes / max(total, 1)  # DDP averages gradients over processes
+              for name, total in zip(local, _all_processes(acc, list(local.values())), strict=True)}
+    sums = dict.fromkeys(local, 0.0)
+    weights: dict[str, float] = {}
     for i, batch in enumerate(micro_batches):
-        batch = {k: v.to(device) for k, v in batch.items()}
+        batch = {k: v.to(acc.device) for k, v in batch.items()}
         sync = contextlib.nullcontext() if i == len(micro_batches) - 1 else acc.no_sync(run.module)
         with sync, acc.autocast():
-            loss = run.model.loss(run.module, batch).loss_sum
-            acc.backward(loss * scale)
-        loss_sum += float(loss.detach())
+            terms = run.model.loss(run.module, batch)
+            acc.backward(_objective(terms, scales))
+        for name, term in terms.items():
+            sums[name] += float(term.sum.detach())
+            weights[name] = term.weight
     # the norm is computed even without clipping (max_norm=inf): a NaN/inf one must not reach the weights
     clip = run.cfg.train.clip_norm if run.cfg.train.clip_norm is not None else float("inf")
     grad_norm = float(acc.clip_grad_norm_(run.module.parameters(), clip))
     # with fp16 an inf gradient is the GradScaler's business (it skips the step and lowers the scale)
     grads_ok = math.isfinite(grad_norm) or acc.scaler is not None
-    finite = not any_rank(not (math.isfinite(loss_sum) and grads_ok), device)
+    loss = weighted_mean(sums, local, weights)
+    finite = not any_rank(not (all(map(math.isfinite, sums.values())) and grads_ok), acc.device)
     if finite:
         run.optimizer.step()
         run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
-    return StepStats(loss_sum / max(local_tokens, 1), local_tokens, seconds, grad_norm, finite)
+    tokens = sum(local[name] for name, w in weights.items() if w)
+    return StepStats(loss, tokens, seconds, grad_norm, finite, {n: sums[n] / max(local[n], 1) for n in sums})
+
+
+def _step_counts(per_batch: list[dict[str, int]]) -> dict[str, int]:
+    """Each term's target count over the micro-batches of a step (this process)."""
+    counts: dict[str, int] = {}
+    for batch in per_batch:
+        for name, count in batch.items():
+            counts[name] = counts.get(name, 0) + count
+    return counts
+
+
+def _all_processes(acc, counts: list[int]) -> list[int]:
+    """``counts`` summed over every process (one all-reduce of a tensor on the accelerator's device)."""
+    if acc.num_processes == 1:
+        return counts
+    return [int(c) for c in acc.reduce(torch.tensor(counts, device=acc.device), "sum").tolist()]
+
+
+def _objective(terms: LossTerms, scales: dict[str, float]) -> torch.Tensor:
+    """What is backpropagated for one micro-batch: each weighted term's sum times weight x processes / its
+    count over the step (monitored-only terms, weight 0, left out)."""
+    parts = []
+    for name, term in terms.items():
+        if term.weight:
+            if name not in scales:
+                raise KeyError(f"loss term {name!r} has no count in the batch: the family's collate must count it")
+            parts.append(term.sum * (term.weight * scales[name]))
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
 
 
 def _due(step: int, every: int | None) -> bool:
@@ -174,6 +209,7 @@ def _log_step(run: Run, stats: StepStats, meter: Throughput, bar: ProgressLine) 
     loop, tc = run.loop, run.cfg.train
     durable = run.checkpoints.durable_step
     metrics = {"loss": stats.loss, "durable_step": -1 if durable is None else durable}
+    metrics |= {f"loss/{name}": value for name, value in stats.terms.items()}
     if not stats.finite:
         log.warning("step %d: non-finite loss (%s) or gradient norm (%s); the optimizer step was skipped "
                     "(%d in a row, the run stops at train.max_bad_steps=%d)", loop.step, stats.loss,

@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from voxrelay.errors import UserError
-from voxrelay.models.base import LOSS_TOKENS
+from voxrelay.models.base import LOSS_COUNT
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.codec_lm.model import IGNORE_INDEX, CodecLM, SequenceTooLongError
 from voxrelay.models.codec_lm.vocab import VocabLayout
@@ -101,9 +101,10 @@ def test_loss_equals_manual_sum() -> None:
     model = tiny_model()
     exs = [model.encode_example("ab", random_codes(3, 1)), model.encode_example("abcdef", random_codes(5, 2))]
     batch = model.collate(exs)
-    loss_sum, n, parts = model.loss(model.module, batch)
+    terms = model.loss(model.module, batch)
+    loss_sum, n, _ = terms["ce"]
     assert int(n) == (K * 3 + 1) + (K * 5 + 1)  # audio ids + AUDIO_END of each example
-    assert int(batch[LOSS_TOKENS]) == int(n) and parts == {}  # collate counts what the loss will take
+    assert int(batch[LOSS_COUNT + "ce"]) == int(n) and set(terms) == {"ce"}  # collate counts what the loss will take
     manual, count = 0.0, 0
     with torch.no_grad():
         for ex in exs:  # unpadded, one by one
@@ -165,7 +166,7 @@ def train_on(model: CodecLM, pairs: list[tuple[str, np.ndarray]], steps: int) ->
     opt = torch.optim.AdamW(model.module.parameters(), lr=3e-3)
     model.module.train()
     for _ in range(steps):
-        loss_sum, n, _ = model.loss(model.module, batch)
+        loss_sum, n, _ = model.loss(model.module, batch)["ce"]
         opt.zero_grad()
         (loss_sum / n).backward()
         opt.step()

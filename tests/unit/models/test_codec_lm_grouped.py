@@ -42,7 +42,7 @@ def test_example_has_one_position_per_group_and_labels_only_the_audio() -> None:
     short = model.encode_example("a", random_codes(2))
     assert short["labels"][-1].tolist() == [layout.audio_end_id] + [-100] * (2 * K - 1)
     batch = model.collate([ex, short])
-    assert batch["input_ids"].shape == (2, 8, 2 * K) and int(batch["loss_tokens"]) == (5 * K + 1) + (2 * K + 1)
+    assert batch["input_ids"].shape == (2, 8, 2 * K) and int(batch["loss_count/ce"]) == (5 * K + 1) + (2 * K + 1)
     assert batch["attention_mask"][1].tolist() == [1] * 5 + [0] * 3
 
 
@@ -50,7 +50,7 @@ def test_each_slot_is_scored_over_its_own_codes_and_audio_end() -> None:
     model = tiny_model(frames_per_position=2, seed=1)
     layout = model.layout
     batch = model.collate([model.encode_example("ab", random_codes(3, seed=2))])
-    loss_sum, count, _ = model.loss(model.module, batch)
+    loss_sum, count, _ = model.loss(model.module, batch)["ce"]
     with torch.no_grad():
         logits = model.module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[0]
     expected, n = 0.0, 0
@@ -135,5 +135,5 @@ def test_lora_trains_a_grouped_model_through_the_slot_embedding() -> None:
     codes = random_codes(8, seed=5)
     batch = model.collate([model.encode_example("hi", codes)])
     before = model.loss(model.module, batch)
-    assert overfit(model, "hi", codes, steps=80) < 0.2 * float(before.loss_sum.detach() / before.num_tokens)
+    assert overfit(model, "hi", codes, steps=80) < 0.2 * float(before["ce"].sum.detach() / before["ce"].count)
     assert model.generate("hi", temperature=0).shape[0] == K

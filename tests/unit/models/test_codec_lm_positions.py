@@ -28,8 +28,8 @@ def test_text_sits_at_scaled_positions_and_each_frame_at_its_index() -> None:
 def test_the_positions_reach_the_loss() -> None:
     model = tiny_model(text_position_scale=3.0)
     batch = model.collate([model.encode_example("a sentence", random_codes(6))])
-    with_positions = model.loss(model.module, batch).loss_sum
-    without = model.loss(model.module, {k: v for k, v in batch.items() if k != "position_ids"}).loss_sum
+    with_positions = model.loss(model.module, batch)["ce"].sum
+    without = model.loss(model.module, {k: v for k, v in batch.items() if k != "position_ids"})["ce"].sum
     assert not torch.isclose(with_positions, without)
 
 

@@ -12,10 +12,11 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from voxrelay.config import FAMILY_CONFIGS, ConfigError, load_config
+from voxrelay.config import ConfigError, load_config
 from voxrelay.data.shards import EncodedUtterance
-from voxrelay.models.base import LOSS_TOKENS, DataSpec, FamilyModel
+from voxrelay.models.base import LOSS_COUNT, DataSpec, FamilyModel
 from voxrelay.models.codec_lm.config import CodecLMConfig
+from voxrelay.models.configs import FAMILY_CONFIGS
 from voxrelay.models.registry import FAMILIES, ModelFolderError, build_model, get_family, load_model
 
 K, C = 2, 16
@@ -63,8 +64,9 @@ def test_codec_lm_through_the_seam_is_the_model_of_before() -> None:
     rows = [EncodedUtterance("x", "hello there", "a", None, 1.0, rng.integers(0, C, (K, 7))),
             EncodedUtterance("y", "hi", "b", None, 1.0, rng.integers(0, C, (K, 3)))]
     batch = model.collate([model.example(r) for r in rows])
-    loss_sum, n, parts = model.loss(model.module, batch)
-    assert int(n) == int(batch[LOSS_TOKENS]) == 22 and parts == {}
+    terms = model.loss(model.module, batch)
+    loss_sum, n, _ = terms["ce"]
+    assert int(n) == int(batch[LOSS_COUNT + "ce"]) == 22 and set(terms) == {"ce"}
     assert float(loss_sum.detach()) == pytest.approx(125.71351623535156, rel=1e-6)
     codes = model.generate("hello", speaker="b", max_frames=5, temperature=0.8, seed=1)
     assert codes.tolist() == [[0, 3, 15, 15, 9], [1, 13, 14, 11, 13]]
@@ -77,12 +79,12 @@ def test_example_length_and_loss_token_count() -> None:
     assert [model.length(r) for r in rows] == [len(e["input_ids"]) for e in examples]
     batch = model.collate(examples)
     # the causal shift lives in the family: position t predicts label t + 1
-    assert int(batch[LOSS_TOKENS]) == int((batch["labels"][:, 1:] != -100).sum()) == (K * 5 + 1) + (K * 9 + 1)
+    assert int(batch[LOSS_COUNT + "ce"]) == int((batch["labels"][:, 1:] != -100).sum()) == (K * 5 + 1) + (K * 9 + 1)
     out = model.loss(model.module, batch)
     logits = model.module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     expect = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), batch["labels"][:, 1:].reshape(-1),
                              ignore_index=-100, reduction="sum")
-    assert float(out.loss_sum.detach()) == pytest.approx(float(expect.detach()), rel=1e-5)
+    assert float(out["ce"].sum.detach()) == pytest.approx(float(expect.detach()), rel=1e-5)
     assert model.max_length == 256 and model.max_length_key == "model.max_seq_len"
     assert tiny(max_seq_len=20).length(rows[1]) > 20  # length does not refuse: the batch planner filters
 

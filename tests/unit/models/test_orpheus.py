@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from tests.helpers.orpheus import save_llama3_tokenizer, save_tiny_llama, save_tiny_snac
 from voxrelay.config import ConfigError
-from voxrelay.models.base import LOSS_TOKENS, DataSpec
+from voxrelay.models.base import LOSS_COUNT, DataSpec
 from voxrelay.models.hf import ModelLoadError
 from voxrelay.models.orpheus import layout as L
 from voxrelay.models.orpheus.config import OrpheusConfig
@@ -111,12 +111,12 @@ def test_padded_batch_loss_is_the_sum_of_single_example_losses(model) -> None:
     model.module.eval()
     together = model.loss(model.module, batch)
     alone = [model.loss(model.module, model.collate([e])) for e in examples]
-    assert int(together.num_tokens) == int(batch[LOSS_TOKENS]) == sum(int(a.num_tokens) for a in alone)
-    assert float(together.loss_sum) == pytest.approx(sum(float(a.loss_sum) for a in alone), rel=1e-5)
+    assert int(together["ce"].count) == int(batch[LOSS_COUNT + "ce"]) == sum(int(a["ce"].count) for a in alone)
+    assert float(together["ce"].sum) == pytest.approx(sum(float(a["ce"].sum) for a in alone), rel=1e-5)
     single = model.collate([examples[0]])
     logits = model.module(input_ids=single["input_ids"]).logits[0, :-1]
     expect = F.cross_entropy(logits.float(), single["input_ids"][0, 1:], reduction="sum")
-    assert float(alone[0].loss_sum) == pytest.approx(float(expect), rel=1e-5)
+    assert float(alone[0]["ce"].sum) == pytest.approx(float(expect), rel=1e-5)
 
 
 def test_init_from_orpheus_keeps_its_audio_rows_and_plain_llama3_gets_them_added(parts: SimpleNamespace) -> None:

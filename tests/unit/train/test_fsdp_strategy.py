@@ -71,7 +71,7 @@ def _grads(model, seed: int) -> dict[str, torch.Tensor]:
     model.module.train()
     model.module.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
-    model.loss(model.module, batch(model)).loss_sum.backward()
+    model.loss(model.module, batch(model))["ce"].sum.backward()
     return {n: p.grad.clone() for n, p in model.module.named_parameters()}
 
 

@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from voxrelay.checkpoint.store import CheckpointError
 from voxrelay.data.shards import EncodedUtterance
-from voxrelay.models.base import LOSS_TOKENS, DataSpec, FamilyModel, LoraDefaults
+from voxrelay.models.base import DataSpec, FamilyModel, LoraDefaults, pop_counts
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.registry import build_model
 from voxrelay.train.lora_config import LoraConfig
@@ -43,7 +43,7 @@ def batch(model: FamilyModel) -> dict[str, torch.Tensor]:
     rows = [EncodedUtterance(f"r{i}", text, "a", None, 1.0, rng.integers(0, C, (K, 6)).astype(np.int16))
             for i, text in enumerate(["hello there", "a quiet river"])]
     out = model.collate([model.example(r) for r in rows])
-    out.pop(LOSS_TOKENS)
+    pop_counts(out)
     return out
 
 
@@ -87,12 +87,12 @@ def test_loss_and_kv_cached_generate_work_through_the_peft_model():
     b = batch(plain)
     # lora_B starts at zero: the adapted model is its base, in the loss and in generation
     with torch.no_grad():
-        assert torch.equal(model.loss(model.module, b).loss_sum, plain.loss(plain.module, b).loss_sum)
+        assert torch.equal(model.loss(model.module, b)["ce"].sum, plain.loss(plain.module, b)["ce"].sum)
     same = plain.generate("hello", speaker="a", max_frames=12, temperature=0)
     np.testing.assert_array_equal(model.generate("hello", speaker="a", max_frames=12, temperature=0), same)
     perturb_adapters(model.module)
     with torch.no_grad():
-        assert not torch.equal(model.loss(model.module, b).loss_sum, plain.loss(plain.module, b).loss_sum)
+        assert not torch.equal(model.loss(model.module, b)["ce"].sum, plain.loss(plain.module, b)["ce"].sum)
     codes = model.generate("hello", speaker="a", max_frames=12, temperature=0)
     assert not np.array_equal(codes, same)
     # the PeftModel's KV-cached decoding agrees with the same weights merged into a plain Llama
@@ -147,7 +147,7 @@ def test_trainable_state_round_trips_and_a_state_that_does_not_fit_is_refused():
     assert all(torch.equal(trainable_state(fresh.module)[k], v) for k, v in state.items())
     b = batch(fresh)
     with torch.no_grad():
-        assert torch.equal(fresh.loss(fresh.module, b).loss_sum, trained.loss(trained.module, b).loss_sum)
+        assert torch.equal(fresh.loss(fresh.module, b)["ce"].sum, trained.loss(trained.module, b)["ce"].sum)
     lacking = dict(state)
     gone = next(k for k in lacking if "lora_A" in k)
     del lacking[gone]

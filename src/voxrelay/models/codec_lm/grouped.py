@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from voxrelay.models.base import LOSS_TOKENS, LossOutput
+from voxrelay.models.base import LossTerm, LossTerms, with_counts
 from voxrelay.models.sampling import sample
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def encode_example(lm: CodecLM, prompt: list[int], codes: np.ndarray) -> dict[st
 
 def collate(lm: CodecLM, examples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
     """Right-pad into ``input_ids``/``labels`` int64 [B, Lmax, S], ``attention_mask`` [B, Lmax] and the
-    count of labelled slots (``LOSS_TOKENS``)."""
+    count of labelled slots (the loss term ``ce``)."""
     lmax, slots = max(len(e["input_ids"]) for e in examples), lm.layout.num_codebooks
     input_ids = torch.full((len(examples), lmax, slots), NO_ID, dtype=torch.long)
     input_ids[:, :, 0] = lm.layout.pad_id
@@ -116,8 +116,8 @@ def collate(lm: CodecLM, examples: list[dict[str, np.ndarray]]) -> dict[str, tor
         attention_mask[i, :n] = 1
         if positions is not None:
             positions[i, :n] = torch.as_tensor(e["position_ids"])
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
-             LOSS_TOKENS: (labels[:, 1:] != IGNORE_INDEX).sum()}
+    batch = with_counts({"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels},
+                        {"ce": (labels[:, 1:] != IGNORE_INDEX).sum()})
     return batch if positions is None else batch | {"position_ids": positions}
 
 
@@ -132,7 +132,7 @@ def slot_scores(lm: CodecLM, logits: torch.Tensor) -> torch.Tensor:
     return torch.cat([audio, end], dim=-1)
 
 
-def loss(lm: CodecLM, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
+def loss(lm: CodecLM, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossTerms:
     """Summed cross-entropy of every labelled slot (each over its own codes + AUDIO_END), and their count."""
     out = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                  position_ids=batch.get("position_ids"), use_cache=False)
@@ -144,7 +144,7 @@ def loss(lm: CodecLM, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -
     index = torch.where(targets == layout.audio_end_id, layout.codebook_size, targets - slot_base)
     index = torch.where(targets == IGNORE_INDEX, IGNORE_INDEX, index)
     loss_sum = F.cross_entropy(scores.flatten(0, 1), index.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
-    return LossOutput(loss_sum, (index != IGNORE_INDEX).sum(), {})
+    return {"ce": LossTerm(loss_sum, (index != IGNORE_INDEX).sum())}
 
 
 def decode(lm: CodecLM, prompt: list[int], max_frames: int, temperature: float, top_k: int | None,

@@ -23,13 +23,14 @@ from transformers import LlamaForCausalLM, PreTrainedModel
 
 from voxrelay.errors import UserError
 from voxrelay.models.base import (
-    LOSS_TOKENS,
     Example,
     LoraDefaults,
-    LossOutput,
+    LossTerm,
+    LossTerms,
     Row,
     decay_groups,
     module_classes,
+    with_counts,
 )
 from voxrelay.models.codec_lm import code_vectors as code_vectors_lib
 from voxrelay.models.codec_lm import grouped
@@ -258,8 +259,8 @@ class CodecLM:
         """Right-pad examples of :meth:`encode_example` into a batch.
 
         Returns ``input_ids`` int64 [B, Lmax] (PAD after the end), ``attention_mask`` int64 [B, Lmax]
-        (1 on real tokens), ``labels`` int64 [B, Lmax] (-100 on padding) and ``LOSS_TOKENS`` (int64
-        scalar): the labelled positions :meth:`loss` predicts, i.e. after the causal shift.
+        (1 on real tokens), ``labels`` int64 [B, Lmax] (-100 on padding) and the count of the loss term
+        ``ce`` (int64 scalar): the labelled positions :meth:`loss` predicts, i.e. after the causal shift.
         """
         if not examples:
             raise ValueError("collate needs at least one example")
@@ -278,16 +279,16 @@ class CodecLM:
             if positions is not None:
                 positions[i, :n] = torch.as_tensor(e["position_ids"], dtype=torch.long)
         num_targets = (labels[:, 1:] != IGNORE_INDEX).sum()  # position t predicts label t + 1
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, LOSS_TOKENS: num_targets}
+        batch = with_counts({"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels},
+                            {"ce": num_targets})
         return batch if positions is None else batch | {"position_ids": positions}
 
-    def loss(self, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
-        """Summed next-token cross-entropy over labelled positions, and their count.
+    def loss(self, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossTerms:
+        """One term, ``ce``: the summed next-token cross-entropy over labelled positions, and their count.
 
         ``module`` is the (possibly accelerate/DDP/FSDP-wrapped) ``self.module``; ``batch`` comes from
-        :meth:`collate`, already on the module's device. Returns ``(loss_sum, num_tokens, parts)``: a
-        float32 scalar, an int64 scalar (so the loop can divide by the token count of a whole
-        gradient-accumulation window) and no parts.
+        :meth:`collate`, already on the module's device. The sum is a float32 scalar, the count an int64
+        scalar (the loop divides by the count of a whole gradient-accumulation window).
         """
         if self.frames_per_position:
             return grouped.loss(self, module, batch)
@@ -298,7 +299,7 @@ class CodecLM:
         # Only labelled positions reach the (float32) softmax: saves memory on text and padding.
         logits = out.logits[:, :-1][keep].float()  # [N, V]
         loss_sum = F.cross_entropy(logits, targets[keep], reduction="sum")
-        return LossOutput(loss_sum, keep.sum(), {})
+        return {"ce": LossTerm(loss_sum, keep.sum())}
 
     # ---------------------------------------------------------------- optimisation and strategies
 

@@ -18,7 +18,16 @@ import torch
 import torch.nn.functional as F
 
 from voxrelay.errors import UserError
-from voxrelay.models.base import LOSS_TOKENS, Example, LoraDefaults, LossOutput, Row, decay_groups, module_classes
+from voxrelay.models.base import (
+    Example,
+    LoraDefaults,
+    LossTerm,
+    LossTerms,
+    Row,
+    decay_groups,
+    module_classes,
+    with_counts,
+)
 from voxrelay.models.hf import load_causal_lm, read_meta, write_meta
 from voxrelay.models.orpheus import layout as L
 from voxrelay.models.orpheus.loading import load_tokenizer
@@ -85,7 +94,8 @@ class Orpheus:
 
     def collate(self, examples: list[Example]) -> dict[str, torch.Tensor]:
         """Right-pad into ``input_ids``/``attention_mask``/``labels`` int64 [B, Lmax] (pad 128263, mask 0,
-        label -100 on padding) + ``LOSS_TOKENS``: the labelled positions after the causal shift."""
+        label -100 on padding) + the counts of the loss terms: ``ce``, the labelled positions after the causal
+        shift, and ``speech``, those of them whose target is an audio code."""
         if not examples:
             raise ValueError("collate needs at least one example")
         lmax = max(len(e["input_ids"]) for e in examples)
@@ -97,19 +107,22 @@ class Orpheus:
             input_ids[i, :n] = torch.as_tensor(e["input_ids"])
             labels[i, :n] = torch.as_tensor(e["labels"])
             mask[i, :n] = 1
-        return {"input_ids": input_ids, "attention_mask": mask, "labels": labels,
-                LOSS_TOKENS: (labels[:, 1:] != IGNORE_INDEX).sum()}
+        targets = labels[:, 1:]
+        return with_counts({"input_ids": input_ids, "attention_mask": mask, "labels": labels},
+                           {"ce": (targets != IGNORE_INDEX).sum(), "speech": _is_speech(targets).sum()})
 
-    def loss(self, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossOutput:
-        """Summed next-token cross-entropy over labelled positions (float32 softmax over only those rows of
-        the 156,940-way logits), their count, and the speech part of the sum (``speech``) for monitoring."""
+    def loss(self, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossTerms:
+        """``ce``: the summed next-token cross-entropy over labelled positions (float32 softmax over only those
+        rows of the 156,940-way logits) and their count; ``speech``: its part over audio-code targets, weight 0
+        (monitored: is the model learning the audio, not only the text it is also trained on?)."""
         out = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
         kept = targets[keep]
         losses = F.cross_entropy(out.logits[:, :-1][keep].float(), kept, reduction="none")
-        speech = (kept >= L.AUDIO_START) & (kept < L.AUDIO_END_ID)
-        return LossOutput(losses.sum(), keep.sum(), {"speech": losses.detach()[speech].sum()})
+        speech = _is_speech(kept)
+        return {"ce": LossTerm(losses.sum(), keep.sum()),
+                "speech": LossTerm(losses.detach()[speech].sum(), speech.sum(), 0.0)}
 
     # ---------------------------------------------------------------- optimisation and strategies
 
@@ -194,3 +207,8 @@ class Orpheus:
         module = load_causal_lm(str(folder), f"model folder {str(folder)!r}", attn_implementation="sdpa")
         tokenizer = load_tokenizer(str(folder), f"model folder {str(folder)!r}")
         return cls(module, tokenizer, list(meta["speakers"]), int(meta["max_seq_len"]), meta["loss_on"])
+
+
+def _is_speech(targets: torch.Tensor) -> torch.Tensor:
+    """Which targets are audio codes (not text, special tokens or padding)."""
+    return (targets >= L.AUDIO_START) & (targets < L.AUDIO_END_ID)
