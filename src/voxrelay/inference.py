@@ -40,6 +40,7 @@ from voxrelay.train.strategies import (
     base_hash,
     check_base,
     describe_base,
+    has_frozen,
     load_trainable,
     quiet_peft,
 )
@@ -69,15 +70,17 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     data = DataSpec.from_prepared(index, codec)
     model = build_model(cfg.model, data, cfg.train.seed)
     ckpt, weights = CheckpointManager(run_uri, cfg.checkpoint.keep_last).load_model(step)
-    if cfg.train.lora is None:
+    if cfg.train.lora is None and not has_frozen(model.module):
         model.module.load_state_dict(weights)
         return model, codec, ckpt.step, None
-    base = base_hash(model.module)
+    base = base_hash(model.module)  # frozen parts are rebuilt from their source, as the run built them
     check_base(ckpt.manifest.get(BASE_HASH), base, describe_base(cfg.model, cfg.train.seed),
                f"cannot load {run_uri} at step {ckpt.step}", "make the run's base reachable as it was (the same "
                "model.init_from weights; for a random init the same torch version)")
     apply_lora(model, cfg.train.lora)
     load_trainable(model.module, weights, f"checkpoint {ckpt.uri}")
+    if cfg.train.lora is None:
+        return model, codec, ckpt.step, None
     note = {"base": describe_base(cfg.model, cfg.train.seed), "base_hash": base, "seed": cfg.train.seed,
             "model": cfg.model.model_dump(mode="json"), "data": data.to_note()}
     return model, codec, ckpt.step, note

@@ -45,6 +45,7 @@ from voxrelay.train.strategies import (
     base_hash,
     enable_gradient_checkpointing,
     fsdp_mesh,
+    has_frozen,
     trainable_state,
 )
 
@@ -68,7 +69,7 @@ class Run:
     local_dir: Path
     data_fingerprint: dict | str = ""
     resumed_from: int | None = None
-    base_hash: str | None = None  # with train.lora: the frozen base's fingerprint (strategies.base_hash)
+    base_hash: str | None = None  # some part frozen (LoRA, a frozen encoder): the model as built (strategies.base_hash)
     sharded: bool = False  # train.strategy=fsdp: each rank holds part of the weights (a forward needs every rank)
     index: dict | None = None  # the prepared data's index.json (the memory plan behind the advice at an OOM)
     shard_saver: ShardSaver = field(default_factory=ShardSaver)  # fsdp: the asynchronous DCP saves
@@ -77,8 +78,8 @@ class Run:
     lease: RunLease | None = None  # rank 0: this session's hold on the run folder (voxrelay.checkpoint.lease)
 
     def model_state(self) -> dict[str, torch.Tensor]:
-        """What a checkpoint holds: every weight, or with LoRA the trained tensors only (the frozen
-        base is rebuilt from the config and checked against ``base_hash``)."""
+        """What a checkpoint holds: every weight, or when some part is frozen (LoRA, a frozen encoder) the
+        trained tensors only (the frozen parts are rebuilt from the config and checked against ``base_hash``)."""
         module = self.accelerator.unwrap_model(self.module)
         return module.state_dict() if self.base_hash is None else trainable_state(module)
 
@@ -215,7 +216,8 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval", index, max_bytes=cap).rows, key=lambda r: r.id)
     st.seed_everything(cfg.train.seed)
     model = build_model(cfg.model, DataSpec.from_prepared(index, codec), cfg.train.seed)
-    base = base_hash(model.module) if cfg.train.lora is not None else None
+    # frozen parts (a LoRA base, a frozen text encoder) are rebuilt from their source, never checkpointed
+    base = base_hash(model.module) if cfg.train.lora is not None or has_frozen(model.module) else None
     apply_lora(model, cfg.train.lora)  # its init draws from the RNG seeded above: fresh runs stay reproducible
     enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]

@@ -1,11 +1,14 @@
 """Strategies applied to a built model before the loop sees it; the loop has no strategy branches: it
 trains whatever ``model.module`` has become and the parameters that still require a gradient.
 
+What a checkpoint holds, by rule: the trainable tensors only (:func:`trainable_state`) whenever some
+part of the model is frozen — a LoRA base, or a part the family freezes (a text encoder) — plus
+:func:`base_hash` of the model as built, which resume, synthesis and export compare with the model
+they rebuild from its source (:func:`check_base`): trained weights on another base would load without
+error and be silently wrong. Frozen parts are never copied into each checkpoint.
+
 LoRA (peft): :func:`apply_lora` wraps ``model.module`` in a ``PeftModel`` with the family's defaults
-(:meth:`FamilyModel.lora_defaults`) for every ``train.lora`` key left unset. The base stays frozen,
-so a checkpoint holds only the trainable tensors (:func:`trainable_state`) plus :func:`base_hash` of
-the frozen base, which resume, synthesis and export compare with the base they rebuild
-(:func:`check_base`): adapters on another base would load without error and be silently wrong.
+(:meth:`FamilyModel.lora_defaults`) for every ``train.lora`` key left unset; the base stays frozen.
 
 Gradient checkpointing (:func:`enable_gradient_checkpointing`) is transformers' own, non-reentrant.
 FSDP2 (:func:`apply_fsdp`, ``train.strategy=fsdp``) shards the module in place after LoRA; its checkpoints
@@ -111,6 +114,11 @@ def _linear_names(module: torch.nn.Module) -> list[str]:
     return sorted({name.rsplit(".", 1)[-1] for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)})
 
 
+def has_frozen(module: torch.nn.Module) -> bool:
+    """True when some parameter of ``module`` does not train (a part the family froze)."""
+    return any(not p.requires_grad for p in module.parameters())
+
+
 def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The parameters that train (adapters and modules_to_save copies), by their names in ``module``;
     a tied pair appears once."""
@@ -124,9 +132,10 @@ def load_trainable(module: torch.nn.Module, weights: dict[str, torch.Tensor], wh
     missing, unexpected = sorted(expected - weights.keys()), sorted(weights.keys() - expected)
     if missing or unexpected:
         raise CheckpointError(
-            f"{where} does not hold the LoRA weights of this model: {len(missing)} trained tensors missing "
+            f"{where} does not hold the trained weights of this model: {len(missing)} trained tensors missing "
             f"(e.g. {missing[:2]}), {len(unexpected)} not trained here (e.g. {unexpected[:2]}); it was written "
-            "with other train.lora or model settings: use the settings of the run that wrote it"
+            "with other train.lora or model settings (e.g. which parts are frozen): use the settings of the run "
+            "that wrote it"
         )
     module.load_state_dict(weights, strict=False)
 
@@ -162,11 +171,12 @@ def describe_base(model_cfg, seed: int) -> str:
 
 
 def check_base(saved: str | None, current: str, base: str, what: str, fix: str) -> None:
-    """Raise :class:`BaseModelChangedError` when the base hash the LoRA weights were trained on (``saved``)
-    differs from the one of the base just built from ``base`` (see :func:`describe_base`)."""
+    """Raise :class:`BaseModelChangedError` when the base hash the trained weights (LoRA adapters, or the
+    parts beside frozen ones) were trained on (``saved``) differs from the one of the model just built from
+    ``base`` (see :func:`describe_base`)."""
     if saved != current:
         raise BaseModelChangedError(
-            f"{what}: its LoRA weights were trained on a base model with weights hash {saved}, but {base} now "
+            f"{what}: its trained weights were saved over a base model with weights hash {saved}, but {base} now "
             f"gives a base with hash {current} (other weights behind the same name: a re-saved folder, a hub id "
             f"that moved to a new revision, another library version's random init); {fix}"
         )
