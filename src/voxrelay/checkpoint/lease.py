@@ -107,15 +107,17 @@ class RunLease:
             if state == "live" and not take_over:
                 raise LeaseHeld(self._held_message(current))
             mine["taken_from"] = {k: current.get(k) for k in ("host", "pid", "since", "token")} | {"state": state}
+            wait = max(0.0, current.get("expires", 0) - self.clock()) if state == "live" else 0.0
+            mine["expires"] = self.clock() + wait + self.ttl_s  # ours outlives the wait for the fenced holder
             try:
                 self._hold(mine, storage.replace_if(self.uri, _encode(mine), got.version))
             except storage.PreconditionFailed:
                 continue
             if state == "live":  # fenced: its renewals and commit checks now fail; let a write in flight land
-                wait = max(0.0, current.get("expires", 0) - self.clock())
                 log.warning("took over the lease of %s from %s; waiting %.0f s for its lease to run out",
                             self.run_uri, describe(current, self.clock()), wait)
                 self._stop.wait(wait)
+                self.renew()  # a whole lease from now on, before any renewal thread starts
             if state == "released":
                 return None
             return f"took over {self.run_uri} from {describe(current, self.clock())}: {state}"

@@ -70,8 +70,9 @@ class TrainConfig(Section):
     log_every: int = Field(10, gt=0, description="Steps between metric lines")
     time_limit: str | None = Field(
         None,
-        description="Per session: save and exit (code 77) this long after the process started, imports "
-        "included, e.g. '23h30m' a little under a Colab session; the next session gets the same again",
+        description="Per session: save and exit (code 77) this long after the session started (the process's "
+        "start, imports included, or the machine's boot: train.time_limit_from), e.g. '23h30m' a little under a "
+        "Colab session; the next session gets the same again",
     )
     time_limit_from: Literal["process", "boot"] = Field(
         "process", description="What train.time_limit counts from: process (this process's start) or boot (the "

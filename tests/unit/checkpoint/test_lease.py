@@ -82,6 +82,21 @@ def test_take_over_of_a_live_lease_fences_it_and_waits_out_its_expiry(run: str) 
         first.check()
 
 
+def test_a_lease_taken_over_from_a_live_holder_is_fresh_when_the_wait_ends(run: str) -> None:
+    """The wait for the old holder's expiry must not eat the new holder's own lease: a third session
+    starting right after must find it live (not expired), with a whole lease left."""
+    import time
+
+    first, second, third = RunLease(run, 0.6), RunLease(run, 0.6), RunLease(run, 0.6)
+    first.acquire()
+    second.acquire(take_over=True)
+    assert read_lease(run)["token"] == second.record["token"]
+    assert read_lease(run)["expires"] - time.time() > 0.3  # renewed when the wait ended
+    with pytest.raises(LeaseHeld):
+        third.acquire()
+    second.check()
+
+
 HOLD_AND_DIE = """
 import os, sys
 from voxrelay.checkpoint.lease import RunLease

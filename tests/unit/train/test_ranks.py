@@ -172,3 +172,16 @@ def main(scenario: str, rank: int, port: int, out: Path, tmp: Path) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]))
+
+
+def test_grace_is_counted_from_the_notice_not_from_the_end_of_the_save():
+    """``checkpoint.grace_seconds`` is what is left of the platform's window: the seconds since the earliest
+    notice (any rank's, when decided) and since the decision both come off it."""
+    from voxrelay.train.stops import Decision, Stops
+
+    stops = Stops(SimpleNamespace(cfg=SimpleNamespace(checkpoint=SimpleNamespace(grace_seconds=25.0))), None, None,
+                  None)
+    assert stops.grace_left(Decision("sigterm")) == 25.0  # no notice: the whole grace
+    decided = Decision("sigterm", notice_age=10.0, decided_at=time.monotonic() - 4.0)  # the save took 4 s
+    assert 10.5 <= stops.grace_left(decided) <= 11.0
+    assert stops.grace_left(Decision("sigterm", notice_age=30.0)) == 0.0  # past the window: no wait at all

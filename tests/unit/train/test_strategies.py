@@ -151,7 +151,7 @@ def test_trainable_state_round_trips_and_a_state_that_does_not_fit_is_refused():
     lacking = dict(state)
     gone = next(k for k in lacking if "lora_A" in k)
     del lacking[gone]
-    with pytest.raises(CheckpointError, match=r"checkpoint X does not hold the trained weights.*1 trained tensors miss"):
+    with pytest.raises(CheckpointError, match=r"checkpoint X does not hold the trained weights.*1 trained tensors"):
         load_trainable(fresh.module, lacking, "checkpoint X")
     with pytest.raises(CheckpointError, match=r"1 not trained here .*'extra.weight'"):
         load_trainable(fresh.module, state | {"extra.weight": torch.zeros(1)}, "checkpoint X")
