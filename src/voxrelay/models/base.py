@@ -152,6 +152,38 @@ class FamilyModel(Protocol):
         """The layer classes FSDP shards as units (e.g. the decoder layer)."""
         ...
 
+    # state beside the weights: see FamilyState, whose defaults a family without any inherits
+    def generators(self) -> dict[str, torch.Generator]: ...
+    def extra_state(self) -> dict[str, torch.Tensor]: ...
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None: ...
+    def after_optimizer_step(self) -> None: ...
+
+
+class FamilyState:
+    """State a family keeps beside its weights, with defaults for a family that has none; a family with
+    some (VibeVoice's diffusion noise, an EMA of its head) overrides these.
+
+    - :meth:`generators`: its own ``torch.Generator`` s, by name (e.g. diffusion noise and timesteps).
+      The trainer seeds each per process from ``train.seed``, the process rank and the name, and saves and
+      restores their states per rank with the RNG state, so a resumed run draws the same numbers.
+    - :meth:`extra_state` / :meth:`load_extra_state`: tensors saved in every checkpoint beside the
+      optimizer state (e.g. an EMA of some weights).
+    - :meth:`after_optimizer_step`: called after each applied optimizer step (not after a skipped one).
+    """
+
+    def generators(self) -> dict[str, torch.Generator]:
+        return {}
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        if state:
+            raise ValueError(f"this model keeps no extra state, but the checkpoint holds {sorted(state)[:3]}")
+
+    def after_optimizer_step(self) -> None:
+        return None
+
 
 @dataclass(frozen=True)
 class LoraDefaults:

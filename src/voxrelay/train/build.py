@@ -216,6 +216,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval", index, max_bytes=cap).rows, key=lambda r: r.id)
     st.seed_everything(cfg.train.seed)
     model = build_model(cfg.model, DataSpec.from_prepared(index, codec), cfg.train.seed)
+    st.seed_generators(model.generators(), cfg.train.seed, rank)  # the family's own (restored on resume)
     # frozen parts (a LoRA base, a frozen text encoder) are rebuilt from their source, never checkpointed
     base = base_hash(model.module) if cfg.train.lora is not None or has_frozen(model.module) else None
     apply_lora(model, cfg.train.lora)  # its init draws from the RNG seeded above: fresh runs stay reproducible

@@ -6,12 +6,14 @@ learning to speak. Samples and their transcripts go to TensorBoard and ``<run>/s
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
 import soundfile as sf
 
 from voxrelay.quality.samples import generate_samples, held_out_loss
+from voxrelay.train.state import seed_generators
 
 SAMPLES_DIR = "samples"
 SCORES_FILE = "scores.jsonl"  # per sample of an eval: id, text, transcript, wer, cer, speaker_sim
@@ -57,7 +59,27 @@ def _save_wav(run, step: int, utt_id: str, wav: np.ndarray, sample_rate: int) ->
     sf.write(path, wav, sample_rate, format="WAV", subtype="PCM_16")
 
 
+@contextlib.contextmanager
+def _eval_generators(model, seed: int):
+    """The family's generators seeded alike for every eval (comparable losses from one eval to the next),
+    and given back their training states afterwards: an eval must not change what training draws next (a
+    resumed run, which evaluates at other steps, would diverge)."""
+    gens = model.generators()
+    saved = {name: g.get_state() for name, g in gens.items()}
+    seed_generators(gens, seed, rank=-1)
+    try:
+        yield
+    finally:
+        for name, g in gens.items():
+            g.set_state(saved[name])
+
+
 def evaluate(run, step: int) -> dict[str, float]:
+    with _eval_generators(run.model, run.cfg.train.seed):
+        return _evaluate(run, step)
+
+
+def _evaluate(run, step: int) -> dict[str, float]:
     results = eval_loss(run)
     # sharded weights: every rank takes part in each forward, so every rank generates (the same codes)
     if run.accelerator.is_main_process or run.sharded:

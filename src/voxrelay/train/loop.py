@@ -82,6 +82,7 @@ def train_step(run: Run, micro_batches: list[dict]) -> StepStats:
     finite = not any_rank(not (all(map(math.isfinite, sums.values())) and grads_ok), acc.device)
     if finite:
         run.optimizer.step()
+        run.model.after_optimizer_step()  # e.g. a family's EMA
         run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     tokens = sum(local[name] for name, w in weights.items() if w)

@@ -31,12 +31,12 @@ WRITER = "writer"  # manifest key: the lease token of the session that saved it 
 log = logging.getLogger(__name__)
 
 
-def gather_rng(ranks) -> list[dict]:
+def gather_rng(ranks, generators: dict | None = None) -> list[dict]:
     """RNG state of every rank, in rank order (a collective over the job's gloo group: every rank calls it).
     Sent as torch.save bytes and read back with weights_only=True (pickled tensors do not survive an
     object collective's unpickler in torch 2.13)."""
     buf = io.BytesIO()
-    torch.save(st.rng_state(), buf)
+    torch.save(st.rng_state(generators), buf)
     return [torch.load(io.BytesIO(blob), weights_only=True) for blob in ranks.gather(buf.getvalue())]
 
 
@@ -52,6 +52,7 @@ def train_state(run, rngs: list[dict]) -> dict:
         st.K_CONFIG: run.cfg.to_dict(),
         st.K_DATA_FINGERPRINT: run.data_fingerprint,
         st.K_BASE_HASH: run.base_hash,
+        **({st.K_FAMILY: extra} if (extra := run.model.extra_state()) else {}),
         # fp16 on a GPU: the loss scale must survive too
         st.K_SCALER: run.accelerator.scaler.state_dict() if run.accelerator.scaler is not None else None,
     }
@@ -72,7 +73,7 @@ def save_checkpoint(run, metrics: dict | None = None, background: bool = True, s
     if run.ranks.broadcast(run.checkpoints.holds(step) if run.ranks.main else None):
         log.info("the checkpoint of step %d is already saved or on its way; not saving it again", step)
         return 0.0
-    rngs = gather_rng(run.ranks)
+    rngs = gather_rng(run.ranks, run.model.generators())
     extra = {"metrics": metrics or {}, "config_hash": run.cfg.hash(), **({"stopped": stopped} if stopped else {}),
              **({BASE_HASH: run.base_hash} if run.base_hash else {}),
              **({WRITER: run.lease.record["token"]} if run.lease is not None else {})}
@@ -150,11 +151,12 @@ def restore(run, found: tuple) -> None:
     run.stream.load_state_dict(state[st.K_DATA])
     if state.get(st.K_SCALER) is not None and run.accelerator.scaler is not None:
         run.accelerator.scaler.load_state_dict(state[st.K_SCALER])
+    run.model.load_extra_state(state.get(st.K_FAMILY) or {})
     rngs = state[st.K_RNG]
     rank = run.accelerator.process_index
     if rank < len(rngs):
-        st.set_rng_state(rngs[rank])
-    else:  # more processes than when saved: a new rank gets a fresh, seeded stream
+        st.set_rng_state(rngs[rank], run.model.generators())
+    else:  # more processes than when saved: a new rank gets a fresh, seeded stream (its generators keep theirs)
         st.seed_everything(run.cfg.train.seed + rank)
 
 

@@ -21,7 +21,9 @@ K_CONFIG_HASH = "config_hash"
 K_CONFIG = "config"
 K_SCALER = "grad_scaler"
 K_DATA_FINGERPRINT = "data_fingerprint"
-K_BASE_HASH = "base_hash"  # with LoRA: fingerprint of the frozen base (strategies.base_hash); else None
+K_BASE_HASH = "base_hash"  # some part frozen: fingerprint of the model as built (strategies.base_hash); else None
+K_FAMILY = "family"  # the family's extra state (FamilyState.extra_state), when it has any
+RNG_FAMILY = "family"  # key of an RNG state: the family's own generators (FamilyState.generators), if any
 
 
 @dataclass
@@ -60,9 +62,10 @@ class LoopState:
             setattr(self, key, value)
 
 
-def rng_state() -> dict:
+def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict:
     """Python, numpy and torch RNG state of this process, and with CUDA that of its own device only (a
-    process draws on one GPU; all of them would tie the checkpoint to the machine's GPU count)."""
+    process draws on one GPU; all of them would tie the checkpoint to the machine's GPU count), and
+    the state of each of the family's own ``generators``."""
     np_state = np.random.get_state()
     state = {
         "python": random.getstate(),
@@ -71,13 +74,20 @@ def rng_state() -> dict:
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()  # the current device's
+    if generators:
+        state[RNG_FAMILY] = {name: g.get_state() for name, g in generators.items()}
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, generators: dict[str, torch.Generator] | None = None) -> None:
     """Restore :func:`rng_state` into this process, whatever GPUs this machine has: the saved CUDA state
     goes to the current device (none here: it is left out). Checkpoints of voxrelay < 0.2 hold a list,
-    one state per visible device: the one of this process's device index is taken, else the first."""
+    one state per visible device: the one of this process's device index is taken, else the first.
+    The family's ``generators`` get their saved states (one missing from the checkpoint keeps its seed)."""
+    saved = state.get(RNG_FAMILY) or {}
+    for name, g in (generators or {}).items():
+        if name in saved:
+            g.set_state(saved[name])
     random.setstate(state["python"])
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, keys.numpy(), *rest))
@@ -91,6 +101,16 @@ def set_rng_state(state: dict) -> None:
         index = torch.cuda.current_device()
         cuda = cuda[index] if index < len(cuda) else cuda[0]
     torch.cuda.set_rng_state(cuda)
+
+
+def seed_generators(generators: dict[str, torch.Generator], seed: int, rank: int) -> None:
+    """Seed each of a family's generators from (``seed``, ``rank``, its name): independent streams per
+    process and per generator, the same ones in every run of a seed."""
+    import hashlib
+
+    for name, g in generators.items():
+        digest = hashlib.sha256(f"{seed}/{rank}/{name}".encode()).digest()
+        g.manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 
 
 def seed_everything(seed: int) -> None:

@@ -24,6 +24,7 @@ from transformers import LlamaForCausalLM, PreTrainedModel
 from voxrelay.errors import UserError
 from voxrelay.models.base import (
     Example,
+    FamilyState,
     LoraDefaults,
     LossTerm,
     LossTerms,
@@ -59,7 +60,7 @@ class SequenceTooLongError(UserError, ValueError):
     """An utterance does not fit in ``model.max_seq_len`` tokens."""
 
 
-class CodecLM:
+class CodecLM(FamilyState):
     """A causal LM over text + codec ids, with its tokenizer, id layout and known speakers
     (a :class:`~voxrelay.models.base.FamilyModel` of the ``codec_lm`` family).
 

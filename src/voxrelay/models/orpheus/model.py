@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from voxrelay.errors import UserError
 from voxrelay.models.base import (
     Example,
+    FamilyState,
     LoraDefaults,
     LossTerm,
     LossTerms,
@@ -43,7 +44,7 @@ class OrpheusPromptError(UserError, ValueError):
     """A text (or voice) that cannot be turned into an Orpheus prompt."""
 
 
-class Orpheus:
+class Orpheus(FamilyState):
     """A :class:`~voxrelay.models.base.FamilyModel` of the ``orpheus`` family.
 
     ``module``: a ``LlamaForCausalLM`` with 156,940 embedding rows; ``tokenizer``: the Llama-3 tokenizer with
