@@ -77,6 +77,10 @@ class DataConfig(Section):
     max_duration: float = Field(20.0, gt=0, description="Seconds; longer clips are rejected")
     eval_size: int = Field(24, ge=0, description="Number of utterances held out for evaluation")
     shard_size: int = Field(256, gt=0, description="Utterances per Parquet shard")
+    default_description: str | None = Field(
+        None, description="Description given to rows without one, for a family that needs one per row (parler); "
+        "None: such rows are rejected, naming the row",
+    )
 
     @field_validator("name")
     @classmethod

@@ -16,9 +16,7 @@ from voxrelay.plan_formulas import Param, Shape
 
 def data_spec(cfg: RunConfig, index: dict | None) -> DataSpec:
     """The prepared data's codebooks, or without prepared data what the config's codec will give."""
-    from voxrelay.models.registry import get_family
-
-    needs = get_family(cfg.model.family).data_needs(cfg.model)
+    needs = cfg.model.data_needs()
     if needs.codes is not None:  # a vocabulary of fixed codes (the family checks the data at build)
         return DataSpec(*needs.codes, list((index or {}).get("speakers") or []))
     if index is None:

@@ -32,12 +32,20 @@ def codec_params(cfg: RunConfig, codec: AudioCodec) -> dict[str, Any]:
     return params
 
 
-def shard_params(cfg: RunConfig, codec: AudioCodec, codec_sha: str | None) -> dict[str, Any]:
-    return codec_params(cfg, codec) | {
+def shard_params(cfg: RunConfig, codec: AudioCodec, codec_sha: str | None,
+                 required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What the shards' content depends on. ``required``: the text fields the model family needs in every
+    row (its data needs); recorded, with the default they get, only when there are any (the identity of
+    data prepared for a family without such needs stays what it always was)."""
+    params = codec_params(cfg, codec) | {
         "codec.state_sha256": codec_sha,
         "data.min_duration": cfg.data.min_duration,
         "data.max_duration": cfg.data.max_duration,
     }
+    if required:
+        params["data.required_fields"] = list(required)
+        params |= {f"data.default_{name}": getattr(cfg.data, f"default_{name}", None) for name in required}
+    return params
 
 
 def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -30,6 +30,7 @@ from voxrelay.data.audio import load_utterance_audio
 from voxrelay.data.shards import PrepareError, load_index
 from voxrelay.data.sources import read_source
 from voxrelay.data.types import RowError, Utterance
+from voxrelay.models.base import DataNeeds
 from voxrelay.paths import cache_dir, rank_world
 
 log = logging.getLogger(__name__)
@@ -152,11 +153,29 @@ def _wait_for(uri: str, what: str, timeout: float = WAIT_TIMEOUT_S, ready=None) 
         time.sleep(1.0)
 
 
-def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, strict: bool, keep_audio: bool):
+def _missing_field(utt: Utterance, cfg: RunConfig, required: tuple[str, ...]) -> str | None:
+    """Fill each required text field (``description``) the row lacks with its configured default; the
+    reason to reject the row when a field has neither."""
+    for name in required:
+        if getattr(utt, name, None):
+            continue
+        default = getattr(cfg.data, f"default_{name}", None)
+        if default is None:
+            return (f"no {name} (model.family={cfg.model.family} needs one per row): give the source a {name} "
+                    f"column or field, or set data.default_{name}")
+        setattr(utt, name, default)
+    return None
+
+
+def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, strict: bool, keep_audio: bool,
+                 required: tuple[str, ...] = ()):
     """Validate + encode a shard's rows -> (encoded rows, rejects); ``keep_audio`` stores the
-    reference recording too (eval split: MCD-DTW is scored against it)."""
+    reference recording too (eval split: MCD-DTW is scored against it); ``required``: text fields every
+    row must have (the family's data needs)."""
     good, rejects = [], []
     for utt in utts:
+        if utt.problem is None:
+            utt.problem = _missing_field(utt, cfg, required)
         if utt.problem is not None:
             rejects.append(_reject(utt, utt.problem, strict))
             continue
@@ -289,8 +308,9 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     if not any(u.problem is None for u in rows):
         raise PrepareError("the sources yielded no usable rows; check data.sources paths (see rejects above)")
     codec = build_codec(cfg.codec)
+    needs = family_needs(cfg, codec)
     check_params(cfg, codec, overwrite, rank)
-    params = ident.shard_params(cfg, codec, _load_codec(cfg, codec, rows, rank))
+    params = ident.shard_params(cfg, codec, _load_codec(cfg, codec, rows, rank), needs.fields)
     plan = plan_shards(rows, cfg.data.eval_size, cfg.data.shard_size)
     written = skipped = 0
     for i, (name, utts) in enumerate(plan.items()):
@@ -300,7 +320,8 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
         if _committed(prepared, name, ids_sha, params):
             skipped += 1  # committed by an earlier (killed) run
             continue
-        good, rejects = encode_shard(utts, codec, cfg, strict, keep_audio=name.startswith("eval"))
+        good, rejects = encode_shard(utts, codec, cfg, strict, keep_audio=name.startswith("eval"),
+                                     required=needs.fields)
         storage.write_bytes(sh.shard_uri(prepared, name), sh.encode_table(good))
         marker = {
             "rows": len(good),
@@ -319,6 +340,20 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
         _wait_for(sh.marker_uri(prepared, name), f"shard {name} from another process")
     index, rejects = _write_index(cfg, codec, plan, params)
     return PrepareReport(prepared, index["counts"], index["hours"], rejects, skipped, written)
+
+
+def family_needs(cfg: RunConfig, codec: AudioCodec) -> DataNeeds:
+    """What ``model.family`` needs from prepare; a codec it cannot take is refused before anything is encoded."""
+    needs = cfg.model.data_needs()
+    if needs.codec is not None and cfg.codec.type != needs.codec:
+        raise PrepareError(f"model.family={cfg.model.family} needs codes of the {needs.codec} codec, but codec.type="
+                           f"{cfg.codec.type}; set codec.type={needs.codec} (and codec.path), under another data.name")
+    if needs.codes is not None and (codec.num_codebooks, codec.codebook_size) != needs.codes:
+        raise PrepareError(
+            f"model.family={cfg.model.family} needs {needs.codes[0]} codes per frame of {needs.codes[1]} values, but "
+            f"codec {cfg.codec.path or cfg.codec.type} gives {codec.num_codebooks} x {codec.codebook_size}; "
+            "use the codec the family names (codec.path)")
+    return needs
 
 
 def format_rejects(rejects: list[dict], prepared_uri: str, limit: int = 30) -> list[str]:

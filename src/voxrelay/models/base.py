@@ -215,9 +215,10 @@ def decay_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str,
 
 @dataclass(frozen=True)
 class DataNeeds:
-    """What a family needs ``prepare`` to produce. ``codes``: the (codes per frame, codebook size) its
-    vocabulary takes, ``None`` for any codec's; ``codec``: the ``codec.type`` it needs (``None``: the
-    configured one); ``fields``: text fields every row must carry (e.g. ``("description",)``)."""
+    """What a family needs ``prepare`` to produce, as its config section's ``data_needs()`` says (no
+    torch needed: ``prepare`` and ``plan`` ask it before any model is built). ``codes``: the (codes per
+    frame, codebook size) its vocabulary takes, ``None`` for any codec's; ``codec``: the ``codec.type`` it
+    needs (``None``: the configured one); ``fields``: text fields every row must carry (``("description",)``)."""
 
     codes: tuple[int, int] | None = None
     codec: str | None = None
@@ -228,10 +229,6 @@ class Family(Protocol):
     """A model family: builds new models and loads saved ones."""
 
     name: str
-
-    def data_needs(self, cfg: Any) -> DataNeeds:
-        """What ``prepare`` must produce for ``cfg`` (this family's ``model:`` section)."""
-        ...
 
     def build(self, cfg: Any, data: DataSpec, seed: int, meta: bool = False) -> FamilyModel:
         """A model for ``cfg`` (this family's ``model:`` section) and ``data``: random init seeded by

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from voxrelay.models.base import DataNeeds
+
 
 class CodecLMConfig(BaseModel):
     """A decoder-only Llama over ``[BOS, text, AUDIO_START, codes frame by frame, AUDIO_END]``."""
@@ -60,3 +62,7 @@ class CodecLMConfig(BaseModel):
                 f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
             )
         return self
+
+    def data_needs(self) -> DataNeeds:
+        """Any codec's codes: the vocabulary is sized from the prepared data."""
+        return DataNeeds()

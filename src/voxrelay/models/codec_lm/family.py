@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from voxrelay.models.base import DataNeeds, DataSpec
+from voxrelay.models.base import DataSpec
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.codec_lm.model import CodecLM
 
@@ -13,9 +13,6 @@ class CodecLMFamily:
     """A :class:`~voxrelay.models.base.Family`: a Llama over text ids + per-codebook audio ids."""
 
     name = "codec_lm"
-
-    def data_needs(self, cfg: CodecLMConfig) -> DataNeeds:
-        return DataNeeds()  # any codec's codes: its vocabulary is sized from the data
 
     def build(self, cfg: CodecLMConfig, data: DataSpec, seed: int, meta: bool = False) -> CodecLM:
         return CodecLM.build(cfg, data.num_codebooks, data.codebook_size, data.speakers, seed, meta=meta,

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from voxrelay.models.base import DataNeeds
+
 
 class OrpheusConfig(BaseModel):
     """Orpheus-TTS (canopyai): a Llama-3 causal LM over ``[start_of_human, BOS, text, eot, end_of_human,
@@ -57,3 +59,7 @@ class OrpheusConfig(BaseModel):
                 f"by num_kv_heads ({self.num_kv_heads})"
             )
         return self
+
+    def data_needs(self) -> DataNeeds:
+        """SNAC 24 kHz codes: Orpheus' ids hold 7 codes of 4,096 per frame (models/orpheus/layout.py)."""
+        return DataNeeds(codes=(7, 4096), codec="snac")

@@ -7,7 +7,7 @@ import os
 import torch
 
 from voxrelay.config import ConfigError
-from voxrelay.models.base import DataNeeds, DataSpec
+from voxrelay.models.base import DataSpec
 from voxrelay.models.orpheus import layout as L
 from voxrelay.models.orpheus.config import OrpheusConfig
 from voxrelay.models.orpheus.loading import build_module, load_tokenizer, meta_module, tokenizer_source
@@ -18,9 +18,6 @@ class OrpheusFamily:
     """A :class:`~voxrelay.models.base.Family`: Orpheus-TTS over SNAC 24 kHz codes (3 codebooks x 4096)."""
 
     name = "orpheus"
-
-    def data_needs(self, cfg: OrpheusConfig) -> DataNeeds:
-        return DataNeeds(codes=(L.CODES_PER_FRAME, L.CODEBOOK_SIZE), codec="snac")
 
     def build(self, cfg: OrpheusConfig, data: DataSpec, seed: int, meta: bool = False) -> Orpheus:
         check_data(data)
