@@ -160,16 +160,22 @@ def synthesize_cmd(
     voice: str = typer.Option(
         None, "--voice", help="Speaker of the training data (`voxrelay voices RUN` lists them; default: the first)"
     ),
+    description: str = typer.Option(
+        None, "--description", help="How the voice should sound, for a family that conditions on a description "
+        "(parler), e.g. 'A calm female voice, close to the microphone'"
+    ),
     step: int = typer.Option(None, "--step", help="Checkpoint step (default: latest valid)"),
     seed: int = typer.Option(0, "--seed", help="Sampling seed: the same seed, text and weights give the same audio"),
     temperature: float = typer.Option(0.8, "--temperature", help="Sampling temperature (0 = greedy)"),
 ):
     """Speak TEXT with a trained model into a wav file."""
     from voxrelay.inference import check_synthesis_args, load_any, synthesize
+    from voxrelay.models.base import Request
 
     check_synthesis_args(output, temperature)  # before the model loads: seconds, not a late failure
     model, codec, what = load_any(run, step)
-    seconds = synthesize(model, codec, text, output, speaker=voice, temperature=temperature, seed=seed)
+    request = Request(text, voice, description)
+    seconds = synthesize(model, codec, request, output, temperature=temperature, seed=seed)
     err.print(f"{what}: {seconds:.2f} s of audio")
     out.print(str(output), highlight=False)
 
@@ -180,7 +186,8 @@ def eval_cmd(
     step: int = typer.Option(None, "--step", help="Checkpoint step (default: the newest valid)"),
     all_steps: bool = typer.Option(False, "--all", help="Every checkpoint the run keeps, a table row each"),
     texts: Path = typer.Option(None, "--texts", help="Speak these instead of the held-out texts: one per line, "
-                               "`speaker|text` for a voice (no references: WER/CER only)"),
+                               "`speaker|text` for a voice, or a .jsonl file of {text, speaker, description, id} "
+                               "(no references: WER/CER only)"),
     num: int = typer.Option(None, "--num", min=1, help="Only the first N texts (training's evals speak "
                             "train.eval_synth of them: --num that gives its numbers; default: all held-out texts)"),
     asr_model: str = typer.Option(None, "--asr-model", help="Whisper for WER/CER instead of the run's eval.asr.model"),

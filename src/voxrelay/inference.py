@@ -15,12 +15,12 @@ seeded random init) and its hash; synthesis rebuilds that base, checks the hash 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import soundfile as sf
 import yaml
 
@@ -31,7 +31,7 @@ from voxrelay.codecs.registry import codec_from_description
 from voxrelay.config import ConfigError, RunConfig, build_config
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.errors import UserError, one_line
-from voxrelay.models.base import DataSpec, FamilyModel
+from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request
 from voxrelay.models.registry import build_model, load_model
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META
 from voxrelay.train.resume import BASE_HASH
@@ -170,22 +170,24 @@ def load_any(source: str, step: int | None = None) -> tuple[FamilyModel, AudioCo
 
 
 def synthesize(
-    model: FamilyModel, codec: AudioCodec, text: str, out: str | Path, speaker: str | None = None,
-    temperature: float = 0.8, top_k: int = 50, seed: int = 0, max_seconds: float = 20.0,
+    model: FamilyModel, codec: AudioCodec, request: Request | str, out: str | Path, temperature: float = 0.8,
+    top_k: int = 50, seed: int = 0, max_seconds: float = 20.0,
 ) -> float:
-    """Text -> wav file at the codec's rate; returns the duration in seconds."""
+    """A request (or a bare text) -> wav file; returns the duration in seconds. A speaker the model does not
+    know, or a field its family does not take (a description), is refused naming the fix."""
+    request = Request(request) if isinstance(request, str) else request
     check_synthesis_args(out, temperature, top_k, max_seconds)
+    check_request(model, request)
+    speaker = request.speaker
     if speaker is not None and model.speakers and speaker not in model.speakers:
         raise InferenceError(f"unknown voice {speaker!r}; this model knows: {', '.join(model.speakers)}")
     if speaker is None and model.speakers:
-        speaker = model.speakers[0]
+        request = dataclasses.replace(request, speaker=model.speakers[0])
     max_frames = int(max_seconds * codec.frame_rate)
-    codes = model.generate(text, speaker=speaker, max_frames=max_frames, temperature=temperature, top_k=top_k,
-                           seed=seed)
-    wav = codec.decode(codes) if codes.shape[1] else np.zeros(0, dtype=np.float32)
+    speech = model.speak(request, codec, max_frames=max_frames, temperature=temperature, top_k=top_k, seed=seed)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    sf.write(str(out), wav, codec.sample_rate, subtype="PCM_16")
-    return len(wav) / codec.sample_rate
+    sf.write(str(out), speech.wav, speech.sample_rate, subtype="PCM_16")
+    return len(speech.wav) / speech.sample_rate
 
 
 def check_synthesis_args(out: str | Path, temperature: float, top_k: int = 50, max_seconds: float = 20.0) -> None:

@@ -59,6 +59,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     (tmp / "future" / "voxrelay.json").write_text(json.dumps({**meta, "family": "future_tts"}))
     (tmp / "empty").mkdir()
     (tmp / "notyaml.yaml").write_text("name: [unclosed\n")
+    (tmp / "bad.jsonl").write_text('{"text": "Hello."}\n{"text": "Hi.", "voice": "x"}\n')
     _plain_lm(tmp / "lm-wrong-shapes", hidden_size=64)
     _plain_lm(tmp / "lm-no-weights")
     (tmp / "lm-no-weights" / "model.safetensors").unlink()
@@ -118,6 +119,12 @@ CASES: dict[str, Case] = {
     "status-of-no-folder": lambda w: (["status", "/no/such/folder"], ["/no/such/folder"], {}),
     "synthesize-unknown-voice": lambda w: (
         ["synthesize", w.run, "Hello.", "-o", f"{w.tmp}/a.wav", "--voice", "xx-nope"], ["'xx-nope'", "en-us"], {}),
+    "synthesize-description-to-a-codes-only-family": lambda w: (
+        ["synthesize", w.run, "Hello.", "-o", f"{w.tmp}/a.wav", "--description", "a calm voice"],
+        ["model.family=codec_lm takes no description", "drop --description"], {}),
+    "eval-texts-bad-jsonl": lambda w: (
+        ["eval", w.run, "--texts", str(w.tmp / "bad.jsonl")], ["bad.jsonl line 2: unknown field(s) voice",
+                                                              "id, text, speaker, description"], {}),
     "synthesize-not-a-run": lambda w: (
         ["synthesize", str(w.tmp / "empty"), "Hello.", "-o", f"{w.tmp}/a.wav"], ["empty is not a run folder"], {}),
     "synthesize-export-of-unknown-family": lambda w: (

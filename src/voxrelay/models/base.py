@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from voxrelay.errors import UserError
+
 if TYPE_CHECKING:
     import torch
 
@@ -71,6 +73,61 @@ class Row(Protocol):
     codes: np.ndarray  # int [K, T]
 
 
+@dataclass(frozen=True)
+class Request:
+    """What to speak, for synthesis and evaluation alike: the ``text``; a ``speaker`` of the training data
+    (None: the model's default); a ``description`` of the voice and style, for a family that conditions on
+    one (Parler); ``voice_prompts``: reference recordings (mono float32 at the model's codec rate, one per
+    speaker), for a family that clones voices from them (VibeVoice)."""
+
+    text: str
+    speaker: str | None = None
+    description: str | None = None
+    voice_prompts: tuple[np.ndarray, ...] = field(default=(), repr=False, compare=False)
+
+
+class Speech(NamedTuple):
+    """Generated speech: ``wav`` mono float32 at ``sample_rate``; ``frames`` how many frames the family
+    generated (its codec's or latent frames), for length ratios and stop checks against ``max_frames``."""
+
+    wav: np.ndarray
+    sample_rate: int
+    frames: int
+
+
+class RequestError(UserError, ValueError):
+    """A request asks for something this family cannot use (a description, voice prompts)."""
+
+
+REQUEST_FIELDS = ("description", "voice_prompts")  # what a family may or may not take (FamilyModel.request_fields)
+
+
+def check_request(model: Any, request: Request) -> None:
+    """Refuse a request that sets a field ``model`` does not use: it would be silently ignored."""
+    unused = [name for name in REQUEST_FIELDS if getattr(request, name) and name not in model.request_fields]
+    if unused:
+        raise RequestError(f"model.family={model.family} takes no {' or '.join(unused)}: leave "
+                           f"{'it' if len(unused) == 1 else 'them'} out (e.g. drop --description, or the JSONL field)")
+
+
+def request_for(model: Any, text: str, speaker: str | None = None, description: str | None = None) -> Request:
+    """A request built from data (a held-out row, an eval text): the fields ``model`` does not take are
+    left out rather than refused (a dataset may carry descriptions that a codes-only family ignores)."""
+    return Request(text, speaker, description if "description" in model.request_fields else None)
+
+
+def speak_codes(model: Any, request: Request, codec: Any, max_frames: int | None, temperature: float,
+                top_k: int | None, seed: int) -> Speech:
+    """:meth:`FamilyModel.speak` of a family that generates codes of ``codec`` with its ``generate(text,
+    speaker=...)``: codes -> waveform by the codec."""
+    check_request(model, request)
+    codes = model.generate(request.text, speaker=request.speaker, max_frames=max_frames, temperature=temperature,
+                           top_k=top_k, seed=seed)
+    frames = codes.shape[1]
+    wav = codec.decode(codes) if frames else np.zeros(0, dtype=np.float32)
+    return Speech(np.asarray(wav, dtype=np.float32), int(codec.sample_rate), frames)
+
+
 class LossTerm(NamedTuple):
     """One named term of a family's loss. ``sum``: float32 scalar summed over the term's targets (with
     grad); ``count``: int64 scalar, how many targets; ``weight``: its factor in the objective, which is
@@ -110,6 +167,7 @@ class FamilyModel(Protocol):
     speakers: list[str]  # voices `synthesize --voice` accepts (empty: single speaker)
     max_length: int  # longest example `length` accepts
     max_length_key: str  # the config key that sets max_length (named in warnings and errors)
+    request_fields: tuple[str, ...]  # which of REQUEST_FIELDS its speak() uses (others are refused)
 
     def length(self, row: Row) -> int:
         """Size of the example of ``row`` for the batch plan (tokens incl. special ones); may exceed
@@ -130,9 +188,11 @@ class FamilyModel(Protocol):
         fire; ``batch`` is on its device."""
         ...
 
-    def generate(self, text: str, speaker: str | None = None, max_frames: int | None = None,
-                 temperature: float = 0.8, top_k: int | None = 50, seed: int = 0) -> np.ndarray:
-        """Codes int64 [K, T] for ``text``, deterministic for a ``seed``; ``temperature <= 0`` is greedy."""
+    def speak(self, request: Request, codec: Any, max_frames: int | None = None, temperature: float = 0.8,
+              top_k: int | None = 50, seed: int = 0) -> Speech:
+        """Speech for ``request``, deterministic for a ``seed``; ``temperature <= 0`` is greedy; at most
+        ``max_frames`` frames (None: as long as the model allows). ``codec`` is the prepared data's (a family
+        may decode with its own); a request field the family cannot use raises :class:`RequestError`."""
         ...
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:

@@ -32,11 +32,20 @@ class EvalError(UserError, ValueError):
 
 
 def read_texts(path: Path) -> list[TextRow]:
-    """``--texts``: one text per line; ``speaker|text`` picks a voice; blank lines and # comments skipped."""
+    """``--texts``: a text file, one text per line (``speaker|text`` picks a voice; blank lines and # comments
+    skipped), or a ``.jsonl`` file, one object per line with ``text`` and optional ``speaker``, ``description``
+    (and ``id``)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise EvalError(f"--texts {path}: cannot read it ({e}); pass a UTF-8 text file, one text per line") from None
+    rows = _jsonl_texts(path, lines) if path.suffix == ".jsonl" else _plain_texts(path, lines)
+    if not rows:
+        raise EvalError(f"--texts {path}: no texts in it; write one text per line")
+    return rows
+
+
+def _plain_texts(path: Path, lines: list[str]) -> list[TextRow]:
     rows = []
     for n, line in enumerate(lines, 1):
         line = line.strip()
@@ -46,8 +55,32 @@ def read_texts(path: Path) -> list[TextRow]:
         if not text.strip():
             raise EvalError(f"--texts {path} line {n}: no text after '|'; write `text` or `speaker|text`")
         rows.append(TextRow(f"text-{n:04d}", text.strip(), speaker.strip() or None))
-    if not rows:
-        raise EvalError(f"--texts {path}: no texts in it; write one text per line")
+    return rows
+
+
+def _jsonl_texts(path: Path, lines: list[str]) -> list[TextRow]:
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EvalError(f"--texts {path} line {n}: not JSON ({e.msg}); write one object per line, "
+                            '{"text": ..., "speaker": ..., "description": ...}') from None
+        text = obj.get("text") if isinstance(obj, dict) else None
+        if not isinstance(text, str) or not text.strip():
+            raise EvalError(f"--texts {path} line {n}: no \"text\" string; each line needs one")
+        unknown = sorted(set(obj) - {"id", "text", "speaker", "description"})
+        if unknown:
+            raise EvalError(f"--texts {path} line {n}: unknown field(s) {', '.join(unknown)}; the fields are id, "
+                            "text, speaker, description")
+        fields = {k: obj.get(k) for k in ("speaker", "description")}
+        bad = [k for k, v in fields.items() if v is not None and not isinstance(v, str)]
+        if bad:
+            raise EvalError(f"--texts {path} line {n}: {', '.join(bad)} must be a string")
+        rows.append(TextRow(str(obj.get("id") or f"text-{n:04d}"), text.strip(), fields["speaker"] or None,
+                            description=fields["description"] or None))
     return rows
 
 
@@ -65,6 +98,10 @@ def evaluate_step(model, codec, rows: list, step: int, scorer: Scorer,
     loss over ``loss_rows``."""
     import torch
 
+    given = [r for r in rows if isinstance(r, TextRow) and r.description]
+    if given and "description" not in model.request_fields:
+        raise EvalError(f"text {given[0].id} has a description, but model.family={model.family} takes none; "
+                        "leave the description fields out of --texts")
     results = {}
     if loss_rows:
         results |= held_out_loss(model, model.module, loss_rows, torch.device("cpu"))

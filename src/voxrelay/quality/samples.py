@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from voxrelay.metrics import mcd_dtw
-from voxrelay.models.base import pop_counts, weighted_mean
+from voxrelay.models.base import pop_counts, request_for, weighted_mean
 from voxrelay.quality.scorer import Sample
 
 
@@ -23,6 +23,7 @@ class TextRow:
     text: str
     speaker: str | None = None
     codes: np.ndarray | None = None
+    description: str | None = None
     ref_audio: np.ndarray | None = None
 
 
@@ -98,17 +99,18 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
     for i, row in enumerate(rows):
         has_ref = row.codes is not None
         max_frames = 2 * row.codes.shape[1] + 20 if has_ref else int(max_seconds * codec.frame_rate)
-        codes = model.generate(row.text, speaker=row.speaker or speaker, max_frames=max_frames, seed=seed_base + i,
-                               temperature=temperature, top_k=top_k)
-        frames = codes.shape[1]
-        wav = codec.decode(codes) if frames else np.zeros(1, dtype=np.float32)
+        request = request_for(model, row.text, row.speaker or speaker, row.description)
+        speech = model.speak(request, codec, max_frames=max_frames, seed=seed_base + i, temperature=temperature,
+                             top_k=top_k)
+        frames = speech.frames
+        wav = speech.wav if frames else np.zeros(1, dtype=np.float32)
         ref = None
         if has_ref:
             stopped += int(frames < max_frames)
             ratios.append(frames / row.codes.shape[1])
             ref = row.ref_audio if row.ref_audio is not None else codec.decode(row.codes)
             mcds.append(mcd_dtw(ref, wav, codec.sample_rate))
-        samples.append(Sample(row.id, row.text, wav, codec.sample_rate, ref, codec.sample_rate))
+        samples.append(Sample(row.id, row.text, wav, speech.sample_rate, ref, codec.sample_rate))
     if not mcds:
         return samples, {}
     return samples, {

@@ -28,9 +28,12 @@ from voxrelay.models.base import (
     LoraDefaults,
     LossTerm,
     LossTerms,
+    Request,
     Row,
+    Speech,
     decay_groups,
     module_classes,
+    speak_codes,
     with_counts,
 )
 from voxrelay.models.codec_lm import code_vectors as code_vectors_lib
@@ -67,6 +70,8 @@ class CodecLM(FamilyState):
     ``module`` is the ``transformers`` model (a ``LlamaForCausalLM`` when built from scratch);
     ``max_seq_len`` bounds training sequences and generation (text + audio ids).
     """
+
+    request_fields: tuple[str, ...] = ()  # text and speaker only
 
     family = "codec_lm"
     max_length_key = "model.max_seq_len"  # the config key of max_length, named in warnings
@@ -320,6 +325,11 @@ class CodecLM(FamilyState):
         return module_classes(self.module, getattr(self.module, "_no_split_modules", None) or [])
 
     # ---------------------------------------------------------------- synthesis
+
+    def speak(self, request: Request, codec, max_frames: int | None = None, temperature: float = 0.8,
+              top_k: int | None = 50, seed: int = 0) -> Speech:
+        """:meth:`generate` the request's text and speaker, decoded by ``codec`` (no description, no voice prompts)."""
+        return speak_codes(self, request, codec, max_frames, temperature, top_k, seed)
 
     @torch.no_grad()
     def generate(

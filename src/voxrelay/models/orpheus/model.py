@@ -24,9 +24,12 @@ from voxrelay.models.base import (
     LoraDefaults,
     LossTerm,
     LossTerms,
+    Request,
     Row,
+    Speech,
     decay_groups,
     module_classes,
+    speak_codes,
     with_counts,
 )
 from voxrelay.models.hf import load_causal_lm, read_meta, write_meta
@@ -50,6 +53,8 @@ class Orpheus(FamilyState):
     ``module``: a ``LlamaForCausalLM`` with 156,940 embedding rows; ``tokenizer``: the Llama-3 tokenizer with
     Orpheus' custom tokens; ``speakers``: voices of the training data (the prompt is ``"{speaker}: {text}"``).
     """
+
+    request_fields: tuple[str, ...] = ()  # text and speaker only
 
     family = "orpheus"
     max_length_key = "model.max_seq_len"
@@ -140,6 +145,11 @@ class Orpheus(FamilyState):
         return module_classes(self.module, getattr(self.module, "_no_split_modules", None) or [])
 
     # ---------------------------------------------------------------- synthesis
+
+    def speak(self, request: Request, codec, max_frames: int | None = None, temperature: float = 0.8,
+              top_k: int | None = 50, seed: int = 0) -> Speech:
+        """:meth:`generate` the request's text and speaker, decoded by ``codec`` (no description, no voice prompts)."""
+        return speak_codes(self, request, codec, max_frames, temperature, top_k, seed)
 
     @torch.no_grad()
     def generate(self, text: str, speaker: str | None = None, max_frames: int | None = None,
