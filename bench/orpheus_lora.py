@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).parents[1]))  # tests.helpers: the tiny pa
 from tests.helpers.orpheus import save_llama3_tokenizer  # noqa: E402
 from voxrelay.config import TrainConfig  # noqa: E402
 from voxrelay.models.base import DataSpec  # noqa: E402
+from voxrelay.models.lora_config import LoraConfig  # noqa: E402
 from voxrelay.models.orpheus.config import OrpheusConfig  # noqa: E402
 from voxrelay.models.registry import build_model  # noqa: E402
-from voxrelay.train.lora_config import LoraConfig  # noqa: E402
 from voxrelay.train.optim import build_optimizer  # noqa: E402
 from voxrelay.train.strategies import apply_lora, trainable_state  # noqa: E402
 

@@ -19,8 +19,8 @@ import contextlib
 
 import torch
 
-from voxrelay.plan_formulas import activation_bytes, grad_bytes, logits_bytes, optimizer_bytes, weight_bytes
-from voxrelay.plan_model import collect, shape_of
+from voxrelay.plan.formulas import activation_bytes, grad_bytes, logits_bytes, optimizer_bytes, weight_bytes
+from voxrelay.plan.model import collect, shape_of
 
 COMPUTE = {"bf16": (torch.bfloat16, contextlib.nullcontext),
            "autocast": (torch.float32, lambda: torch.autocast("cpu", dtype=torch.bfloat16)),

@@ -129,8 +129,8 @@ def plan_cmd(
 
     cfg = load_config(config, overrides or [])  # before the heavy imports: a config error comes at once
     gpu_bytes = parse_gpu_memory(gpu_memory, gpu)
-    from voxrelay.plan_model import lengths, model_facts, read_index
-    from voxrelay.plan_render import print_plan, to_json
+    from voxrelay.plan.model import lengths, model_facts, read_index
+    from voxrelay.plan.render import print_plan, to_json
 
     index = read_index(cfg) if seq_len is None else None
     if seq_len is None and index is None:

@@ -22,7 +22,7 @@ from voxrelay.config import load_config
 from voxrelay.models.base import DataSpec
 from voxrelay.models.registry import build_model
 from voxrelay.plan import PlanError, Strategy, make_plan, parse_gpu_memory, per_gpu
-from voxrelay.plan_formulas import (
+from voxrelay.plan.formulas import (
     GB,
     Shape,
     activation_bytes,
@@ -32,7 +32,7 @@ from voxrelay.plan_formulas import (
     optimizer_bytes,
     weight_bytes,
 )
-from voxrelay.plan_model import Lengths, model_facts, shape_of
+from voxrelay.plan.model import Lengths, model_facts, shape_of
 from voxrelay.train.optim import build_optimizer
 from voxrelay.train.strategies import apply_lora
 
@@ -105,7 +105,7 @@ def test_meta_prediction_equals_real_parameters_gradients_and_optimizer_states(f
 
 
 def test_optimizer_bytes_per_parameter_match_facts() -> None:
-    from voxrelay.plan_formulas import Param
+    from voxrelay.plan.formulas import Param
 
     big = [Param((4096, 4096), 4, True)]
     n = 4096 * 4096
@@ -305,7 +305,7 @@ def test_lengths_come_from_the_prepared_data(tmp_path: Path, monkeypatch) -> Non
     from tests.integration.tiny import tiny
     from voxrelay.data.loader import PreparedDataset
     from voxrelay.data.prepare import prepare
-    from voxrelay.plan_model import lengths, read_index
+    from voxrelay.plan.model import lengths, read_index
 
     monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
     cfg = load_config(demo_config_path(), tiny(str(tmp_path / "root"), "train.batch_tokens=100"))
@@ -365,3 +365,15 @@ def test_checkpointed_forward_saves_layer_inputs_only(compute: str, reentrant: b
         measured = _decoder_saved(module, False, 96, ctx)
         recomputed_layer = 96 * layer_activation_bytes(shape, compute)
         assert activation_bytes(shape, 96, compute, True) - recomputed_layer == measured, (h, i, nh, kv)
+
+
+def test_planning_lives_in_one_package_below_train():
+    """plan/ is what train calls to check a run fits; it never imports train (nor does anything outside plan/
+    hold planning code of its own)."""
+    import re
+
+    src = Path(__file__).parents[2] / "src" / "voxrelay"
+    imports = re.compile(r"^\s*(from|import) voxrelay\.train\b", re.M)
+    offenders = [p.name for p in (src / "plan").glob("*.py") if imports.search(p.read_text())]
+    assert not offenders, offenders
+    assert not list(src.glob("plan_*.py")) and not (src / "train" / "memory.py").exists()

@@ -29,11 +29,11 @@ from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model
 from voxrelay.monitor.sinks import TB_DIR, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, cache_dir, uri_key
+from voxrelay.plan.fit import check_fits, gpu_memory
 from voxrelay.quality.scorer import Scorer
 from voxrelay.train import state as st
 from voxrelay.train.evaluate import SAMPLES_DIR
 from voxrelay.train.launch_env import apply_accelerate_env
-from voxrelay.train.memory import check_fits, gpu_memory
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
 from voxrelay.train.ranks import Ranks

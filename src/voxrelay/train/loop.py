@@ -15,9 +15,9 @@ from voxrelay.checkpoint import preemption as pre
 from voxrelay.config import parse_duration
 from voxrelay.models.base import LossTerms, pop_counts, weighted_mean
 from voxrelay.monitor.progress import ProgressLine, Throughput
+from voxrelay.plan.fit import gpu_memory, oom_advice
 from voxrelay.train.build import Run
 from voxrelay.train.evaluate import evaluate
-from voxrelay.train.memory import gpu_memory, oom_advice
 from voxrelay.train.resume import any_rank, save_checkpoint
 from voxrelay.train.stops import (
     LEASE_LOST,

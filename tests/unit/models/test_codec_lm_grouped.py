@@ -126,7 +126,7 @@ def test_bad_codes_and_too_long_utterances_are_refused() -> None:
 
 
 def test_lora_trains_a_grouped_model_through_the_slot_embedding() -> None:
-    from voxrelay.train.lora_config import LoraConfig
+    from voxrelay.models.lora_config import LoraConfig
     from voxrelay.train.strategies import apply_lora
 
     torch.manual_seed(0)

@@ -31,7 +31,7 @@ def prepared(tmp_path, monkeypatch):
 def test_a_strategy_that_will_not_fit_stops_before_loading_with_the_plan(prepared, caplog):
     from voxrelay.config import load_config
     from voxrelay.plan import configured
-    from voxrelay.train.memory import WillNotFitError, check_fits, plan_of
+    from voxrelay.plan.fit import WillNotFitError, check_fits, plan_of
 
     cfg, index = prepared
     need = next(r for r in plan_of(cfg, index, 1, 10**12).rows if r.strategy == configured(cfg, 1))

@@ -14,8 +14,8 @@ from voxrelay.checkpoint.store import CheckpointError
 from voxrelay.data.shards import EncodedUtterance
 from voxrelay.models.base import DataSpec, FamilyModel, LoraDefaults, pop_counts
 from voxrelay.models.codec_lm.config import CodecLMConfig
+from voxrelay.models.lora_config import LoraConfig
 from voxrelay.models.registry import build_model
-from voxrelay.train.lora_config import LoraConfig
 from voxrelay.train.strategies import (
     HASH_SAMPLE,
     BaseModelChangedError,

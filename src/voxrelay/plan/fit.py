@@ -22,7 +22,7 @@ class WillNotFitError(PlanError):
 
 def plan_of(cfg: RunConfig, index: dict, world: int, gpu_bytes: int) -> Plan:
     """The plan of ``cfg`` for ``world`` GPUs of ``gpu_bytes`` each (meta-device build: no weights read)."""
-    from voxrelay.plan_model import lengths, model_facts
+    from voxrelay.plan.model import lengths, model_facts
 
     facts, model = model_facts(cfg, index)
     return make_plan(cfg, facts, lengths(cfg, model, index, None), world, gpu_bytes)
@@ -94,7 +94,7 @@ def oom_advice(cfg: RunConfig, index: dict, world: int, gpu_bytes: int | None) -
 
 
 def render(plan: Plan, mine: Strategy) -> str:
-    from voxrelay.plan_render import print_plan
+    from voxrelay.plan.render import print_plan
 
     buf = io.StringIO()
     print_plan(plan, Console(file=buf, width=132, soft_wrap=True, color_system=None), mine)

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from voxrelay.plan import Plan, PlanRow, Strategy
-from voxrelay.plan_formulas import GB
+from voxrelay.plan.formulas import GB
 
 COLUMNS = ("weights", "grads", "optimizer", "activations", "logits", "overhead", "total")
 HEADERS = ("weights", "grads", "optim", "activ", "logits", "overhead", "total")

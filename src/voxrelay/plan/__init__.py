@@ -2,7 +2,7 @@
 
 The model is built on the meta device through the family seam (shapes only: no weights read, only
 config.json of ``model.init_from``), LoRA applied on meta too (peft works there), and every parameter's shape
-and dtype feeds :mod:`voxrelay.plan_formulas`. Sequence lengths come from the prepared data (the longest
+and dtype feeds :mod:`voxrelay.plan.formulas`. Sequence lengths come from the prepared data (the longest
 example, the 95th percentile, and the batch budget) or ``--seq-len``.
 
 Assumptions (each also written where it is used):
@@ -26,7 +26,7 @@ from typing import Any
 
 from voxrelay.config import RunConfig
 from voxrelay.errors import UserError
-from voxrelay.plan_formulas import (
+from voxrelay.plan.formulas import (
     GB,
     Param,
     Shape,

@@ -11,7 +11,7 @@ import numpy as np
 from voxrelay.config import RunConfig
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.plan import Lengths, ModelFacts, PlanError
-from voxrelay.plan_formulas import Param, Shape
+from voxrelay.plan.formulas import Param, Shape
 
 
 def data_spec(cfg: RunConfig, index: dict | None) -> DataSpec:
@@ -72,9 +72,9 @@ def shape_of(module: Any, lora_rank: int = 0) -> Shape:
 def model_facts(cfg: RunConfig, index: dict | None) -> tuple[ModelFacts, FamilyModel]:
     """Build the model on meta (no weights), read it, apply LoRA (``train.lora`` or the family's defaults),
     read it again. Returns the facts and the (LoRA-free) family model, whose ``length`` sizes examples."""
+    from voxrelay.models.lora import apply_lora, lora_settings
+    from voxrelay.models.lora_config import LoraConfig
     from voxrelay.models.registry import build_model
-    from voxrelay.train.lora_config import LoraConfig
-    from voxrelay.train.strategies import apply_lora, lora_settings
 
     model = build_model(cfg.model, data_spec(cfg, index), cfg.train.seed, meta=True)
     layers = model.fsdp_layer_classes()

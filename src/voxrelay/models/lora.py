@@ -1,0 +1,94 @@
+"""LoRA (peft) on a family's model: :func:`apply_lora` wraps ``model.module`` in a ``PeftModel`` with the
+family's defaults (:meth:`FamilyModel.lora_defaults`) for every ``train.lora`` key left unset; the base
+stays frozen. Training applies it as one of its strategies (:mod:`voxrelay.train.strategies`); planning
+(:mod:`voxrelay.plan`) applies it on the meta device to count what trains. peft is imported lazily.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from voxrelay.config import ConfigError
+from voxrelay.errors import one_line
+
+if TYPE_CHECKING:
+    import torch
+
+    from voxrelay.models.base import FamilyModel
+    from voxrelay.models.lora_config import LoraConfig
+
+log = logging.getLogger(__name__)
+
+
+class LoraSettingsError(ConfigError):
+    """``train.lora`` does not fit the model (e.g. target_modules that match none of its modules)."""
+
+
+def lora_settings(model: FamilyModel, cfg: LoraConfig) -> dict:
+    """``cfg``'s keys, those left unset (None) taken from the family's :class:`LoraDefaults`."""
+    defaults = model.lora_defaults()
+    chosen = {key: getattr(cfg, key) for key in type(cfg).model_fields}
+    return {key: getattr(defaults, key) if value is None else value for key, value in chosen.items()}
+
+
+def ties_embeddings(module: torch.nn.Module) -> bool:
+    """True when the module's output projection shares its weight with the input embeddings (Orpheus'
+    Llama): peft must then tie the trained copies too, or the two drift apart and train twice."""
+    get_in, get_out = getattr(module, "get_input_embeddings", None), getattr(module, "get_output_embeddings", None)
+    if get_in is None or get_out is None:
+        return False
+    emb, head = get_in(), get_out()
+    return emb is not None and head is not None and getattr(emb, "weight", None) is getattr(head, "weight", 0)
+
+
+def apply_lora(model: FamilyModel, cfg: LoraConfig | None) -> None:
+    """Replace ``model.module`` by a ``PeftModel`` with LoRA adapters (no-op when ``cfg`` is None).
+
+    The family's loss and generate call the module as before (PeftModel forwards every argument).
+    Adapter initialisation draws from the global torch RNG, which the caller has seeded.
+    """
+    if cfg is None:
+        return
+    import peft
+
+    s = lora_settings(model, cfg)
+    tied = ties_embeddings(model.module)
+    config = peft.LoraConfig(
+        r=s["r"], lora_alpha=s["alpha"], lora_dropout=s["dropout"], use_rslora=s["rslora"],
+        target_modules=s["target_modules"], modules_to_save=list(s["modules_to_save"]) or None,
+        ensure_weight_tying=tied,
+    )
+    try:
+        with quiet_peft():
+            model.module = peft.get_peft_model(model.module, config)
+    except ValueError as e:  # peft's message for target_modules or modules_to_save that match nothing
+        raise LoraSettingsError(
+            f"train.lora does not fit this {model.family} model ({one_line(e)[:300]}); "
+            f"set train.lora.target_modules / modules_to_save to names of its modules, e.g. "
+            f"{_linear_names(model.module)} (null = the family's default)"
+        ) from None
+    trainable = sum(p.numel() for p in model.module.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.module.parameters())
+    log.info("LoRA r=%d alpha=%g dropout=%g rslora=%s on %s; trained in full: %s; tied embeddings: %s; "
+             "training %s of %s parameters (%.2f%%)", s["r"], s["alpha"], s["dropout"], s["rslora"],
+             s["target_modules"], s["modules_to_save"] or "none", tied, f"{trainable:,}", f"{total:,}",
+             100 * trainable / max(total, 1))
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """peft 0.21 reads a transformers 5 property deprecated in favour of another: a FutureWarning on every
+    wrap that the user can do nothing about."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
+def _linear_names(module: torch.nn.Module) -> list[str]:
+    import torch
+
+    return sorted({name.rsplit(".", 1)[-1] for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)})
