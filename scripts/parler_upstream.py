@@ -37,8 +37,21 @@ READY_MARKER = ".parler-upstream-ready"
 STUB_DIR = "torchaudio-stub"
 
 PIP_DEPS = [
-    "torch==2.13.0", "transformers==4.46.1", "sentencepiece", "protobuf", "einops", "argbind", "flatten-dict",
-    "julius", "soundfile", "ffmpy", "scipy", "importlib_resources", "rich", "tensorboard", "randomname",
+    "torch==2.13.0",
+    "transformers==4.46.1",
+    "sentencepiece",
+    "protobuf",
+    "einops",
+    "argbind",
+    "flatten-dict",
+    "julius",
+    "soundfile",
+    "ffmpy",
+    "scipy",
+    "importlib_resources",
+    "rich",
+    "tensorboard",
+    "randomname",
 ]
 PIP_NO_DEPS = ["parler-tts==0.2.3", "descript-audio-codec==1.0.0", "descript-audiotools==0.7.2"]
 
@@ -85,6 +98,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     make = sub.add_parser("make-fixture", help="write the fixture folder")
     make.add_argument("--out", type=Path, default=DEFAULT_OUT)
     make.add_argument("--text-d-model", type=int, default=24, help="T5 d_model; equal to 16 -> no enc_to_dec_proj")
+    make.add_argument("--keep-full", type=Path, help="also keep upstream's complete save (with the DAC, ~300 MB) here")
     check = sub.add_parser("check-export", help="run the fixture inputs through a checkpoint folder")
     check.add_argument("folder", type=Path)
     check.add_argument("--fixture", type=Path, default=DEFAULT_OUT)
@@ -101,10 +115,24 @@ def main(argv: list[str]) -> int:
         python = ensure_venv(venv)
         os.execv(str(python), [str(python), str(Path(__file__).resolve()), *argv])
     sys.path.insert(0, str(venv / STUB_DIR))
+    quiet_upstream()
     if args.command == "make-fixture":
-        make_fixture(args.out.absolute(), args.text_d_model)
+        make_fixture(args.out.absolute(), args.text_d_model, args.keep_full)
         return 0
     return check_export(args.folder.absolute(), args.fixture.absolute(), args.atol)
+
+
+def quiet_upstream() -> None:
+    """Silence upstream's config-overwrite and deprecation chatter (inside the venv only)."""
+    import logging
+    import warnings
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("parler_tts").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
 
 
 # ----------------------------------------------------------------------------- model
@@ -117,13 +145,30 @@ def build_model(text_d_model: int):
     from transformers import T5Config
 
     t5 = T5Config(
-        vocab_size=TEXT_VOCAB, d_model=text_d_model, d_kv=8, d_ff=64, num_layers=2, num_heads=2,
-        feed_forward_proj="gated-gelu", dropout_rate=0.0, tie_word_embeddings=False,
+        vocab_size=TEXT_VOCAB,
+        d_model=text_d_model,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=2,
+        feed_forward_proj="gated-gelu",
+        dropout_rate=0.0,
+        tie_word_embeddings=False,
     )
     decoder = ParlerTTSDecoderConfig(
-        vocab_size=CODE_VOCAB, max_position_embeddings=256, num_hidden_layers=2, ffn_dim=64,
-        num_attention_heads=2, hidden_size=DECODER_HIDDEN, dropout=0.0, attention_dropout=0.0,
-        activation_dropout=0.0, layerdrop=0.0, pad_token_id=PAD_ID, eos_token_id=PAD_ID, bos_token_id=BOS_ID,
+        vocab_size=CODE_VOCAB,
+        max_position_embeddings=256,
+        num_hidden_layers=2,
+        ffn_dim=64,
+        num_attention_heads=2,
+        hidden_size=DECODER_HIDDEN,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        layerdrop=0.0,
+        pad_token_id=PAD_ID,
+        eos_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
         num_codebooks=NUM_CODEBOOKS,
     )
     config = ParlerTTSConfig.from_sub_models_config(t5, DACConfig(), decoder, vocab_size=PROMPT_VOCAB)
@@ -184,7 +229,10 @@ def upstream_labels(codes):
     bos_labels = torch.ones((1, NUM_CODEBOOKS, 1)) * BOS_ID
     labels = torch.cat([bos_labels, codes.unsqueeze(0)], dim=-1)
     labels, delay_pattern_mask = build_delay_pattern_mask(
-        labels, bos_token_id=BOS_ID, pad_token_id=PAD_ID, max_length=labels.shape[-1] + NUM_CODEBOOKS,
+        labels,
+        bos_token_id=BOS_ID,
+        pad_token_id=PAD_ID,
+        max_length=labels.shape[-1] + NUM_CODEBOOKS,
         num_codebooks=NUM_CODEBOOKS,
     )
     labels = torch.where(delay_pattern_mask == -1, PAD_ID, delay_pattern_mask)
@@ -209,10 +257,15 @@ def make_inputs(model) -> dict:
     targets = labels.masked_fill(labels == BOS_ID, -100)
     loss_mask = (decoder_input_ids.transpose(1, 2) != PAD_ID) & (targets != -100)
     return {
-        "input_ids": input_ids, "attention_mask": attention_mask,
-        "prompt_input_ids": prompt_ids, "prompt_attention_mask": prompt_mask,
-        "audio_codes": codes, "audio_codes_lengths": torch.tensor(CODE_LENS, dtype=torch.long),
-        "labels": labels.long(), "decoder_input_ids": decoder_input_ids.long(), "loss_mask": loss_mask,
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "prompt_input_ids": prompt_ids,
+        "prompt_attention_mask": prompt_mask,
+        "audio_codes": codes,
+        "audio_codes_lengths": torch.tensor(CODE_LENS, dtype=torch.long),
+        "labels": labels.long(),
+        "decoder_input_ids": decoder_input_ids.long().contiguous(),
+        "loss_mask": loss_mask,
         # run_parler_tts_training.py's count: the OR of three `ne`s is always true -> B * T (padding included)
         "train_num_items_in_batch": (labels.ne(BOS_ID) | labels.ne(-100) | labels.ne(PAD_ID)).sum((0, 1))[0],
     }
@@ -227,15 +280,17 @@ def run_forward(model, inputs: dict) -> dict:
 
     kwargs = {name: inputs[name] for name in MODEL_INPUTS}
     with torch.no_grad():
-        out = model(**kwargs)
-        out_sum = model(**kwargs, loss_reduction="sum")
+        out = model(**kwargs, use_cache=False)
+        out_sum = model(**kwargs, use_cache=False, loss_reduction="sum")
     batch, steps = inputs["labels"].shape[:2]
     full = out.logits.reshape(batch, NUM_CODEBOOKS, -1, out.logits.shape[-1])  # [B*K, Lp+T, V] -> [B, K, Lp+T, V]
     return {
         "logits": full[:, :, -steps:].contiguous(),
         "encoder_hidden_states": out.encoder_last_hidden_state.contiguous(),
-        "loss": out.loss, "per_codebook_losses": torch.stack(out.per_codebook_losses),
-        "loss_sum": out_sum.loss, "per_codebook_losses_sum": torch.stack(out_sum.per_codebook_losses),
+        "loss": out.loss,
+        "per_codebook_losses": torch.stack(out.per_codebook_losses),
+        "loss_sum": out_sum.loss,
+        "per_codebook_losses_sum": torch.stack(out_sum.per_codebook_losses),
         "returned_logits_shape": torch.tensor(out.logits.shape),
     }
 
@@ -243,7 +298,7 @@ def run_forward(model, inputs: dict) -> dict:
 # ----------------------------------------------------------------------------- writing the fixture
 
 
-def make_fixture(out_dir: Path, text_d_model: int) -> None:
+def make_fixture(out_dir: Path, text_d_model: int, keep_full: Path | None) -> None:
     from safetensors.torch import save_file
 
     model = build_model(text_d_model)
@@ -256,10 +311,13 @@ def make_fixture(out_dir: Path, text_d_model: int) -> None:
         for name in ("config.json", "generation_config.json"):
             shutil.copyfile(Path(tmp) / name, out_dir / name)
         keys = split_state_dict(Path(tmp) / "model.safetensors", out_dir)
+        if keep_full is not None:
+            shutil.copytree(tmp, keep_full, dirs_exist_ok=True)
     tensors = {**inputs, **outputs}
     save_file(tensors, str(out_dir / "io.safetensors"), metadata={"format": "pt"})
     write_readme(out_dir, model, tensors, keys)
     for path in sorted(out_dir.iterdir()):
+        path.chmod(0o644)  # safetensors writes 0600
         print(f"{path.stat().st_size:>10}  {path}")
     print(f"loss {outputs['loss'].item():.6f}  logits {tuple(outputs['logits'].shape)}")
 
@@ -270,15 +328,17 @@ def check_consistency(model, inputs: dict, outputs: dict) -> None:
 
     kwargs = {name: inputs[name] for name in MODEL_INPUTS}
     with torch.no_grad():
-        again = model(**kwargs, decoder_input_ids=inputs["decoder_input_ids"])
+        again = model(**kwargs, use_cache=False, decoder_input_ids=inputs["decoder_input_ids"])
     steps = inputs["labels"].shape[1]
     logits = again.logits.reshape(*outputs["logits"].shape[:2], -1, again.logits.shape[-1])[:, :, -steps:]
     assert torch.equal(logits, outputs["logits"]), "explicit decoder_input_ids changed the logits"
     mask, labels = inputs["loss_mask"], inputs["labels"]
-    per_codebook = torch.stack([
-        torch.nn.functional.cross_entropy(outputs["logits"][:, k][mask[..., k]], labels[..., k][mask[..., k]])
-        for k in range(NUM_CODEBOOKS)
-    ])
+    per_codebook = torch.stack(
+        [
+            torch.nn.functional.cross_entropy(outputs["logits"][:, k][mask[..., k]], labels[..., k][mask[..., k]])
+            for k in range(NUM_CODEBOOKS)
+        ]
+    )
     torch.testing.assert_close(per_codebook, outputs["per_codebook_losses"])
     torch.testing.assert_close(per_codebook.mean(), outputs["loss"])
 
@@ -297,7 +357,8 @@ def split_state_dict(saved: Path, out_dir: Path) -> dict:
             else:
                 kept[key] = f.get_tensor(key).contiguous()
     save_file(kept, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "audio_encoder_keys.json").write_text(json.dumps(dict(sorted(dac.items())), indent=1) + "\n")
+    lines = [f"  {json.dumps(key)}: {json.dumps(dac[key])}" for key in sorted(dac)]
+    (out_dir / "audio_encoder_keys.json").write_text("{\n" + ",\n".join(lines) + "\n}\n")
     return {"kept": sorted(kept), "audio_encoder": len(dac)}
 
 
@@ -343,6 +404,7 @@ def write_readme(out_dir: Path, model, tensors: dict, keys: dict) -> None:
         n_dac=keys["audio_encoder"],
         proj="yes" if hasattr(model, "enc_to_dec_proj") else "no",
         text_d_model=model.config.text_encoder.d_model,
+        flags="" if model.config.text_encoder.d_model == 24 else f" --text-d-model {model.config.text_encoder.d_model}",
     )
     (out_dir / "README.md").write_text(text)
 
@@ -350,7 +412,7 @@ def write_readme(out_dir: Path, model, tensors: dict, keys: dict) -> None:
 README_TEMPLATE = """\
 # Upstream Parler-TTS fixture (generated, do not edit)
 
-Made by `python3 scripts/parler_upstream.py make-fixture` (repo root), which creates an isolated venv
+Made by `python3 scripts/parler_upstream.py make-fixture{flags}` (repo root), which creates an isolated venv
 with {versions} (Python {python}) and runs upstream's own code. Rerunning it reproduces these files.
 Random weights, seed 1234, fp32, eval mode, `attn_implementation="eager"`; loss = {loss:.6f}.
 
@@ -389,6 +451,18 @@ The forward call is `model(input_ids, attention_mask, prompt_input_ids, prompt_a
 - Decoder sequence = [prompt embeddings (Lp) ; summed codebook embeddings (T)]; sinusoidal positions 0..Lp+T-1
   over the concatenation (prompt padding counts), prompt mask prepended to an all-ones audio mask, causal.
   Returned logits are [B*K, Lp+T, V] (b-major); the loss uses the last T positions, stored here as [B, K, T, V].
+- Because positions count the prompt's left padding, padding changes the audio logits: row 1 run alone
+  without its 2 prompt pads differs by up to ~1.5 from its batched logits here. Description (right) padding
+  has no effect (1.7e-6). A re-implementation must use column positions over [prompt ; audio].
+- `embed_positions.weights` is a saved parameter but plain sinusoid: a checkpoint without it loads to the same
+  logits (upstream reports it missing). `use_fused_lm_heads=True` stores one `decoder.lm_heads.weight`
+  [K*V, D] = the K per-codebook heads concatenated along dim 0 (same logits). SDPA vs eager: 1.2e-6.
+
+## Checking a checkpoint in upstream's format
+
+`python3 scripts/parler_upstream.py check-export FOLDER` loads FOLDER with upstream's `from_pretrained`
+(eager attention), runs these inputs and prints max |logit diff| and the losses (exit 1 if diff > 1e-4 or a
+non-DAC key is missing). This folder itself passes (its DAC is then randomly initialised, unused here).
 """
 
 
@@ -412,9 +486,10 @@ def check_export(folder: Path, fixture: Path, atol: float) -> int:
     print(f"max |logit diff| {diff.max().item():.3e}  (per codebook {[f'{d:.1e}' for d in diff.amax((0, 2, 3))]})")
     print(f"loss {got['loss'].item():.6f} vs fixture {ref['loss'].item():.6f}")
     print(f"loss_sum {got['loss_sum'].item():.6f} vs fixture {ref['loss_sum'].item():.6f}")
-    ok = diff.max().item() <= atol and not non_dac
-    print("OK" if ok else f"MISMATCH (atol {atol})")
-    return 0 if ok else 1
+    problems = [f"max |logit diff| > atol {atol}"] if diff.max().item() > atol else []
+    problems += ["non-DAC keys missing from the folder"] if non_dac else []
+    print("OK" if not problems else "MISMATCH: " + "; ".join(problems))
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -162,7 +162,7 @@ def synthesize_cmd(
     ),
     description: str = typer.Option(
         None, "--description", help="How the voice should sound, for a family that conditions on a description "
-        "(parler), e.g. 'A calm female voice, close to the microphone'"
+        "(e.g. Parler-TTS), e.g. 'A calm female voice, close to the microphone'"
     ),
     step: int = typer.Option(None, "--step", help="Checkpoint step (default: latest valid)"),
     seed: int = typer.Option(0, "--seed", help="Sampling seed: the same seed, text and weights give the same audio"),

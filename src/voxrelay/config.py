@@ -78,8 +78,8 @@ class DataConfig(Section):
     eval_size: int = Field(24, ge=0, description="Number of utterances held out for evaluation")
     shard_size: int = Field(256, gt=0, description="Utterances per Parquet shard")
     default_description: str | None = Field(
-        None, description="Description given to rows without one, for a family that needs one per row (parler); "
-        "None: such rows are rejected, naming the row",
+        None, description="Description given to rows without one, for a family that needs one per row (e.g. "
+        "Parler-TTS); None: such rows are rejected, naming the row",
     )
 
     @field_validator("name")

@@ -8,7 +8,9 @@ from pydantic import BaseModel
 
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.orpheus.config import OrpheusConfig
+from voxrelay.models.parler.config import ParlerFamilyConfig
 
 # the implementations are registered under the same names in voxrelay.models.registry (a test keeps the two in step)
-FAMILY_CONFIGS: dict[str, type[BaseModel]] = {"codec_lm": CodecLMConfig, "orpheus": OrpheusConfig}
+FAMILY_CONFIGS: dict[str, type[BaseModel]] = {"codec_lm": CodecLMConfig, "orpheus": OrpheusConfig,
+                                              "parler": ParlerFamilyConfig}
 DEFAULT_FAMILY = "codec_lm"  # a `model:` section without `family` (configs older than families)

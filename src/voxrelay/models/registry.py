@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 FAMILIES: dict[str, str] = {
     "codec_lm": "voxrelay.models.codec_lm.family:CodecLMFamily",
     "orpheus": "voxrelay.models.orpheus.family:OrpheusFamily",
+    "parler": "voxrelay.models.parler.family:ParlerFamily",
 }
 
 

@@ -1,0 +1,130 @@
+"""The ``parler`` family through the seam: examples and per-codebook loss terms, the frozen T5, speaking from a
+description, saving and loading, and ``init_from`` an upstream folder (the committed fixture made by upstream's
+own code) or a config-only one (planning)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers.parler import save_parts
+from voxrelay.models.base import DataSpec, Request, pop_counts
+
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "parler"
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory) -> dict[str, Path]:
+    return save_parts(tmp_path_factory.mktemp("parler-parts"))
+
+
+def _cfg(parts: dict[str, Path], *extra: str):
+    from voxrelay.config import load_config
+
+    return load_config(None, ["model.family=parler", "model.preset=tiny", f"model.text_encoder={parts['text_encoder']}",
+                              f"model.prompt_tokenizer={parts['prompt_tokenizer']}", *extra]).model
+
+
+def _build(parts, *extra: str, data: DataSpec = DataSpec(9, 1024), meta: bool = False):
+    from voxrelay.models.registry import build_model
+
+    return build_model(_cfg(parts, *extra), data, seed=0, meta=meta)
+
+
+def _rows(n: int = 2) -> list:
+    rng = np.random.default_rng(0)
+    texts = [("hello there", 5, "A calm voice."), ("the quick brown fox", 9, "A man speaks quickly.")]
+    return [SimpleNamespace(id=f"r{i}", text=t, speaker=None, description=d, codes=rng.integers(0, 1024, (9, f)))
+            for i, (t, f, d) in enumerate(texts[:n])]
+
+
+def _dac(parts):
+    from voxrelay.codecs.dac import DacCodec
+
+    return DacCodec.from_pretrained(str(parts["dac"]))
+
+
+def test_one_loss_term_per_codebook_counted_by_collate_and_weighted_to_upstreams_mean(parts):
+    from voxrelay.models.parler import delay
+
+    model = _build(parts, "model.dropout=0")
+    model.module.eval()
+    batch = model.collate([model.example(r) for r in _rows()])
+    counts = pop_counts(batch)
+    terms = model.loss(model.module, batch)
+    assert list(terms) == [f"codebook_{k}" for k in range(9)] == list(counts)
+    assert [int(t.count) for t in terms.values()] == list(counts.values())
+    assert counts["codebook_0"] == 5 + 1 + 9 + 1  # each row's frames and its one EOS
+    sums = torch.stack([t.sum for t in terms.values()])
+    objective = sum(t.weight * float(t.sum) / int(t.count) for t in terms.values())
+    upstream = float(delay.mean_of_means(sums.detach(), torch.tensor(list(counts.values()))))
+    assert objective == pytest.approx(upstream, rel=1e-6)
+    weighted = _build(parts, "model.codebook_weights=[2,1,1,1,1,1,1,1,1]")
+    assert [t.weight for t in weighted.loss(weighted.module, batch).values()][:2] == [0.2, 0.1]
+
+
+def test_the_description_encoder_is_frozen_and_its_rows_left_padded_prompts(parts):
+    model = _build(parts)
+    assert not any(p.requires_grad for p in model.module.text_encoder.parameters())
+    assert all(p.requires_grad for n, p in model.module.named_parameters() if not n.startswith("text_encoder"))
+    batch = model.collate([model.example(r) for r in _rows()])
+    assert batch["prompt_mask"][0, 0] == 0 and batch["prompt_mask"][0, -1] == 1  # left-padded, as upstream trains
+    assert batch["description_mask"][0, 0] == 1 and batch["description_mask"][0, -1] == 0  # right-padded
+    assert model.length(_rows()[1]) == batch["prompt_mask"][1].sum() + 9 + 9
+    unfrozen = _build(parts, "model.freeze_text_encoder=false")
+    assert all(p.requires_grad for p in unfrozen.module.parameters())
+
+
+def test_speaks_from_a_description_reproducibly_and_a_saved_folder_speaks_the_same(parts, tmp_path):
+    from voxrelay.models.base import RequestError
+    from voxrelay.models.registry import load_model
+
+    model, codec = _build(parts), _dac(parts)
+    request = Request("hello there", description="A calm voice.")
+    first = model.speak(request, codec, max_frames=12, seed=3)
+    assert 1 <= first.frames <= 12 and first.sample_rate == 44100 and len(first.wav) == first.frames * 512
+    assert np.array_equal(model.speak(request, codec, max_frames=12, seed=3).wav, first.wav)
+    with pytest.raises(RequestError, match="has no description"):
+        model.speak(Request("hello there"), codec, max_frames=4)
+    model.save_pretrained(tmp_path / "saved")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert config["model_type"] == "parler_tts" and config["decoder"]["num_codebooks"] == 9
+    loaded = load_model(tmp_path / "saved")
+    assert np.array_equal(loaded.speak(request, codec, max_frames=12, seed=3).wav, first.wav)
+
+
+def test_init_from_the_upstream_fixture_loads_upstreams_weights(parts):
+    from safetensors.torch import load_file
+
+    model = _build(parts, f"model.init_from={FIXTURE}", f"model.description_tokenizer={parts['prompt_tokenizer']}")
+    saved = load_file(str(FIXTURE / "model.safetensors"))
+    state = model.module.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved.items())
+    assert model.config.decoder.hidden_size == 16 and model.config.prompt_vocab_size == 80
+
+
+def test_init_from_checks_the_data_and_the_architecture(parts, tmp_path):
+    from voxrelay.models.parler.loading import ParlerLoadError
+
+    with pytest.raises(ParlerLoadError, match="predicts 9 codebooks of 1024 codes, but the prepared data has 4 x 1024"):
+        _build(parts, f"model.init_from={FIXTURE}", data=DataSpec(4, 1024))
+    other = tmp_path / "llama"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ParlerLoadError, match="model_type='llama', not 'parler_tts'"):
+        _build(parts, f"model.init_from={other}")
+
+
+def test_a_config_only_folder_builds_on_meta_for_planning(parts, tmp_path):
+    folder = tmp_path / "config-only"
+    folder.mkdir()
+    shutil.copy(FIXTURE / "config.json", folder / "config.json")
+    model = _build(parts, f"model.init_from={folder}", meta=True)
+    assert all(p.device.type == "meta" for p in model.module.parameters())
+    assert model.config.decoder.num_codebooks == 9
