@@ -92,3 +92,17 @@ def mcd_dtw(ref: np.ndarray, syn: np.ndarray, sample_rate: int) -> float:
     sq_syn = (c_syn**2).sum(1)
     sq_dist = np.maximum(sq_ref[:, None] + sq_syn[None, :] - 2.0 * (c_ref @ c_syn.T), 0.0)
     return _MCD_SCALE * dtw_path_mean(np.sqrt(sq_dist))
+
+
+SILENCE_DBFS = -50.0  # a 20 ms frame quieter than this counts as silence (eval/silent_frac)
+
+
+def silent_fraction(wav: np.ndarray, sample_rate: int, frame_s: float = 0.02) -> float:
+    """Share of 20 ms frames of ``wav`` quieter than :data:`SILENCE_DBFS` (1.0 for an empty wav): the
+    symptom upstream users report of a run that learned to generate silence."""
+    hop = max(1, int(sample_rate * frame_s))
+    frames = len(wav) // hop
+    if frames == 0:
+        return 1.0
+    power = np.square(wav[: frames * hop].reshape(frames, hop).astype(np.float64)).mean(axis=1)
+    return float(np.mean(10 * np.log10(power + 1e-12) < SILENCE_DBFS))

@@ -75,7 +75,7 @@ def test_eval_all_prints_a_table_per_checkpoint_and_writes_the_plot(trained):
     res = voxrelay("eval", str(run), "--all", env=env)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
-    assert lines[0].split() == ["step", "loss", "text_gain", "wer", "cer", "mcd_dtw", "speaker_sim"]
+    assert lines[0].split() == ["step", "loss", "text_gain", "wer", "cer", "silent_frac", "mcd_dtw", "speaker_sim"]
     assert [line.split()[0] for line in lines[1:]] == ["4", "6"]  # the checkpoints kept (keep_last 2)
     assert all(len(line.split()) == 7 and "-" not in line.split()[1:] for line in lines[1:])
     steps = [r["step"] for r in _jsonl(run / "eval" / "results.jsonl")]

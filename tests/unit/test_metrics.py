@@ -117,3 +117,15 @@ def test_rejects_nan() -> None:
     wav[10] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         mcd_dtw(speechlike(0.5), wav, SR)
+
+
+def test_silent_fraction_counts_the_quiet_frames():
+    from voxrelay.metrics import silent_fraction
+
+    sr = 16000
+    tone = 0.3 * np.sin(2 * np.pi * 220 * np.arange(sr) / sr)
+    assert silent_fraction(tone, sr) == 0.0
+    assert silent_fraction(np.zeros(sr), sr) == 1.0
+    half = np.concatenate([tone[: sr // 2], 1e-4 * tone[: sr // 2]])  # -80 dB below the tone
+    assert silent_fraction(half, sr) == pytest.approx(0.5, abs=0.03)
+    assert silent_fraction(np.zeros(0), sr) == 1.0

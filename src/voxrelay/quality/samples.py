@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from voxrelay.metrics import mcd_dtw
+from voxrelay.metrics import mcd_dtw, silent_fraction
 from voxrelay.models.base import pop_counts, request_for, weighted_mean
 from voxrelay.quality.scorer import Sample
 
@@ -94,8 +94,10 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
                      speaker: str | None = None, temperature: float = 0.8,
                      top_k: int | None = 50) -> tuple[list[Sample], dict[str, float]]:
     """Speak each row's text (seed ``seed_base + i``; a row with codes may run to twice its length +
-    20 frames); with references: ``eval/mcd_dtw``, ``eval/stopped_frac``, ``eval/length_ratio``."""
-    samples, mcds, stopped, ratios = [], [], 0, []
+    20 frames): ``eval/silent_frac`` (the share of the generated audio that is silence: a run that learned
+    to generate silence shows it before anything else); with references also ``eval/mcd_dtw``,
+    ``eval/stopped_frac``, ``eval/length_ratio``."""
+    samples, mcds, stopped, ratios, silent = [], [], 0, [], []
     for i, row in enumerate(rows):
         has_ref = row.codes is not None
         max_frames = 2 * row.codes.shape[1] + 20 if has_ref else int(max_seconds * codec.frame_rate)
@@ -104,6 +106,7 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
                              top_k=top_k)
         frames = speech.frames
         wav = speech.wav if frames else np.zeros(1, dtype=np.float32)
+        silent.append(silent_fraction(wav, speech.sample_rate))
         ref = None
         if has_ref:
             stopped += int(frames < max_frames)
@@ -111,9 +114,10 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
             ref = row.ref_audio if row.ref_audio is not None else codec.decode(row.codes)
             mcds.append(mcd_dtw(ref, wav, codec.sample_rate))
         samples.append(Sample(row.id, row.text, wav, speech.sample_rate, ref, codec.sample_rate))
+    quiet = {"eval/silent_frac": float(np.mean(silent))} if silent else {}
     if not mcds:
-        return samples, {}
-    return samples, {
+        return samples, quiet
+    return samples, quiet | {
         "eval/mcd_dtw": float(np.mean(mcds)),
         "eval/stopped_frac": stopped / len(mcds),
         "eval/length_ratio": float(np.mean(ratios)),

@@ -35,8 +35,6 @@ from voxrelay.models.base import (
 from voxrelay.models.parler import delay
 from voxrelay.models.parler.modeling import ParlerDecoderLayer, ParlerModule
 
-SILENCE_DBFS = -50.0  # a generated frame quieter than this counts as silence (eval/silent_frac)
-
 
 class DescriptionMissingError(RequestError, UserError):
     """Parler speaks from a description: a request without one."""
@@ -200,17 +198,6 @@ class Parler(FamilyState):
         from voxrelay.models.parler.loading import save_folder
 
         save_folder(self, Path(folder))
-
-
-def silent_fraction(wav: np.ndarray, sample_rate: int, frame_s: float = 0.02) -> float:
-    """Share of 20 ms frames of ``wav`` quieter than :data:`SILENCE_DBFS` (1.0 for an empty wav): the
-    symptom upstream users report of a run that learned to generate silence."""
-    hop = max(1, int(sample_rate * frame_s))
-    frames = len(wav) // hop
-    if frames == 0:
-        return 1.0
-    power = np.square(wav[: frames * hop].reshape(frames, hop).astype(np.float64)).mean(axis=1)
-    return float(np.mean(10 * np.log10(power + 1e-12) < SILENCE_DBFS))
 
 
 def _term(k: int) -> str:
