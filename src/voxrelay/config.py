@@ -58,6 +58,15 @@ class SourceConfig(Section):
         description="demo only: eSpeak NG voices (voice+variant), one speaker each",
     )
     seed: int = Field(0, description="demo only: seed of the sentence generator")
+    metadata_path: str | None = Field(
+        None, description="hf only: a load_from_disk folder of a metadata dataset joined on id_column (e.g. "
+        "Parler's *_tagged_10k_generated descriptions); its description_column gives each row's description",
+    )
+    metadata_hub_id: str | None = Field(None, description="hf only: a hub metadata dataset, when metadata_path is "
+                                        "not set (e.g. parler-tts/libritts_r_tags_tagged_10k_generated)")
+    metadata_config: str | None = Field(None, description="hf only: config of the metadata dataset (None = hub_config)")
+    metadata_split: str | None = Field(None, description="hf only: split of the metadata dataset (None = split)")
+    id_column: str = Field("id", description="hf only: the column that identifies a row (and joins the metadata)")
 
     @model_validator(mode="after")
     def _needs_location(self) -> SourceConfig:

@@ -262,16 +262,39 @@ def _hf_audio_path(raw: str, roots: list[Path]) -> tuple[str | None, str | None]
     )
 
 
+def _metadata(src: SourceConfig) -> dict[str, str | None] | None:
+    """id -> description of the metadata dataset joined to an hf source (upstream Parler's
+    ``*_metadata_dataset_name``), or None without one."""
+    if not (src.metadata_path or src.metadata_hub_id):
+        return None
+    meta_src = src.model_copy(update={"path": src.metadata_path, "hub_id": src.metadata_hub_id,
+                                      "hub_config": src.metadata_config or src.hub_config,
+                                      "split": src.metadata_split or src.split})
+    ds = _load_hf(meta_src)
+    label = f"metadata {src.metadata_path or src.metadata_hub_id}[{meta_src.split}]"
+    for column, key in ((src.id_column, "id_column"), (src.description_column, "description_column")):
+        if not column or column not in ds.column_names:
+            raise SourceError(f"{label}: no column {column!r} to join on; set `{key}` to one of {ds.column_names}")
+    ds = ds.select_columns([src.id_column, src.description_column])
+    return {str(row[src.id_column]): _optional_str(row, src.description_column) for row in ds}
+
+
 def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
-    """A HF datasets Dataset with an audio column; audio stays encoded until ``load_utterance_audio``."""
+    """A HF datasets Dataset with an audio column; audio stays encoded until ``load_utterance_audio``.
+    With a metadata dataset, each row's description comes from the metadata row of the same id."""
     import datasets
 
     ds = _load_hf(src)
+    descriptions = _metadata(src)
     label = f"{src.path or src.hub_id}[{src.split}]"
     for column, key in ((src.audio_column, "audio_column"), (src.text_column, "text_column")):
         if column not in ds.column_names:
             raise SourceError(f"{label}: no column {column!r}; set `{key}` to one of {ds.column_names}")
-    optional = [c for c in ("id", src.speaker_column, src.description_column) if c and c in ds.column_names]
+    if descriptions is not None and src.id_column not in ds.column_names:
+        raise SourceError(f"{label}: no column {src.id_column!r} to join the metadata on; set `id_column` to one of "
+                          f"{ds.column_names}")
+    optional = [c for c in (src.id_column, src.speaker_column, src.description_column)
+                if c and c in ds.column_names and (descriptions is None or c != src.description_column)]
     ds = ds.select_columns([src.audio_column, src.text_column, *optional])
     if isinstance(ds.features[src.audio_column], datasets.Audio):
         # datasets 5 decodes Audio through torchcodec; keep the encoded bytes and use soundfile instead
@@ -279,10 +302,11 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
     roots = _hf_roots(src)
     for i, row in enumerate(ds):
         text = row.get(src.text_column)
-        utt = Utterance(id=str(row.get("id") or f"{src.split}-{i}"), text="", where=f"{label} row {i}")
+        utt = Utterance(id=str(row.get(src.id_column) or f"{src.split}-{i}"), text="", where=f"{label} row {i}")
         utt.text = text.strip() if isinstance(text, str) else ""
         utt.speaker = _optional_str(row, src.speaker_column)
-        utt.description = _optional_str(row, src.description_column)
+        utt.description = _optional_str(row, src.description_column) if descriptions is None else \
+            descriptions.get(utt.id)
         value = row.get(src.audio_column)
         if isinstance(value, dict) and value.get("bytes"):
             utt.extra[AUDIO_BYTES_KEY] = value["bytes"]

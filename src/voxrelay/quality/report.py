@@ -24,7 +24,8 @@ from voxrelay.quality.scorer import Scorer
 
 EVAL_DIR = "eval"
 RESULTS_FILE = "results.jsonl"
-COLUMNS = ("eval/loss", "eval/text_gain", "eval/wer", "eval/cer", "eval/silent_frac", "eval/mcd_dtw", "eval/speaker_sim")
+COLUMNS = ("eval/loss", "eval/text_gain", "eval/wer", "eval/cer", "eval/silent_frac", "eval/mcd_dtw",
+           "eval/speaker_sim")
 
 
 class EvalError(UserError, ValueError):

@@ -210,3 +210,20 @@ def test_demo_source_reads_generated_corpus(tmp_path):
     assert {u.speaker for u in utts} == {"en-us", "en-us+m3"}
     assert all(u.problem is None and u.text for u in utts)
     assert _reasons(utts, max_duration=20.0) == {u.id: None for u in utts}
+
+
+def test_hf_descriptions_from_a_metadata_dataset_joined_on_id(tmp_path):
+    """Upstream Parler's layout: audio + text in one dataset, the generated descriptions in a metadata dataset
+    with the same ids (rows in another order, one id missing: its row gets no description)."""
+    from datasets import Audio, Dataset
+
+    wavs = [str(make_wav(tmp_path / "clips" / f"c{i}.wav", 0.6, 16000)) for i in range(3)]
+    Dataset.from_dict({"id": ["u0", "u1", "u2"], "audio": wavs, "text": ["one", "two", "three"]}).cast_column(
+        "audio", Audio()).save_to_disk(str(tmp_path / "speech"))
+    Dataset.from_dict({"id": ["u2", "u0"], "text_description": ["A low voice.", "A fast voice."]}).save_to_disk(
+        str(tmp_path / "meta"))
+    utts = _read(tmp_path, type="hf", path=str(tmp_path / "speech"), metadata_path=str(tmp_path / "meta"),
+                 description_column="text_description")
+    assert [(u.id, u.description) for u in utts] == [("u0", "A fast voice."), ("u1", None), ("u2", "A low voice.")]
+    with pytest.raises(SourceError, match="no column 'description' to join on; set `description_column`"):
+        _read(tmp_path, type="hf", path=str(tmp_path / "speech"), metadata_path=str(tmp_path / "meta"))
