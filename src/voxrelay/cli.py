@@ -229,11 +229,15 @@ def export_cmd(
         False, "--adapter-only", help="LoRA runs: write the adapter (peft files) instead of the merged model; "
         "synthesize rebuilds the base from model.init_from (or the seeded random init)",
     ),
+    fmt: str = typer.Option(
+        "voxrelay", "--format", help="voxrelay (what synthesize/eval read back), or the family's upstream format "
+        "where it has one: parler (a folder upstream parler-tts' from_pretrained loads, the DAC included)",
+    ),
 ):
     """Write model.safetensors + config (+ codec) that synthesize and transformers can load (LoRA: merged)."""
     from voxrelay.inference import export_run
 
-    at = export_run(run, output, step, adapter_only)
+    at = export_run(run, output, step, adapter_only, fmt)
     out.print(f"exported step {at} to {output}", highlight=False)
 
 

@@ -47,6 +47,7 @@ from voxrelay.train.strategies import (
 
 CODEC_JSON = "codec.json"
 CODEC_STATE = "codec.safetensors"
+VOXRELAY_FORMAT = "voxrelay"  # export's default: what synthesize/eval load back (upstream-loadable where it can be)
 LORA_NOTE = "lora"  # key of voxrelay.json in an adapter-only export: how to rebuild the base
 ADAPTER_CONFIG = "adapter_config.json"  # peft's file names
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -222,27 +223,38 @@ def check_export_output(out_dir: str | Path, adapter_only: bool | None = None) -
     return out
 
 
-def export_run(run_uri: str, out_dir: str | Path, step: int | None = None, adapter_only: bool = False) -> int:
+def export_run(run_uri: str, out_dir: str | Path, step: int | None = None, adapter_only: bool = False,
+               fmt: str = VOXRELAY_FORMAT) -> int:
     """Export a run's checkpoint (latest valid, or ``step``); returns its step. See :func:`export`."""
     check_export_output(out_dir, adapter_only)
     if adapter_only and run_config(run_uri).train.lora is None:  # before loading a model for nothing
         raise InferenceError(f"--adapter-only applies to runs trained with train.lora; {run_uri} trained every "
                              "weight: export it without --adapter-only")
+    if adapter_only and fmt != VOXRELAY_FORMAT:
+        raise InferenceError(f"--adapter-only writes peft's files; --format {fmt} writes a whole model: pick one")
     model, codec, at, note = _load_run(run_uri, step)
-    export(model, codec, out_dir, note, adapter_only)
+    export(model, codec, out_dir, note, adapter_only, fmt)
     return at
 
 
 def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path, lora_note: dict[str, Any] | None = None,
-           adapter_only: bool = False) -> Path:
+           adapter_only: bool = False, fmt: str = VOXRELAY_FORMAT) -> Path:
     """Write ``model`` (and the codec) into ``out_dir``. A LoRA model (``lora_note`` from the run) is merged
-    first unless ``adapter_only``: then the folder holds peft's adapter files and the note."""
+    first unless ``adapter_only``: then the folder holds peft's adapter files and the note. ``fmt`` other than
+    ``voxrelay``: a format of the family's upstream (``model.export_formats``), which voxrelay does not read."""
+    formats = getattr(model, "export_formats", ())
+    if fmt != VOXRELAY_FORMAT and fmt not in formats:
+        raise InferenceError(f"--format {fmt}: model.family={model.family} exports as "
+                             f"{', '.join((VOXRELAY_FORMAT, *formats))}")
     out = check_export_output(out_dir, adapter_only)
     if adapter_only and lora_note is None:
         raise InferenceError("--adapter-only applies to runs trained with train.lora; export without it")
     out.mkdir(parents=True, exist_ok=True)
     if lora_note is not None and not adapter_only:
         model.module = model.module.merge_and_unload()  # W + scale * B @ A: a plain model of the family
+    if fmt != VOXRELAY_FORMAT:
+        model.save_as(fmt, out, codec)
+        return out
     model.save_pretrained(out)  # with a PeftModel as module, a transformers family writes peft's adapter files
     if adapter_only:
         if not (out / ADAPTER_WEIGHTS).is_file():  # a family that saves its module otherwise

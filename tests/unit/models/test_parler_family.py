@@ -128,3 +128,28 @@ def test_a_config_only_folder_builds_on_meta_for_planning(parts, tmp_path):
     model = _build(parts, f"model.init_from={folder}", meta=True)
     assert all(p.device.type == "meta" for p in model.module.parameters())
     assert model.config.decoder.num_codebooks == 9
+
+
+def test_export_in_upstreams_format_holds_upstreams_names_and_the_dac(parts, tmp_path):
+    """Our export of the upstream fixture's weights has exactly upstream's non-DAC tensors (names, values) and the
+    DAC under descript's weight-normed names; `scripts/parler_upstream.py check-export` loads such a folder in
+    upstream's own code (not run here: it needs parler-tts' pinned environment)."""
+    from safetensors.torch import load_file
+
+    from voxrelay.inference import export
+    from voxrelay.models.parler.keymap import config_from_upstream
+
+    model = _build(parts, f"model.init_from={FIXTURE}", f"model.description_tokenizer={parts['prompt_tokenizer']}")
+    export(model, _dac(parts), tmp_path / "up", fmt="parler")
+    saved, theirs = load_file(str(tmp_path / "up" / "model.safetensors")), load_file(str(FIXTURE / "model.safetensors"))
+    ours = {k: v for k, v in saved.items() if not k.startswith("audio_encoder.")}
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    dac = sorted(k for k in saved if k.startswith("audio_encoder."))
+    assert dac and all(k.startswith("audio_encoder.model.") for k in dac)
+    assert any(k.endswith("parametrizations.weight.original0") for k in dac)
+    config = json.loads((tmp_path / "up" / "config.json").read_text())
+    assert config["audio_encoder"]["model_type"] == "dac_on_the_hub" and config["audio_encoder"]["frame_rate"] == 86
+    back = config_from_upstream(config)
+    assert (back.decoder, back.text_encoder, back.prompt_vocab_size) == (model.config.decoder,
+                                                                         model.config.text_encoder, 80)
+    assert (tmp_path / "up" / "tokenizer_config.json").is_file()

@@ -282,3 +282,35 @@ def save_folder(model: Parler, folder: Path) -> None:
                         "settings": {"max_description_tokens": s.max_description_tokens,
                                      "max_prompt_tokens": s.max_prompt_tokens,
                                      "codebook_weights": list(s.codebook_weights) if s.codebook_weights else None}})
+
+
+def save_upstream(model: Parler, folder: Path, codec: Any) -> None:
+    """Upstream's own format (``export --format parler``): ``config.json`` with the DAC as upstream's descript
+    wrapper (``dac_on_the_hub``), ``model.safetensors`` with every weight under upstream's names (the DAC
+    weight-normed under ``audio_encoder.model.*``), ``generation_config.json``, and the transcript tokenizer at
+    the root as upstream's training saves it (the description tokenizer in ``description_tokenizer/``):
+    ``ParlerTTSForConditionalGeneration.from_pretrained(folder)`` loads it."""
+    from safetensors.torch import save_file
+
+    dac = getattr(codec, "model", None)
+    if getattr(codec, "name", None) != "dac" or dac is None:
+        raise ParlerLoadError(f"export --format parler needs the run's codec to be a DAC (codec.type=dac), not "
+                              f"{getattr(codec, 'name', codec)!r}; export without --format")
+    folder.mkdir(parents=True, exist_ok=True)
+    module = model.module.get_base_model() if hasattr(model.module, "get_base_model") else model.module
+    config = module.config
+    ours = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+    dac_state = {k: v.detach().cpu().contiguous() for k, v in dac.state_dict().items()}
+    state = keymap.to_upstream_state(ours, config, dac=dac_state, dac_layout="descript")
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    frame_rate = int(codec.frame_rate)  # upstream's 86 for 44.1 kHz / 512 (transformers' DacConfig says 87)
+    audio = {"model_type": "dac_on_the_hub", "num_codebooks": codec.num_codebooks,
+             "codebook_size": codec.codebook_size, "latent_dim": int(dac.config.hidden_size),
+             "frame_rate": frame_rate, "sampling_rate": codec.sample_rate, "model_bitrate": 8}
+    (folder / "config.json").write_text(json.dumps(upstream_config(config, audio), indent=2))
+    eos, bos = config.decoder.eos_token_id, config.decoder.bos_token_id
+    generation = {"decoder_start_token_id": bos, "pad_token_id": eos, "eos_token_id": eos, "do_sample": True,
+                  "max_length": 30 * frame_rate, "_from_model_config": False}
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    model.prompt_tokenizer.save_pretrained(str(folder))
+    model.description_tokenizer.save_pretrained(str(folder / DESCRIPTION_TOKENIZER))

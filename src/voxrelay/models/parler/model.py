@@ -192,6 +192,16 @@ class Parler(FamilyState):
 
     # ---------------------------------------------------------------- files
 
+    export_formats: tuple[str, ...] = ("parler",)  # `voxrelay export --format parler`: upstream's own layout
+
+    def save_as(self, fmt: str, folder: str | os.PathLike[str], codec) -> None:
+        """``fmt`` "parler": a folder upstream's ``ParlerTTSForConditionalGeneration.from_pretrained`` loads."""
+        from voxrelay.models.parler.loading import save_upstream
+
+        if fmt not in self.export_formats:
+            raise ValueError(f"unknown export format {fmt!r}; this family writes {self.export_formats}")
+        save_upstream(self, Path(folder), codec)
+
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
         """Upstream's layout (``config.json`` + ``model.safetensors`` with upstream's names, the codec
         excluded), the tokenizers in ``description_tokenizer/`` and ``prompt_tokenizer/``, ``voxrelay.json`` last."""
