@@ -85,7 +85,9 @@ class Param:
 
 @dataclass(frozen=True)
 class Shape:
-    """Sizes of a Llama-style decoder: the activation formula's inputs."""
+    """Sizes of a Llama-style decoder: the activation formula's inputs. A family of another layout maps its
+    layer onto these (``FamilyModel.plan_shape``), e.g. a plain GELU MLP of width F as ``intermediate`` F / 2
+    (two saved tensors of F instead of four)."""
 
     hidden: int
     intermediate: int
@@ -93,8 +95,9 @@ class Shape:
     kv_dim: int
     head_dim: int
     layers: int
-    vocab: int
+    vocab: int  # logits per token (a multi-head model: every head's vocabulary, e.g. Parler's K x V)
     lora_targets: int = 0  # LoRA rank x adapted Linears per layer (0 = no LoRA)
+    extra_per_layer: int = 0  # bytes per token per layer a family's layer saves beyond the table (cross-attention)
 
 
 def weight_bytes(params: list[Param], shards: int = 1) -> int:
@@ -139,7 +142,8 @@ def _shard_shape(shape: tuple[int, ...], shards: int) -> tuple[int, ...]:
 def layer_activation_bytes(s: Shape, compute: str) -> int:
     """Bytes saved for backward per token by one decoder layer (the table in the module docstring)."""
     ch, ckv, ci, cnh, const, cr = ACTIVATION_COEFFS[(compute, s.lora_targets > 0)]
-    return ch * s.hidden + ckv * s.kv_dim + ci * s.intermediate + cnh * s.heads + const + cr * s.lora_targets
+    return (ch * s.hidden + ckv * s.kv_dim + ci * s.intermediate + cnh * s.heads + const + cr * s.lora_targets
+            + s.extra_per_layer)
 
 
 def outside_activation_bytes(s: Shape, compute: str, checkpointing: bool = False) -> int:

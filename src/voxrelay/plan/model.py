@@ -57,6 +57,13 @@ def collect(module: Any, layer_classes: tuple[type, ...]) -> tuple[list[Param], 
     return params, max(units)
 
 
+def family_shape(model: FamilyModel, lora_rank: int = 0) -> Shape:
+    """The family's own :class:`Shape` (``plan_shape``, e.g. an encoder-decoder's), else the Llama-style one."""
+    if hasattr(model, "plan_shape"):
+        return model.plan_shape(lora_rank)
+    return shape_of(model.module, lora_rank)
+
+
 def shape_of(module: Any, lora_rank: int = 0) -> Shape:
     """The decoder sizes from the (HF Llama-style) config; ``lora_rank`` x adapted Linears per layer."""
     base = module.get_base_model() if hasattr(module, "get_base_model") else module
@@ -79,14 +86,14 @@ def model_facts(cfg: RunConfig, index: dict | None) -> tuple[ModelFacts, FamilyM
     model = build_model(cfg.model, data_spec(cfg, index), cfg.train.seed, meta=True)
     layers = model.fsdp_layer_classes()
     full_params, full_unit = collect(model.module, layers)
-    full_shape = shape_of(model.module)
+    full_shape = family_shape(model)
     base = model.module
     lora_cfg = cfg.train.lora or LoraConfig()
     rank = lora_settings(model, lora_cfg)["r"]
     apply_lora(model, lora_cfg)
     lora_params, lora_unit = collect(model.module, layers)
     facts = ModelFacts({False: full_params, True: lora_params},
-                       {False: full_shape, True: shape_of(model.module, rank)},
+                       {False: full_shape, True: family_shape(model, rank)},
                        {False: full_unit, True: lora_unit}, full_shape.vocab)
     model.module = base
     return facts, model

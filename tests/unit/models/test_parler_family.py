@@ -153,3 +153,34 @@ def test_export_in_upstreams_format_holds_upstreams_names_and_the_dac(parts, tmp
     assert (back.decoder, back.text_encoder, back.prompt_vocab_size) == (model.config.decoder,
                                                                          model.config.text_encoder, 80)
     assert (tmp_path / "up" / "tokenizer_config.json").is_file()
+
+
+def test_plan_of_seed_000s_run_needs_only_a_config_json(tmp_path):
+    """`voxrelay plan` on a folder holding only mini-v0.1's config.json (no weights, no tokenizer, no download):
+    the family's shapes (T5-base encoder, 24-layer decoder with cross-attention, 9 heads of 1088) priced on an
+    A100 40GB for seed 000's micro-batch of 3 x 30 s."""
+    import os
+    import subprocess
+    import sys
+
+    from voxrelay.models.parler.config import KNOWN_T5
+    from voxrelay.models.parler.loading import upstream_config
+    from voxrelay.models.parler.modeling import ParlerConfig, ParlerDecoderConfig
+
+    folder = tmp_path / "parler-tts-untrained-600M"
+    folder.mkdir()
+    config = ParlerConfig(KNOWN_T5["google/flan-t5-base"], ParlerDecoderConfig(), 32128)
+    (folder / "config.json").write_text(json.dumps(upstream_config(config)))
+    example = Path(__file__).parents[3] / "examples" / "parler-mini-v0.1.yaml"
+    res = subprocess.run([sys.executable, "-m", "voxrelay", "plan", str(example), f"model.init_from={folder}",
+                          f"root={tmp_path / 'root'}", "--gpu", "a100-40gb", "--seq-len", "8000", "--json"],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    full = next(r for r in rows if r["strategy"] == "ddp" and not r["lora"] and not r["gradient_checkpointing"]
+                and r["optimizer"] == "adamw")
+    # fp32 weights of T5-base 109.6M + decoder 422.9M + prompts 32.9M + projection 0.8M; the T5 frozen: no grads
+    assert 0.56e9 * 4 < full["per_gpu_bytes"]["weights"] < 0.57e9 * 4
+    assert 0.45e9 * 4 < full["per_gpu_bytes"]["grads"] < 0.46e9 * 4
+    assert full["fits"] and 15e9 < full["per_gpu_bytes"]["total"] < 40e9
+    assert full["per_gpu_bytes"]["logits"] == 14 * 9 * 1088 * 8000  # nine heads of 1,088 at the backward peak

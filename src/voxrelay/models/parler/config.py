@@ -30,6 +30,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"text_encoder": None, "prompt_tokenizer": None, "hidden_size": 32, "num_layers": 2, "num_heads": 2,
              "ffn_dim": 64, "max_position_embeddings": 1024, "dropout": 0.1},
 }
+# The config.json of the presets' description encoders (T5 v1.1 layout): planning needs no download
+_T5 = {"model_type": "t5", "feed_forward_proj": "gated-gelu", "vocab_size": 32128, "d_kv": 64,
+       "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128, "dropout_rate": 0.1,
+       "layer_norm_epsilon": 1e-6, "tie_word_embeddings": False, "is_encoder_decoder": True, "pad_token_id": 0,
+       "eos_token_id": 1, "decoder_start_token_id": 0}
+KNOWN_T5: dict[str, dict[str, Any]] = {
+    "google/flan-t5-base": _T5 | {"d_model": 768, "d_ff": 2048, "num_heads": 12, "num_layers": 12,
+                                  "num_decoder_layers": 12, "_name_or_path": "google/flan-t5-base"},
+    "google/flan-t5-large": _T5 | {"d_model": 1024, "d_ff": 2816, "num_heads": 16, "num_layers": 24,
+                                   "num_decoder_layers": 24, "_name_or_path": "google/flan-t5-large"},
+}
 SIZE_KEYS = ("hidden_size", "num_layers", "num_heads", "ffn_dim", "max_position_embeddings", "dropout")
 
 
@@ -118,5 +129,6 @@ class ParlerFamilyConfig(BaseModel):
         return PRESETS[self.preset]["prompt_tokenizer"]
 
     def data_needs(self) -> DataNeeds:
-        """DAC codes (Parler's: parler-tts/dac_44khZ_8kbps) and a description for every row."""
-        return DataNeeds(codec="dac", fields=("description",))
+        """Codes of Parler's DAC (parler-tts/dac_44khZ_8kbps: 9 codebooks x 1024, every released Parler uses it)
+        and a description for every row."""
+        return DataNeeds(codes=(9, 1024), codec="dac", fields=("description",))

@@ -21,7 +21,7 @@ from voxrelay.errors import UserError, one_line
 from voxrelay.models.base import DataSpec
 from voxrelay.models.hf import looks_local, read_meta, write_meta
 from voxrelay.models.parler import keymap
-from voxrelay.models.parler.config import ParlerFamilyConfig
+from voxrelay.models.parler.config import KNOWN_T5, ParlerFamilyConfig
 from voxrelay.models.parler.model import Parler, ParlerSettings
 from voxrelay.models.parler.modeling import ParlerConfig, ParlerDecoderConfig, ParlerModule, build_parler
 
@@ -73,7 +73,7 @@ def _new_config(cfg: ParlerFamilyConfig, data: DataSpec, meta: bool) -> ParlerCo
     if not source:
         raise ParlerLoadError(f"model.preset={cfg.preset} names no description encoder: set model.text_encoder to a "
                               "T5 folder or hub id (e.g. google/flan-t5-base)")
-    t5 = _auto_config(source, "model.text_encoder")
+    t5 = _t5_config(source, meta)
     s, size = cfg.sizes(), data.codebook_size
     heads = s["num_heads"]
     decoder = ParlerDecoderConfig(
@@ -85,6 +85,18 @@ def _new_config(cfg: ParlerFamilyConfig, data: DataSpec, meta: bool) -> ParlerCo
         eos_token_id=size, bos_token_id=size + 1)
     prompt_vocab = _prompt_vocab(cfg, meta, t5)
     return ParlerConfig(text_encoder=t5.to_dict(), decoder=decoder, prompt_vocab_size=prompt_vocab)
+
+
+def _t5_config(source: str, meta: bool) -> Any:
+    """T5's config from ``source``; on meta, a preset's known encoder needs no download."""
+    from transformers import T5Config
+
+    try:
+        return _auto_config(source, "model.text_encoder")
+    except ParlerLoadError:
+        if meta and source in KNOWN_T5:
+            return T5Config.from_dict(KNOWN_T5[source])
+        raise
 
 
 def _prompt_vocab(cfg: ParlerFamilyConfig, meta: bool, t5: Any) -> int:

@@ -152,6 +152,21 @@ class Parler(FamilyState):
         targets = r".*decoder\.model\.decoder\.layers\.\d+\.((self_attn|encoder_attn)\.(q|k|v|out)_proj|fc1|fc2)"
         return LoraDefaults(r=16, alpha=32, dropout=0.05, rslora=False, target_modules=targets, modules_to_save=[])
 
+    def plan_shape(self, lora_rank: int = 0):
+        """The decoder mapped onto ``voxrelay plan``'s Llama-style layer: the GELU MLP (fc1 output and its GELU
+        saved, 2 tensors of F) as ``intermediate`` F / 2; cross-attention over the description adds its query,
+        output, layer norm and log-sum-exp (~8h + 4 heads bytes per token in bf16); logits are K heads of V.
+        The frozen T5 runs under no_grad (nothing saved); its weights count as parameters."""
+        from voxrelay.plan.formulas import Shape
+
+        dec = self.config.decoder
+        head_dim = dec.hidden_size // dec.num_attention_heads
+        adapted = sum(1 for name, _ in self.module.named_modules() if name.endswith("lora_A"))
+        per_layer = -(-adapted // dec.num_hidden_layers) if adapted else 0
+        return Shape(dec.hidden_size, dec.ffn_dim // 2, dec.num_attention_heads, dec.num_key_value_heads * head_dim,
+                     head_dim, dec.num_hidden_layers, dec.num_codebooks * dec.vocab_size, lora_rank * per_layer,
+                     extra_per_layer=8 * dec.hidden_size + 4 * dec.num_attention_heads)
+
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """Decoder layers and T5 blocks shard as their own units (a frozen T5 block holds no gradient)."""
         from transformers.models.t5.modeling_t5 import T5Block
