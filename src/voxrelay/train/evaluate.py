@@ -13,7 +13,7 @@ import numpy as np
 import soundfile as sf
 
 from voxrelay.quality.samples import generate_samples, held_out_loss
-from voxrelay.train.state import seed_generators
+from voxrelay.train.state import rng_state, seed_generators, set_rng_state
 
 SAMPLES_DIR = "samples"
 SCORES_FILE = "scores.jsonl"  # per sample of an eval: id, text, transcript, wer, cer, speaker_sim
@@ -74,8 +74,20 @@ def _eval_generators(model, seed: int):
             g.set_state(saved[name])
 
 
+@contextlib.contextmanager
+def _training_rng():
+    """Give training back its RNG state (python, numpy, torch and this GPU's) once an eval is done: an eval
+    that draws from it — the speaker encoder's layers are initialised when it loads at the first eval of a
+    session — would make a resumed run diverge from a straight one."""
+    saved = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(saved)
+
+
 def evaluate(run, step: int) -> dict[str, float]:
-    with _eval_generators(run.model, run.cfg.train.seed):
+    with _training_rng(), _eval_generators(run.model, run.cfg.train.seed):
         return _evaluate(run, step)
 
 

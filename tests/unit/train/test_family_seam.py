@@ -150,3 +150,31 @@ def test_no_file_outside_models_names_a_family():
              for path in sorted(SRC.rglob("*.py")) if path.relative_to(SRC).parts[0] != "models"
              for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert len(FAMILIES) >= 2 and not named, "\n".join(named)
+
+
+def test_an_eval_gives_training_its_rng_back(run):
+    """Whatever an eval draws (a speaker encoder initialised when it loads, a family's noisy eval loss) must
+    not move training's random streams: a resumed session evaluates at other steps than a straight one."""
+    import numpy as np
+
+    from voxrelay.train.evaluate import evaluate
+
+    class Drawing:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def loss(self, module, batch):
+            torch.rand(3), np.random.rand(3)  # noqa: B018 (draws, as a model built at eval time would)
+            return self.inner.loss(module, batch)
+
+    torch_state, np_state = torch.get_rng_state().clone(), np.random.get_state()[1].copy()
+    inner, run.model = run.model, Drawing(run.model)
+    try:
+        results = evaluate(run, 1)
+    finally:
+        run.model = inner
+    assert "eval/loss" in results
+    assert torch.equal(torch.get_rng_state(), torch_state) and np.array_equal(np.random.get_state()[1], np_state)
