@@ -63,3 +63,34 @@ def save_parts(folder: Path) -> dict[str, Path]:
     t5 = save_tiny_t5(folder / "t5", len(AutoTokenizer.from_pretrained(str(tok))))
     AutoTokenizer.from_pretrained(str(tok)).save_pretrained(str(t5))  # a T5 folder ships its tokenizer
     return {"text_encoder": t5, "prompt_tokenizer": tok, "dac": save_tiny_dac(folder / "dac")}
+
+
+VOICES = {"en-us": "A man speaks with an American accent, in a clear and close recording.",
+          "en-gb+f3": "A woman speaks with a British accent, slowly, in a quiet room."}
+
+
+def make_parler_corpus(folder: Path, sentences: list[str]) -> dict[str, Path]:
+    """Upstream Parler's data layout at tiny size: a ``save_to_disk`` speech dataset (id, audio with its bytes,
+    text; each sentence spoken by every voice of :data:`VOICES`) and a metadata dataset of generated
+    descriptions (id, text_description), joined on id by ``prepare``."""
+    import io
+
+    import soundfile as sf
+    from datasets import Audio, Dataset
+
+    from tests.helpers.speech import espeak
+
+    ids, audio, texts, descriptions = [], [], [], []
+    for i, text in enumerate(sentences):
+        for voice, description in VOICES.items():
+            wav, sr = espeak(text, voice)
+            buf = io.BytesIO()
+            sf.write(buf, wav, sr, format="WAV")
+            ids.append(f"{voice}-{i:03d}")
+            audio.append({"bytes": buf.getvalue(), "path": None})
+            texts.append(text)
+            descriptions.append(description)
+    Dataset.from_dict({"id": ids, "audio": audio, "text": texts}).cast_column("audio", Audio()).save_to_disk(
+        str(folder / "speech"))
+    Dataset.from_dict({"id": ids[::-1], "text_description": descriptions[::-1]}).save_to_disk(str(folder / "meta"))
+    return {"speech": folder / "speech", "meta": folder / "meta"}
