@@ -269,7 +269,7 @@ def wrap_model(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator):
     if tc.strategy == "fsdp":
         mesh = fsdp_mesh(tc.fsdp_sharding, accelerator.device.type)
         model.module = apply_fsdp(model.module.to(accelerator.device), model.fsdp_layer_classes(), tc.fsdp_sharding,
-                                  tc.precision, tc.cpu_offload, mesh)
+                                  tc.precision, tc.cpu_offload, mesh, getattr(model, "fsdp_forward_methods", ()))
         return model.module, build_optimizer(tc, optimizer_groups(model, tc))
     return accelerator.prepare(model.module, build_optimizer(tc, optimizer_groups(model, tc)))
 

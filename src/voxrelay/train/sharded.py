@@ -35,9 +35,20 @@ from voxrelay.checkpoint.store import CheckpointError, sha256_file
 log = logging.getLogger(__name__)
 
 
-def _options(lora: bool) -> StateDictOptions:
-    # LoRA: the frozen base is rebuilt from the config, only the trained tensors are saved and loaded
-    return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+def _options(partial: bool) -> StateDictOptions:
+    # some part frozen (LoRA, a frozen encoder): it is rebuilt from the config, only the trained tensors are
+    # saved and loaded
+    return StateDictOptions(ignore_frozen_params=partial, strict=not partial)
+
+
+def _state_dicts(run, options: StateDictOptions) -> tuple[dict, dict]:
+    """DCP's model and optimizer state dicts; with frozen parts, none of their tensors (DCP's
+    ``ignore_frozen_params`` keeps the second name of a tied frozen weight, e.g. T5's embed_tokens)."""
+    model_sd, optim_sd = get_state_dict(run.module, run.optimizer, options=options)
+    if options.ignore_frozen_params:
+        frozen = {name for name, p in run.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k not in frozen}
+    return model_sd, optim_sd
 
 
 def _file_meta(path: Path) -> dict:
@@ -79,7 +90,7 @@ class ShardSaver:
         folder = run.ranks.broadcast(folder)
         if folder is None:
             return
-        model_sd, optim_sd = get_state_dict(run.module, run.optimizer, options=_options(run.base_hash is not None))
+        model_sd, optim_sd = _state_dicts(run, _options(run.base_hash is not None))
         shards = {MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}
         if not background:  # last or emergency save: no copy in memory, the write is what we wait for
             try:
@@ -161,6 +172,6 @@ def load_sharded(run, folder: Path) -> None:
     ``run.optimizer`` (already sharded; called once the scheduler exists, since loading the optimizer
     sets the learning rate the schedule had reached)."""
     options = _options(run.base_hash is not None)
-    model_sd, optim_sd = get_state_dict(run.module, run.optimizer, options=options)
+    model_sd, optim_sd = _state_dicts(run, options)
     dcp.load({MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}, checkpoint_id=str(folder), process_group=run.ranks.group)
     set_state_dict(run.module, run.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options)

@@ -164,11 +164,13 @@ def fsdp_mesh(sharding: str, device_type: str):
 
 
 def apply_fsdp(module: torch.nn.Module, layer_classes: tuple[type[torch.nn.Module], ...], sharding: str,
-               precision: str, cpu_offload: bool, mesh) -> torch.nn.Module:
+               precision: str, cpu_offload: bool, mesh, forward_methods: tuple[str, ...] = ()) -> torch.nn.Module:
     """FSDP2: ``fully_shard`` each layer of ``layer_classes`` (a unit gathered just for its own forward and
     backward), then the root (embeddings, head, norms). Parameters stay fp32 (the optimizer's master weights);
-    bf16 computes in bf16 and reduces gradients in fp32. Returns ``module``, sharded in place."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    bf16 computes in bf16 and reduces gradients in fp32. ``forward_methods``: methods of the root that run
+    like its forward (a family's generation calls them: e.g. encode once, decode per step), so the root's
+    parameters are gathered for them too. Returns ``module``, sharded in place."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     if not layer_classes:
         raise StrategyError("train.strategy=fsdp: this model names no layer classes to shard as units; use ddp")
@@ -181,6 +183,8 @@ def apply_fsdp(module: torch.nn.Module, layer_classes: tuple[type[torch.nn.Modul
     for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(module, **kwargs)
+    for name in forward_methods:
+        register_fsdp_forward_method(module, name)
     log.info("FSDP2 (our fully_shard code path): %d %s units + root over %d processes, %s, precision %s, "
              "cpu offload %s", len(units), "/".join(c.__name__ for c in layer_classes), mesh.size(), sharding,
              precision, cpu_offload)

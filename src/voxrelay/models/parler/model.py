@@ -167,6 +167,8 @@ class Parler(FamilyState):
                      head_dim, dec.num_hidden_layers, dec.num_codebooks * dec.vocab_size, lora_rank * per_layer,
                      extra_per_layer=8 * dec.hidden_size + 4 * dec.num_attention_heads)
 
+    fsdp_forward_methods = ("encode", "decode")  # generation calls these instead of forward
+
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """Decoder layers and T5 blocks shard as their own units (a frozen T5 block holds no gradient)."""
         from transformers.models.t5.modeling_t5 import T5Block
