@@ -241,6 +241,24 @@ def export_cmd(
     out.print(f"exported step {at} to {output}", highlight=False)
 
 
+@app.command("import")
+def import_cmd(
+    kind: str = typer.Argument(..., help="What FILE is: an upstream training config of a family, e.g. "
+                               "parler-config (parler-tts' training JSON)"),
+    file: Path = typer.Argument(..., help="The upstream file"),
+    output: Path = typer.Option(..., "-o", "--output", help="The voxrelay config (YAML) to write"),
+):
+    """Turn an upstream training config into a voxrelay config; prints every field dropped and why."""
+    from voxrelay.models.registry import get_importer
+
+    text, notes = get_importer(kind)(file)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    for note in notes:
+        err.print(f"note: {note}", highlight=False)
+    out.print(str(output), highlight=False)
+
+
 @app.command("demo")
 def demo_cmd(
     root: str = typer.Option("./voxrelay-data", "--root", help="Storage root (local folder, gs://, s3://)"),

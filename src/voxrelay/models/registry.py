@@ -27,6 +27,20 @@ FAMILIES: dict[str, str] = {
 }
 
 
+# `voxrelay import KIND FILE`: KIND -> "module:function" turning an upstream file into (YAML text, notes)
+IMPORTERS: dict[str, str] = {
+    "parler-config": "voxrelay.models.parler.importer:import_config",
+}
+
+
+def get_importer(kind: str):
+    """The importer of ``kind`` (see :data:`IMPORTERS`), or a ConfigError naming the known kinds."""
+    if kind not in IMPORTERS:
+        raise ConfigError(f"cannot import {kind!r}; known: {', '.join(sorted(IMPORTERS))}")
+    module, attr = IMPORTERS[kind].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 class ModelFolderError(ConfigError):
     """A saved model folder whose ``voxrelay.json`` does not say which family wrote it."""
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from voxrelay import storage
 from voxrelay.errors import UserError, one_line
 from voxrelay.models.base import DataSpec
 from voxrelay.models.hf import looks_local, read_meta, write_meta
@@ -24,6 +25,7 @@ from voxrelay.models.parler import keymap
 from voxrelay.models.parler.config import KNOWN_T5, ParlerFamilyConfig
 from voxrelay.models.parler.model import Parler, ParlerSettings
 from voxrelay.models.parler.modeling import ParlerConfig, ParlerDecoderConfig, ParlerModule, build_parler
+from voxrelay.paths import cache_dir, uri_key
 
 FORMAT_VERSION = 1
 DESCRIPTION_TOKENIZER = "description_tokenizer"
@@ -145,6 +147,8 @@ def _upstream(source: str, meta: bool) -> tuple[ParlerConfig, dict | None]:
 def _local(source: str, what: str, weights: bool = True, needs: str = "config.json") -> Path:
     """A local folder for ``source``: itself (holding ``needs``), or a hub snapshot (config and tokenizer
     files; weights if asked)."""
+    if "://" in source and not storage.is_local(source):
+        source = str(_from_bucket(source, what))
     folder = Path(source).expanduser()
     if folder.is_dir():
         if needs and not (folder / needs).is_file():
@@ -159,6 +163,20 @@ def _local(source: str, what: str, weights: bool = True, needs: str = "config.js
         return Path(snapshot_download(source, allow_patterns=patterns))
     except Exception as e:  # the hub client's errors have no common base worth naming
         raise ParlerLoadError(f"{what}={source!r}: cannot be fetched ({one_line(e)[:200]}); {FIX}") from None
+
+
+def _from_bucket(uri: str, what: str) -> Path:
+    """A copy of the files directly under ``uri`` (gs://, s3://: an upstream checkpoint in the bucket, as seed 000
+    resumes from) in the local cache, fetched once (files of the same size are kept)."""
+    local = cache_dir("init_from", uri_key(uri))
+    sizes = storage.file_sizes(uri)
+    if not sizes:
+        raise ParlerLoadError(f"{what}={uri!r}: no files there; give the folder of an upstream model or checkpoint")
+    for name, size in sizes.items():
+        target = local / name
+        if not (target.is_file() and target.stat().st_size == size):
+            storage.get_file(storage.join(uri, name), target)
+    return local
 
 
 def _load_state(module: ParlerModule, state: dict, what: str) -> None:

@@ -1,0 +1,169 @@
+"""``voxrelay import parler-config FILE.json -o parler.yaml``: an upstream parler-tts training JSON (the
+arguments of ``training/run_parler_tts_training.py``) as a voxrelay config. Every field it can map is mapped;
+the others are listed with the reason they are dropped; unknown fields are listed as such.
+
+Paths under a gcsfuse mount (``/mnt/gs/<bucket>/...``, ``/gcs/<bucket>/...``) become ``gs://<bucket>/...``:
+voxrelay talks to the bucket itself, and ``output_dir`` becomes ``root`` + the run's ``name``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from voxrelay.errors import UserError
+
+FRAME_RATE = 86  # Parler's DAC frames per second: a batch of N utterances of D seconds is ~N x D x 86 tokens
+MOUNTS = re.compile(r"^/(?:mnt/gs|mnt/gcs|gcs|mnt/disks/gcs)/([^/]+)(/.*)?$")
+
+DROPPED = {  # field -> why voxrelay does not need it
+    "cache_dir": "voxrelay keeps downloads in the HF cache on local disk (HF_HOME), not in the bucket",
+    "save_to_disk": "prepared data lives in <root>/prepared/<data.name>",
+    "temporary_save_to_disk": "prepare writes its shards straight to <root>/prepared/<data.name>",
+    "overwrite_output_dir": "a run folder is resumed by default; `voxrelay train --fresh` starts over",
+    "eval_dataset_name": "voxrelay holds out data.eval_size rows of the training sources",
+    "eval_metadata_dataset_name": "voxrelay holds out data.eval_size rows of the training sources",
+    "eval_dataset_config_name": "voxrelay holds out data.eval_size rows of the training sources",
+    "eval_split_name": "voxrelay holds out data.eval_size rows of the training sources",
+    "group_by_length": "voxrelay always batches by length (duration-bucketed batch plan)",
+    "add_audio_samples_to_wandb": "eval samples always go to TensorBoard (and wandb with monitor.wandb)",
+    "preprocessing_num_workers": "prepare splits the work across the processes of `torchrun ... voxrelay prepare`",
+    "do_train": "`voxrelay train` trains", "do_eval": "evals run every train.eval_every steps",
+    "predict_with_generate": "every eval generates speech", "include_for_metrics": "every eval reports its metrics",
+    "evaluation_strategy": "evals run every train.eval_every steps",
+    "eval_strategy": "evals run every train.eval_every steps",
+    "per_device_eval_batch_size": "eval speaks train.eval_synth texts one by one",
+    "audio_encoder_per_device_batch_size": "prepare encodes with the DAC once, as it reads the rows",
+    "dataloader_num_workers": "voxrelay reads prepared shards from its local cache",
+    "attn_implementation": "voxrelay's Parler uses torch SDPA",
+    "num_train_epochs": "set train.max_steps (epochs x the prepared data's tokens / tokens per step; "
+                        "`voxrelay plan` prints the data's size)",
+}
+UNMAPPED_OK = {"wandb_project", "wandb_run_name", "output_dir", "model_name_or_path", "resume_from_checkpoint",
+               "report_to"}
+
+
+class ImportError_(UserError, ValueError):
+    """The upstream file cannot be read as a parler-tts training JSON."""
+
+
+def bucket_path(path: str) -> str:
+    """``/mnt/gs/<bucket>/x`` -> ``gs://<bucket>/x``; other paths unchanged."""
+    m = MOUNTS.match(path.rstrip("/"))
+    return f"gs://{m.group(1)}{m.group(2) or ''}" if m else path.rstrip("/")
+
+
+def _split(value: Any) -> list[str]:
+    return [v.strip() for v in str(value).split("+")] if value else []
+
+
+def _sources(args: dict) -> list[dict]:
+    """One hf source per ``+``-joined dataset (its config, split and metadata dataset at the same place)."""
+    names = _split(args.get("train_dataset_name"))
+    configs, splits = _split(args.get("train_dataset_config_name")), _split(args.get("train_split_name"))
+    metas = _split(args.get("train_metadata_dataset_name"))
+    sources = []
+    for i, name in enumerate(names):
+        src = {"type": "hf", "hub_id": name, "split": splits[i] if i < len(splits) else "train"}
+        if i < len(configs) and configs[i]:
+            src["hub_config"] = configs[i]
+        if i < len(metas) and metas[i]:
+            src["metadata_hub_id"] = metas[i]
+        for field, key in (("target_audio_column_name", "audio_column"), ("prompt_column_name", "text_column"),
+                           ("description_column_name", "description_column"), ("id_column_name", "id_column")):
+            if args.get(field):
+                src[key] = args[field]
+        sources.append(src)
+    return sources
+
+
+def _train(args: dict, notes: list[str]) -> dict:
+    train: dict[str, Any] = {}
+    simple = {"learning_rate": "lr", "weight_decay": "weight_decay", "warmup_steps": "warmup_steps",
+              "gradient_accumulation_steps": "grad_accum", "gradient_checkpointing": "gradient_checkpointing",
+              "logging_steps": "log_every", "eval_steps": "eval_every", "seed": "seed", "max_steps": "max_steps"}
+    train |= {key: args[field] for field, key in simple.items() if args.get(field) is not None}
+    if "adam_beta1" in args or "adam_beta2" in args:
+        train["betas"] = [args.get("adam_beta1", 0.9), args.get("adam_beta2", 0.999)]
+    if args.get("lr_scheduler_type"):
+        train["schedule"] = args["lr_scheduler_type"]
+    if args.get("dtype") in ("bfloat16", "float16"):
+        train["precision"] = "bf16" if args["dtype"] == "bfloat16" else "fp16"
+    if args.get("per_device_train_batch_size"):
+        n, seconds = int(args["per_device_train_batch_size"]), float(args.get("max_duration_in_seconds") or 30)
+        train["batch_tokens"] = int(n * (seconds * FRAME_RATE + 9 + 40))
+        notes.append(f"per_device_train_batch_size={n} -> train.batch_tokens={train['batch_tokens']} (voxrelay "
+                     f"batches by tokens: {n} x {seconds:g} s x {FRAME_RATE} frames/s + the delay pattern and "
+                     "a transcript)")
+    return train
+
+
+def convert(args: dict) -> tuple[dict, list[str]]:
+    """(voxrelay config dict, notes: every field dropped or approximated, and why; unknown fields)."""
+    notes: list[str] = []
+    out_dir = bucket_path(str(args.get("output_dir") or "./output_dir_training"))
+    root, _, name = out_dir.rpartition("/")
+    config: dict[str, Any] = {"name": re.sub(r"[^A-Za-z0-9_.-]", "-", name) or "parler", "root": root or "."}
+    init = args.get("resume_from_checkpoint") or args.get("model_name_or_path")
+    if args.get("resume_from_checkpoint"):
+        notes.append("resume_from_checkpoint -> model.init_from: its weights are loaded (an upstream checkpoint-* "
+                     "folder); voxrelay then resumes its own run by itself")
+    model: dict[str, Any] = {"family": "parler"}
+    if init:
+        model["init_from"] = bucket_path(str(init))
+    for field, key in (("description_tokenizer_name", "description_tokenizer"),
+                       ("prompt_tokenizer_name", "prompt_tokenizer"), ("freeze_text_encoder", "freeze_text_encoder"),
+                       ("max_text_length", "max_prompt_tokens")):
+        if args.get(field) is not None:
+            model[key] = args[field]
+    data: dict[str, Any] = {"sources": _sources(args)}
+    for field, key in (("min_duration_in_seconds", "min_duration"), ("max_duration_in_seconds", "max_duration"),
+                       ("max_eval_samples", "eval_size")):
+        if args.get(field) is not None:
+            data[key] = args[field]
+    config |= {"data": data, "codec": {"type": "dac", "path": args.get("feature_extractor_name")
+                                       or "parler-tts/dac_44khZ_8kbps"}, "model": model, "train": _train(args, notes)}
+    if args.get("save_steps"):
+        config["checkpoint"] = {"every_steps": args["save_steps"]} | (
+            {"keep_last": max(2, int(args["save_total_limit"]))} if args.get("save_total_limit") else {})
+    reports = args.get("report_to") or []
+    reports = [reports] if isinstance(reports, str) else reports
+    if "wandb" in reports:
+        config["monitor"] = {"wandb": True}
+    notes += [f"report_to {r}: dropped (TensorBoard and metrics.jsonl are always written)" for r in reports
+              if r != "wandb"]
+    known = set(DROPPED) | UNMAPPED_OK | _mapped_fields()
+    notes += [f"{field}: dropped ({DROPPED[field]})" for field in args if field in DROPPED]
+    notes += [f"{field}: unknown to this importer, left out (check it by hand)" for field in args if field not in known]
+    return config, notes
+
+
+def _mapped_fields() -> set[str]:
+    return {"train_dataset_name", "train_dataset_config_name", "train_split_name", "train_metadata_dataset_name",
+            "target_audio_column_name", "prompt_column_name", "description_column_name", "id_column_name",
+            "learning_rate", "weight_decay", "warmup_steps", "gradient_accumulation_steps", "gradient_checkpointing",
+            "logging_steps", "eval_steps", "seed", "max_steps", "adam_beta1", "adam_beta2", "lr_scheduler_type",
+            "dtype", "per_device_train_batch_size", "description_tokenizer_name", "prompt_tokenizer_name",
+            "freeze_text_encoder", "max_text_length", "min_duration_in_seconds", "max_duration_in_seconds",
+            "max_eval_samples", "feature_extractor_name", "save_steps", "save_total_limit"}
+
+
+def import_config(path: Path) -> tuple[str, list[str]]:
+    """(the YAML text, the notes) of the upstream training JSON at ``path``; the YAML validates as a config."""
+    import yaml
+
+    from voxrelay.config import build_config
+
+    try:
+        args = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ImportError_(f"{path}: cannot read it as JSON ({e}); pass upstream's training JSON "
+                           "(helpers/training_configs/*.json)") from None
+    if not isinstance(args, dict) or "train_dataset_name" not in args:
+        raise ImportError_(f"{path}: not a parler-tts training JSON (no train_dataset_name)")
+    config, notes = convert(args)
+    build_config(config, str(path))  # what it wrote must be a valid config (raises, naming the key)
+    header = f"# imported from {path} by `voxrelay import parler-config`; review the notes it printed\n"
+    return header + yaml.safe_dump(config, sort_keys=False), notes
