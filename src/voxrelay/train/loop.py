@@ -144,7 +144,7 @@ def _train(run: Run) -> TrainResult:
     trigger = pre.SaveTrigger(ck.every_steps, ck.every_minutes, parse_duration(ck.adaptive_mtbf))
     meter, batches, t0, wall0 = Throughput(), iter(run.stream), time.time(), loop.wall_time
     if run.resumed_from is None and tc.eval_every:
-        run.monitor.log(0, evaluate(run, 0))  # the untrained baseline
+        run.monitor.log(0, _guarded_eval(run, 0))  # the untrained baseline
     with pre.PreemptionWatcher(ck.preemption_poll, metadata_url=ck.metadata_url) as watcher, \
             ProgressLine(tc.max_steps, loop.step, enabled=run.accelerator.is_main_process) as bar:
         stops = Stops(run, watcher, deadline, trigger)
@@ -178,11 +178,24 @@ def _evaluate(run: Run, stops: Stops, bar: ProgressLine, step_s: float) -> dict:
     if stopping is not None:
         bar.note(f"stopping at step {loop.step} ({stopping}): its eval is skipped, the checkpoint saved first")
         return {}
-    results = evaluate(run, loop.step)
+    results = _guarded_eval(run, loop.step)
+    if not results:
+        return {}
     run.monitor.log(loop.step, results)
     bar.note(f"eval @{loop.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in results.items()))
     loop.record_eval(results["eval/loss"])
     return results
+
+
+def _guarded_eval(run: Run, step: int) -> dict:
+    """The eval of ``step``, or {} when it fails (reported): an eval must never cost the run its checkpoint
+    (upstream users lose runs to evaluation crashing at the end of training)."""
+    try:
+        return evaluate(run, step)
+    except Exception as err:  # noqa: BLE001
+        log.error("the eval of step %d failed (%s: %s); training goes on and the checkpoint is saved", step,
+                  type(err).__name__, str(err).split("\n")[0][:300])
+        return {}
 
 
 def _out_of_memory(run: Run, err: torch.OutOfMemoryError, cursor: dict, stops: Stops,

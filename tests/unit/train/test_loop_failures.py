@@ -70,3 +70,20 @@ def test_an_exception_in_the_loop_still_uploads_the_last_checkpoint_and_releases
     # when the error leaves train(), the checkpoint of step 2 is committed (the process may exit right away)
     assert [c.step for c in run.checkpoints.store.list()] == [2]
     assert read_lease(run.cfg.run_uri)["released"] is True
+
+
+def test_an_eval_that_fails_at_the_end_of_training_never_costs_the_checkpoint(tmp_path, monkeypatch, caplog):
+    """Upstream users report evaluation crashing at the end of training and losing the run: here the last
+    step's eval fails, the failure is reported, and the last checkpoint is committed all the same."""
+    import voxrelay.train.loop as loop_module
+
+    run = _run(tmp_path, monkeypatch, "train.max_steps=3", "checkpoint.every_steps=1000", "train.eval_synth=0")
+
+    def broken_eval(run, step):
+        raise RuntimeError("the Whisper model cannot be loaded")
+
+    monkeypatch.setattr(loop_module, "evaluate", broken_eval)
+    result = loop_module.train(run)
+    assert result.exit_code == 0 and result.step == 3 and result.durable
+    assert run.checkpoints.durable_step == 3
+    assert "the eval of step 3 failed (RuntimeError: the Whisper model cannot be loaded)" in caplog.text
