@@ -184,3 +184,32 @@ def test_plan_of_seed_000s_run_needs_only_a_config_json(tmp_path):
     assert 0.45e9 * 4 < full["per_gpu_bytes"]["grads"] < 0.46e9 * 4
     assert full["fits"] and 15e9 < full["per_gpu_bytes"]["total"] < 40e9
     assert full["per_gpu_bytes"]["logits"] == 14 * 9 * 1088 * 8000  # nine heads of 1,088 at the backward peak
+
+
+def test_lora_adapts_the_decoders_attention_and_mlp_only(parts):
+    """For small GPUs (upstream users hit OOM with the frozen T5): LoRA on the decoder's self- and
+    cross-attention and MLP; the T5, the embeddings and the heads stay as built."""
+    from voxrelay.models.lora_config import LoraConfig
+    from voxrelay.train.strategies import apply_lora, trainable_state
+
+    model = _build(parts, "model.dropout=0")
+    before = {k: v.clone() for k, v in model.module.state_dict().items()}
+    torch.manual_seed(0)
+    apply_lora(model, LoraConfig())
+    trained = trainable_state(model.module)
+    assert trained and all(".lora_" in k and ".decoder.model.decoder.layers." in k for k in trained)
+    assert any("encoder_attn" in k for k in trained) and any(".fc1." in k for k in trained)
+    with torch.no_grad():  # B starts at 0: give the adapters an effect, as after a few steps
+        for k, v in trained.items():
+            if "lora_B" in k:
+                v.normal_(0, 0.1)
+    batch = model.collate([model.example(r) for r in _rows()])
+    pop_counts(batch)
+    terms = model.loss(model.module, batch)
+    sum(t.weight * t.sum / t.count for t in terms.values()).backward()
+    assert all(p.grad is not None for p in trained.values())
+    merged = model.module.merge_and_unload()
+    after = merged.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items() if k.startswith("text_encoder."))
+    assert not torch.equal(after["decoder.model.decoder.layers.0.fc1.weight"],
+                           before["decoder.model.decoder.layers.0.fc1.weight"])
