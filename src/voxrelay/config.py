@@ -110,6 +110,11 @@ class CodecConfig(Section):
         "mel_kmeans", description="mel_kmeans: built-in, no download; snac / dac: pretrained neural codecs"
     )
     path: str | None = Field(None, description="snac/dac: local folder or hub id of the pretrained codec")
+    batch_size: int = Field(
+        1, gt=0, description="dac: clips encoded together by prepare, on the GPU when there is one (upstream "
+        "Parler: 8-24); >1 is much faster on a GPU, and the last frames of a shorter clip then see the batch's "
+        "padding instead of its own end (upstream does the same); 1: each clip alone",
+    )
     sample_rate: int = Field(16000, gt=0, description="mel_kmeans: sample rate (Hz)")
     n_fft: int = Field(1024, gt=0, description="mel_kmeans: FFT size")
     hop_length: int = Field(256, gt=0, description="mel_kmeans: hop in samples (frame rate = sr / hop)")

@@ -38,6 +38,7 @@ def settings(parts: dict[str, Path], corpus: dict[str, Path]):
             f"data.sources=[{{type: hf, path: {corpus['speech']}, metadata_path: {corpus['meta']}, "
             "description_column: text_description}]",
             "data.min_duration=0.3", "data.eval_size=2", "data.shard_size=8", f"codec.path={parts['dac']}",
+            "codec.batch_size=4",  # clips encoded together, as upstream's audio_encoder_per_device_batch_size
             "model.preset=tiny", f"model.text_encoder={parts['text_encoder']}",
             f"model.prompt_tokenizer={parts['prompt_tokenizer']}", "model.dropout=0.1",  # resume restores the RNG
             "train.precision=no", f"train.max_steps={STEPS}", "train.batch_tokens=900", "train.grad_accum=1",
@@ -71,6 +72,7 @@ def test_parler_prepare_train_kill_resume_synthesize_eval_export(setup, tmp_path
     index = json.loads((base / "root/prepared/tiny-parler/index.json").read_text())
     assert (index["codec"]["type"], index["num_codebooks"]) == ("dac", 9)
     assert index["identity"]["params"]["data.required_fields"] == ["description"]
+    assert index["identity"]["params"]["codec.batch_size"] == 4
     assert index["counts"]["train"] + index["counts"]["eval"] == 10  # every row found its description
 
     _train(base, tiny, env, "straight")

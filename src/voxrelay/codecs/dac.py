@@ -100,12 +100,26 @@ class DacCodec:
 
     def encode(self, wav: np.ndarray) -> np.ndarray:
         """wav float32 [N] at ``sample_rate`` -> codes int64 [n_codebooks, ceil(N / hop_length)]."""
-        wav = mono_float32(wav, "dac")
-        pad = -wav.size % self.hop_length
-        x = torch.from_numpy(np.pad(wav, (0, pad)))[None, None, :]
+        return self.encode_batch([wav])[0]
+
+    def encode_batch(self, wavs: list[np.ndarray]) -> list[np.ndarray]:
+        """Clips encoded together, zero-padded to the longest (a multiple of the hop), on the model's device:
+        codes int64 [n_codebooks, ceil(N_i / hop_length)] each. A shorter clip's last frames see the padding."""
+        wavs = [mono_float32(w, "dac") for w in wavs]
+        frames = [-(-w.size // self.hop_length) for w in wavs]
+        x = np.zeros((len(wavs), 1, max(frames) * self.hop_length), dtype=np.float32)
+        for i, w in enumerate(wavs):
+            x[i, 0, : w.size] = w
+        device = next(self.model.parameters()).device
         with torch.inference_mode():
-            codes = self.model.encode(x, return_dict=True).audio_codes  # [1, n_codebooks, T]
-        return codes[0].to(torch.int64).numpy()
+            codes = self.model.encode(torch.from_numpy(x).to(device), return_dict=True).audio_codes  # [B, K, T]
+        codes = codes.to(torch.int64).cpu().numpy()
+        return [codes[i, :, :n] for i, n in enumerate(frames)]
+
+    def to(self, device: str) -> DacCodec:
+        """Move the model (prepare encodes on the GPU when there is one); returns self."""
+        self.model.to(device)
+        return self
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """codes int [n_codebooks, T] -> wav float32 [T * hop_length] (deterministic)."""
@@ -114,7 +128,7 @@ class DacCodec:
             raise ValueError(f"dac: codes must be int [{self.num_codebooks}, T], got shape {codes.shape}")
         if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
             raise ValueError(f"dac: codes must lie in [0, {self.codebook_size}), got [{codes.min()}, {codes.max()}]")
-        x = torch.from_numpy(codes.astype(np.int64))[None]
+        x = torch.from_numpy(codes.astype(np.int64))[None].to(next(self.model.parameters()).device)
         with torch.inference_mode():
             wav = self.model.decode(audio_codes=x, return_dict=True).audio_values  # [1, N]
-        return wav.reshape(-1).float().numpy()
+        return wav.reshape(-1).float().cpu().numpy()

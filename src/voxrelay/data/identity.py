@@ -42,6 +42,8 @@ def shard_params(cfg: RunConfig, codec: AudioCodec, codec_sha: str | None,
         "data.min_duration": cfg.data.min_duration,
         "data.max_duration": cfg.data.max_duration,
     }
+    if cfg.codec.batch_size > 1 and hasattr(codec, "encode_batch"):  # padding reaches the last frames' codes
+        params["codec.batch_size"] = cfg.codec.batch_size
     if required:
         params["data.required_fields"] = list(required)
         params |= {f"data.default_{name}": getattr(cfg.data, f"default_{name}", None) for name in required}

@@ -171,35 +171,48 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
                  required: tuple[str, ...] = ()):
     """Validate + encode a shard's rows -> (encoded rows, rejects); ``keep_audio`` stores the
     reference recording too (eval split: MCD-DTW is scored against it); ``required``: text fields every
-    row must have (the family's data needs)."""
+    row must have (the family's data needs). Rows are read a few batches at a time (bounded memory); with
+    ``codec.batch_size`` > 1 a codec that can encodes clips of similar length together."""
     good, rejects = [], []
-    for utt in utts:
-        if utt.problem is None:
-            utt.problem = _missing_field(utt, cfg, required)
-        if utt.problem is not None:
-            rejects.append(_reject(utt, utt.problem, strict))
-            continue
-        try:
-            wav = load_utterance_audio(utt, codec.sample_rate, cfg.data.min_duration, cfg.data.max_duration)
-        except RowError as err:
-            rejects.append(_reject(utt, str(err), strict))
-            continue
-        codes = np.asarray(codec.encode(wav))
-        if codes.ndim != 2 or codes.shape[0] != codec.num_codebooks or codes.shape[1] == 0:
-            rejects.append(_reject(utt, f"codec returned codes of shape {codes.shape}", strict))
-            continue
-        good.append(
-            sh.EncodedUtterance(
-                id=utt.id,
-                text=utt.text,
-                speaker=utt.speaker,
-                description=utt.description,
-                duration=len(wav) / codec.sample_rate,
-                codes=codes.astype(np.int16),
-                ref_audio=wav if keep_audio else None,
-            )
-        )
+    chunk = 8 * cfg.codec.batch_size
+    for start in range(0, len(utts), chunk):
+        loaded = []
+        for utt in utts[start : start + chunk]:
+            if utt.problem is None:
+                utt.problem = _missing_field(utt, cfg, required)
+            if utt.problem is not None:
+                rejects.append(_reject(utt, utt.problem, strict))
+                continue
+            try:
+                loaded.append((utt, load_utterance_audio(utt, codec.sample_rate, cfg.data.min_duration,
+                                                         cfg.data.max_duration)))
+            except RowError as err:
+                rejects.append(_reject(utt, str(err), strict))
+        for (utt, wav), codes in zip(loaded, _encode_all([w for _, w in loaded], codec, cfg), strict=True):
+            codes = np.asarray(codes)
+            if codes.ndim != 2 or codes.shape[0] != codec.num_codebooks or codes.shape[1] == 0:
+                rejects.append(_reject(utt, f"codec returned codes of shape {codes.shape}", strict))
+                continue
+            good.append(sh.EncodedUtterance(
+                id=utt.id, text=utt.text, speaker=utt.speaker, description=utt.description,
+                duration=len(wav) / codec.sample_rate, codes=codes.astype(np.int16),
+                ref_audio=wav if keep_audio else None))
     return good, rejects
+
+
+def _encode_all(wavs: list[np.ndarray], codec: AudioCodec, cfg: RunConfig) -> list[np.ndarray]:
+    """Codes of every clip, in order: one at a time, or in batches of ``codec.batch_size`` clips of similar
+    length (sorted, so little of a batch is padding)."""
+    size = cfg.codec.batch_size
+    if size <= 1 or not hasattr(codec, "encode_batch"):
+        return [codec.encode(w) for w in wavs]
+    order = sorted(range(len(wavs)), key=lambda i: len(wavs[i]))
+    out: list = [None] * len(wavs)
+    for start in range(0, len(order), size):
+        group = order[start : start + size]
+        for i, codes in zip(group, codec.encode_batch([wavs[i] for i in group]), strict=True):
+            out[i] = codes
+    return out
 
 
 def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utterance]], params: dict):
@@ -308,6 +321,8 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     if not any(u.problem is None for u in rows):
         raise PrepareError("the sources yielded no usable rows; check data.sources paths (see rejects above)")
     codec = build_codec(cfg.codec)
+    if hasattr(codec, "to") and _cuda():
+        codec.to("cuda")  # a neural codec encodes on the GPU when there is one
     needs = family_needs(cfg, codec)
     check_params(cfg, codec, overwrite, rank)
     params = ident.shard_params(cfg, codec, _load_codec(cfg, codec, rows, rank), needs.fields)
@@ -382,3 +397,9 @@ def load_prepared_codec(prepared_uri: str, index: dict | None = None) -> AudioCo
     if index.get("codec_state"):
         state = storage.read_bytes(storage.join(prepared_uri, index["codec_state"]))
     return codec_from_description(index["codec"], state)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -111,3 +111,20 @@ def test_a_dac_folder_without_weights_is_a_user_error(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(CodecError, match="as a local folder.*DacModel.save_pretrained"):
         DacCodec.from_pretrained(str(tmp_path))
+
+
+def test_batched_encoding_matches_clip_by_clip_away_from_the_padding(tiny: tuple[DacModel, DacCodec]) -> None:
+    """``encode_batch`` (what prepare uses with codec.batch_size > 1, on a GPU when there is one): the longest clip
+    gets exactly its own codes; a shorter one its own codes except in its last frames, which see the batch's
+    padding instead of its end (the receptive field of the encoder)."""
+    _, codec = tiny
+    rng = np.random.default_rng(0)
+    clips = [rng.standard_normal(n).astype(np.float32) * 0.1 for n in (4000, 2500, 3000)]
+    together = codec.encode_batch(clips)
+    alone = [codec.encode(c) for c in clips]
+    assert [c.shape for c in together] == [a.shape for a in alone]
+    np.testing.assert_array_equal(together[0], alone[0])
+    for t, a in zip(together[1:], alone[1:], strict=True):
+        frames = a.shape[1]
+        same = (t == a).all(axis=0)
+        assert same[: frames // 2].all(), same  # the start of a shorter clip is unaffected

@@ -35,7 +35,7 @@ def test_seed_000s_training_json_becomes_a_config(tmp_path):
     assert srcs[3].metadata_hub_id == "parler-tts/mls-eng-10k-tags_tagged_10k_generated"
     assert {s.description_column for s in srcs} == {"text_description"}
     assert (cfg.data.min_duration, cfg.data.max_duration, cfg.data.eval_size) == (2.0, 30, 96)
-    assert (cfg.codec.type, cfg.codec.path) == ("dac", "ylacombe/dac_44khZ_8kbps")
+    assert (cfg.codec.type, cfg.codec.path, cfg.codec.batch_size) == ("dac", "ylacombe/dac_44khZ_8kbps", 8)
     t = cfg.train
     assert (t.lr, t.grad_accum, t.precision, t.schedule, t.warmup_steps, t.seed) == (
         0.00095, 8, "bf16", "constant_with_warmup", 20000, 456)

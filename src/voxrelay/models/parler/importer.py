@@ -35,7 +35,6 @@ DROPPED = {  # field -> why voxrelay does not need it
     "evaluation_strategy": "evals run every train.eval_every steps",
     "eval_strategy": "evals run every train.eval_every steps",
     "per_device_eval_batch_size": "eval speaks train.eval_synth texts one by one",
-    "audio_encoder_per_device_batch_size": "prepare encodes with the DAC once, as it reads the rows",
     "dataloader_num_workers": "voxrelay reads prepared shards from its local cache",
     "attn_implementation": "voxrelay's Parler uses torch SDPA",
     "num_train_epochs": "set train.max_steps (epochs x the prepared data's tokens / tokens per step; "
@@ -123,8 +122,10 @@ def convert(args: dict) -> tuple[dict, list[str]]:
                        ("max_eval_samples", "eval_size")):
         if args.get(field) is not None:
             data[key] = args[field]
-    config |= {"data": data, "codec": {"type": "dac", "path": args.get("feature_extractor_name")
-                                       or "parler-tts/dac_44khZ_8kbps"}, "model": model, "train": _train(args, notes)}
+    codec = {"type": "dac", "path": args.get("feature_extractor_name") or "parler-tts/dac_44khZ_8kbps"}
+    if args.get("audio_encoder_per_device_batch_size"):
+        codec["batch_size"] = int(args["audio_encoder_per_device_batch_size"])
+    config |= {"data": data, "codec": codec, "model": model, "train": _train(args, notes)}
     if args.get("save_steps"):
         config["checkpoint"] = {"every_steps": args["save_steps"]} | (
             {"keep_last": max(2, int(args["save_total_limit"]))} if args.get("save_total_limit") else {})
@@ -147,7 +148,8 @@ def _mapped_fields() -> set[str]:
             "logging_steps", "eval_steps", "seed", "max_steps", "adam_beta1", "adam_beta2", "lr_scheduler_type",
             "dtype", "per_device_train_batch_size", "description_tokenizer_name", "prompt_tokenizer_name",
             "freeze_text_encoder", "max_text_length", "min_duration_in_seconds", "max_duration_in_seconds",
-            "max_eval_samples", "feature_extractor_name", "save_steps", "save_total_limit"}
+            "max_eval_samples", "feature_extractor_name", "save_steps", "save_total_limit",
+            "audio_encoder_per_device_batch_size"}
 
 
 def import_config(path: Path) -> tuple[str, list[str]]:
