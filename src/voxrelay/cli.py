@@ -231,7 +231,7 @@ def export_cmd(
     ),
     fmt: str = typer.Option(
         "voxrelay", "--format", help="voxrelay (what synthesize/eval read back), or the family's upstream format "
-        "where it has one: parler (a folder upstream parler-tts' from_pretrained loads, the DAC included)",
+        "where it has one (Parler-TTS: a folder upstream's from_pretrained loads, the DAC included)",
     ),
 ):
     """Write model.safetensors + config (+ codec) that synthesize and transformers can load (LoRA: merged)."""
@@ -241,10 +241,13 @@ def export_cmd(
     out.print(f"exported step {at} to {output}", highlight=False)
 
 
+from voxrelay.models.registry import IMPORTERS  # noqa: E402 (torch-free: names only)
+
+
 @app.command("import")
 def import_cmd(
-    kind: str = typer.Argument(..., help="What FILE is: an upstream training config of a family, e.g. "
-                               "parler-config (parler-tts' training JSON)"),
+    kind: str = typer.Argument(..., help="What FILE is, an upstream training config of a family: "
+                               + ", ".join(IMPORTERS)),
     file: Path = typer.Argument(..., help="The upstream file"),
     output: Path = typer.Option(..., "-o", "--output", help="The voxrelay config (YAML) to write"),
 ):

@@ -63,7 +63,7 @@ class SourceConfig(Section):
         "Parler's *_tagged_10k_generated descriptions); its description_column gives each row's description",
     )
     metadata_hub_id: str | None = Field(None, description="hf only: a hub metadata dataset, when metadata_path is "
-                                        "not set (e.g. parler-tts/libritts_r_tags_tagged_10k_generated)")
+                                        "not set (e.g. a *_tagged_10k_generated descriptions set)")
     metadata_config: str | None = Field(None, description="hf only: config of the metadata dataset (None = hub_config)")
     metadata_split: str | None = Field(None, description="hf only: split of the metadata dataset (None = split)")
     id_column: str = Field("id", description="hf only: the column that identifies a row (and joins the metadata)")

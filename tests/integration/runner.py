@@ -142,6 +142,15 @@ def staged_steps(folder: Path) -> list[int]:
     return sorted(int(p.parent.name[5:]) for p in folder.glob("step-*/manifest.json"))
 
 
+def kill_once_a_checkpoint_exists(trainer: Trainer, cache: Path, run_uri: str, steps: int) -> None:
+    """SIGKILL ``trainer`` as soon as a checkpoint of it exists, staged on this machine or committed (the resume
+    takes either), while it still has steps to train (of ``steps``)."""
+    while not (staged_steps(staging_dir(cache, run_uri)) or list(Path(run_uri).glob("checkpoints/*/manifest.json"))):
+        assert trainer.proc.poll() is None and trainer.wait_step_lines(len(trainer.steps()) + 1, 600), trainer.output()
+    trainer.kill()
+    assert trainer.steps() and trainer.steps()[-1] < steps, trainer.output()
+
+
 def final_weights(run_uri: str, staging: Path) -> tuple[int, dict[str, torch.Tensor]]:
     ckpt, weights = CheckpointManager(run_uri, staging_dir=staging).load_model()
     return ckpt.step, weights

@@ -77,7 +77,7 @@ def test_eval_all_prints_a_table_per_checkpoint_and_writes_the_plot(trained):
     lines = res.stdout.strip().splitlines()
     assert lines[0].split() == ["step", "loss", "text_gain", "wer", "cer", "silent_frac", "mcd_dtw", "speaker_sim"]
     assert [line.split()[0] for line in lines[1:]] == ["4", "6"]  # the checkpoints kept (keep_last 2)
-    assert all(len(line.split()) == 7 and "-" not in line.split()[1:] for line in lines[1:])
+    assert all(len(line.split()) == 8 and "-" not in line.split()[1:] for line in lines[1:])
     steps = [r["step"] for r in _jsonl(run / "eval" / "results.jsonl")]
     assert steps[-2:] == [4, 6]
     assert (run / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

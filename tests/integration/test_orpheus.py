@@ -21,8 +21,7 @@ from tests.integration.runner import (
     assert_same_weights,
     env_for,
     final_weights,
-    staged_steps,
-    staging_dir,
+    kill_once_a_checkpoint_exists,
     voxrelay,
 )
 
@@ -77,14 +76,7 @@ def test_orpheus_lora_prepare_train_kill_resume_synthesize_export(setup, tmp_pat
     evals = [m for m in metrics if "eval/loss" in m]
     assert evals and all({"eval/wer", "eval/cer", "eval/speaker_sim"} <= set(m) for m in evals), evals
     trainer = Trainer(str(base / "root"), env, "name=killed", config=EXAMPLE, settings=settings(parts))
-    # SIGKILLed as soon as a checkpoint of it exists, staged on this machine or committed (the resume
-    # takes either), while it still has steps to train
-    run_uri = str(base / "root/runs/killed")
-    while not (staged_steps(staging_dir(base / "cache", run_uri))
-               or list(Path(run_uri).glob("checkpoints/*/manifest.json"))):
-        assert trainer.proc.poll() is None and trainer.wait_step_lines(len(trainer.steps()) + 1, 600), trainer.output()
-    trainer.kill()
-    assert trainer.steps() and trainer.steps()[-1] < STEPS, trainer.output()
+    kill_once_a_checkpoint_exists(trainer, base / "cache", str(base / "root/runs/killed"), STEPS)
     res = _train(base, parts, env, "killed")
     resumed = int(re.search(r"resuming \S+ from step (\d+)", res.stderr).group(1))
     assert 2 <= resumed < STEPS, res.stderr
