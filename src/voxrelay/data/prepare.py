@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from voxrelay import storage
 from voxrelay.codecs.base import AudioCodec, FittableCodec
@@ -321,8 +322,8 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     if not any(u.problem is None for u in rows):
         raise PrepareError("the sources yielded no usable rows; check data.sources paths (see rejects above)")
     codec = build_codec(cfg.codec)
-    if hasattr(codec, "to") and _cuda():
-        codec.to("cuda")  # a neural codec encodes on the GPU when there is one
+    if hasattr(codec, "to") and torch.cuda.is_available():
+        codec.to("cuda")  # a neural codec encodes on the GPU when there is one (prepare only, not at training)
     needs = family_needs(cfg, codec)
     check_params(cfg, codec, overwrite, rank)
     params = ident.shard_params(cfg, codec, _load_codec(cfg, codec, rows, rank), needs.fields)
@@ -397,9 +398,3 @@ def load_prepared_codec(prepared_uri: str, index: dict | None = None) -> AudioCo
     if index.get("codec_state"):
         state = storage.read_bytes(storage.join(prepared_uri, index["codec_state"]))
     return codec_from_description(index["codec"], state)
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
