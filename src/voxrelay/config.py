@@ -106,8 +106,9 @@ class DataConfig(Section):
 
 
 class CodecConfig(Section):
-    type: Literal["mel_kmeans", "snac", "dac"] = Field(
-        "mel_kmeans", description="mel_kmeans: built-in, no download; snac / dac: pretrained neural codecs"
+    type: Literal["mel_kmeans", "snac", "dac", "pcm"] = Field(
+        "mel_kmeans", description="mel_kmeans: built-in, no download; snac / dac: pretrained neural codecs; pcm: "
+        "the audio itself (16-bit, at codec.sample_rate), for a family that learns from continuous features"
     )
     path: str | None = Field(None, description="snac/dac: local folder or hub id of the pretrained codec")
     batch_size: int = Field(
@@ -115,7 +116,7 @@ class CodecConfig(Section):
         "Parler: 8-24); >1 is much faster on a GPU, and the last frames of a shorter clip then see the batch's "
         "padding instead of its own end (upstream does the same); 1: each clip alone",
     )
-    sample_rate: int = Field(16000, gt=0, description="mel_kmeans: sample rate (Hz)")
+    sample_rate: int = Field(16000, gt=0, description="mel_kmeans / pcm: sample rate (Hz)")
     n_fft: int = Field(1024, gt=0, description="mel_kmeans: FFT size")
     hop_length: int = Field(256, gt=0, description="mel_kmeans: hop in samples (frame rate = sr / hop)")
     n_mels: int = Field(80, gt=0, description="mel_kmeans: mel bands")

@@ -62,15 +62,23 @@ def _dac(path: str) -> AudioCodec:
     return DacCodec.from_pretrained(path)
 
 
+def _pcm(sample_rate: int) -> AudioCodec:
+    from voxrelay.codecs.pcm import PcmCodec
+
+    return PcmCodec(sample_rate)
+
+
 # codec.type -> loader of a pretrained codec from a local folder or hub id.
 PRETRAINED_CODECS: dict[str, Callable[[str], AudioCodec]] = {"snac": _snac, "dac": _dac}
+# codec.type -> builder of a codec made from ``codec.sample_rate`` alone (nothing fitted, nothing downloaded).
+PLAIN_CODECS: dict[str, Callable[[int], AudioCodec]] = {"pcm": _pcm}
 # codec.type -> builder of a codec fitted on the corpus, from its parameters.
 FITTABLE_CODECS: dict[str, Callable[[dict[str, Any]], AudioCodec]] = {"mel_kmeans": _mel_kmeans}
 
 
 def codec_types() -> list[str]:
     """Every known ``codec.type``."""
-    return sorted([*FITTABLE_CODECS, *PRETRAINED_CODECS])
+    return sorted([*FITTABLE_CODECS, *PRETRAINED_CODECS, *PLAIN_CODECS])
 
 
 def _unknown(kind: Any) -> CodecError:
@@ -79,6 +87,8 @@ def _unknown(kind: Any) -> CodecError:
 
 def build_codec(cfg: CodecConfig) -> AudioCodec:
     """The codec a run config asks for. mel_kmeans comes back unfitted (``prepare`` fits it)."""
+    if cfg.type in PLAIN_CODECS:
+        return PLAIN_CODECS[cfg.type](cfg.sample_rate)
     if cfg.type in FITTABLE_CODECS:
         return FITTABLE_CODECS[cfg.type]({k: getattr(cfg, k) for k in _MEL_KMEANS_PARAMS})
     if cfg.type in PRETRAINED_CODECS:
@@ -99,6 +109,8 @@ def codec_from_description(desc: dict[str, Any], state: bytes | None = None) -> 
     checked against the description.
     """
     kind = desc.get("type")
+    if kind in PLAIN_CODECS:
+        return PLAIN_CODECS[kind](int(desc["sample_rate"]))
     if kind in FITTABLE_CODECS:
         missing = [k for k in _MEL_KMEANS_PARAMS if k not in desc]
         if missing:

@@ -197,7 +197,7 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
             good.append(sh.EncodedUtterance(
                 id=utt.id, text=utt.text, speaker=utt.speaker, description=utt.description,
                 duration=len(wav) / codec.sample_rate, codes=codes.astype(np.int16),
-                ref_audio=wav if keep_audio else None))
+                ref_audio=wav if keep_audio and not getattr(codec, "continuous", False) else None))
     return good, rejects
 
 
@@ -361,6 +361,9 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
 def family_needs(cfg: RunConfig, codec: AudioCodec) -> DataNeeds:
     """What ``model.family`` needs from prepare; a codec it cannot take is refused before anything is encoded."""
     needs = cfg.model.data_needs()
+    refusal = needs.refusal(cfg.model.family, codec.describe(), where="configured codec")
+    if refusal:
+        raise PrepareError(refusal)
     if needs.codec is not None and cfg.codec.type != needs.codec:
         raise PrepareError(f"model.family={cfg.model.family} needs codes of the {needs.codec} codec, but codec.type="
                            f"{cfg.codec.type}; set codec.type={needs.codec} (and codec.path), under another data.name")

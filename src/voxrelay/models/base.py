@@ -283,6 +283,23 @@ class DataNeeds:
     codes: tuple[int, int] | None = None
     codec: str | None = None
     fields: tuple[str, ...] = ()
+    audio_rate: int | None = None  # the family learns from the audio itself, stored at this rate (codec.type=pcm)
+
+    def refusal(self, family: str, codec: dict[str, Any], where: str = "codec") -> str | None:
+        """Why data whose codec is described by ``codec`` (``describe()``, as in index.json) cannot feed this
+        family, with the fix; None when it can. ``where``: how to name the codec settings in the message."""
+        continuous = codec.get("type") == "pcm"
+        if self.audio_rate is not None:
+            if continuous and int(codec.get("sample_rate", 0)) == self.audio_rate:
+                return None
+            return (f"model.family={family} learns from the audio itself at {self.audio_rate} Hz, but the {where} is "
+                    f"{codec.get('type')} at {codec.get('sample_rate')} Hz; set codec.type=pcm and codec.sample_rate="
+                    f"{self.audio_rate} (under another data.name)")
+        if continuous:
+            return (f"model.family={family} learns discrete codes, but the {where} stores plain audio "
+                    "(codec.type=pcm); set codec.type to a codec with codes (mel_kmeans, snac, dac), "
+                    "under another data.name")
+        return None
 
 
 class Family(Protocol):

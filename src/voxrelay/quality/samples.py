@@ -90,6 +90,19 @@ def _with_other_texts(model, rows: list) -> list[tuple]:
     return pairs
 
 
+def _frame_rate(model) -> float | None:
+    """Frames per second of what ``model`` generates when they are not its codec's (a family with continuous
+    latents sets ``frame_rate``); None: the codec's frames."""
+    return getattr(model, "frame_rate", None)
+
+
+def _ref_frames(model, codec, row) -> int:
+    """How many frames ``model`` would generate for ``row``'s recording: its codes' count, or for a family
+    with its own frame rate the row's duration at that rate."""
+    rate = _frame_rate(model)
+    return int(row.codes.shape[1]) if rate is None else max(1, round(row.duration * rate))
+
+
 def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: float = 20.0,
                      speaker: str | None = None, temperature: float = 0.8,
                      top_k: int | None = 50) -> tuple[list[Sample], dict[str, float]]:
@@ -100,7 +113,8 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
     samples, mcds, stopped, ratios, silent = [], [], 0, [], []
     for i, row in enumerate(rows):
         has_ref = row.codes is not None
-        max_frames = 2 * row.codes.shape[1] + 20 if has_ref else int(max_seconds * codec.frame_rate)
+        ref_frames = _ref_frames(model, codec, row) if has_ref else 0
+        max_frames = 2 * ref_frames + 20 if has_ref else int(max_seconds * (_frame_rate(model) or codec.frame_rate))
         request = request_for(model, row.text, row.speaker or speaker, row.description)
         speech = model.speak(request, codec, max_frames=max_frames, seed=seed_base + i, temperature=temperature,
                              top_k=top_k)
@@ -110,7 +124,7 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
         ref = None
         if has_ref:
             stopped += int(frames < max_frames)
-            ratios.append(frames / row.codes.shape[1])
+            ratios.append(frames / max(ref_frames, 1))
             ref = row.ref_audio if row.ref_audio is not None else codec.decode(row.codes)
             mcds.append(mcd_dtw(ref, wav, codec.sample_rate))
         samples.append(Sample(row.id, row.text, wav, speech.sample_rate, ref, codec.sample_rate))

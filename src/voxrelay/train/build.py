@@ -24,6 +24,7 @@ from voxrelay.config import RunConfig, TrainConfig
 from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
+from voxrelay.data.shards import PrepareError
 from voxrelay.errors import UserError
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model
@@ -211,6 +212,9 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     index = load_index(cfg.prepared_uri)
     check_fits(cfg, index, world, gpu_memory())  # on a GPU: stop now, with the plan, if it will not fit
     codec = load_prepared_codec(cfg.prepared_uri, index)
+    refusal = cfg.model.data_needs().refusal(cfg.model.family, index["codec"], where=f"data at {cfg.prepared_uri}")
+    if refusal:
+        raise PrepareError(refusal)
     cap = int(cfg.cache.max_gb * 2**30)
     train_rows = PreparedDataset.open(cfg.prepared_uri, "train", index, max_bytes=cap).rows
     eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval", index, max_bytes=cap).rows, key=lambda r: r.id)

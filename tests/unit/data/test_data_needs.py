@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.helpers.datasets import make_wav
@@ -73,3 +74,34 @@ def test_a_codec_the_family_cannot_take_is_refused_before_encoding(tmp_path, mon
     assert not (tmp_path / "root" / "prepared" / "demo" / "index.json").exists()
     with pytest.raises(PrepareError, match="needs 7 codes per frame of 4096 values, but codec mel_kmeans gives 2 x 8"):
         _prepare(tmp_path, monkeypatch, DataNeeds(codes=(7, 4096)))
+
+
+def test_a_family_that_needs_audio_gets_the_samples_at_its_rate(tmp_path, monkeypatch):
+    """codec.type=pcm stores each row's audio as 16-bit samples at codec.sample_rate (the row's array is
+    [1, N]); the eval split keeps no second copy as reference (decoding is the reference); a loaded row
+    decodes to the source audio within 16-bit rounding."""
+    import soundfile as sf
+
+    from voxrelay.codecs.pcm import PcmCodec
+    from voxrelay.data.loader import PreparedDataset
+
+    _, index = _prepare(tmp_path, monkeypatch, DataNeeds(audio_rate=16000), "codec.type=pcm")
+    assert index["codec"]["type"] == "pcm" and index["codec"]["sample_rate"] == 16000
+    prepared = str(tmp_path / "root" / "prepared" / "demo")
+    rows = {r.id: r for split in ("train", "eval") for r in PreparedDataset.open(prepared, split, index).rows}
+    source, rate = sf.read(tmp_path / "corpus" / "clips" / "c2.wav", dtype="float32")
+    assert rate == 16000 and rows["u2"].codes.shape == (1, len(source))
+    assert abs(rows["u2"].duration - len(source) / rate) < 1e-6
+    assert float(np.abs(PcmCodec(16000).decode(rows["u2"].codes) - source).max()) < 1.0 / 32767
+    assert all(r.ref_audio is None for r in rows.values())
+
+
+def test_audio_and_codes_families_refuse_the_other_kind_of_data(tmp_path, monkeypatch):
+    from voxrelay.data.shards import PrepareError
+
+    with pytest.raises(PrepareError, match=r"learns from the audio itself at 24000 Hz.*codec.type=pcm and "
+                                           r"codec.sample_rate=24000"):
+        _prepare(tmp_path, monkeypatch, DataNeeds(audio_rate=24000), "codec.type=pcm")
+    with pytest.raises(PrepareError, match=r"learns discrete codes.*codec.type=pcm"):
+        _prepare(tmp_path, monkeypatch, DataNeeds(), "codec.type=pcm")
+    assert not (tmp_path / "root" / "prepared" / "demo" / "index.json").exists()
