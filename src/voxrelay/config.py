@@ -58,6 +58,10 @@ class SourceConfig(Section):
         description="demo only: eSpeak NG voices (voice+variant), one speaker each",
     )
     seed: int = Field(0, description="demo only: seed of the sentence generator")
+    layout: Literal["sentences", "dialogues"] = Field(
+        "sentences", description="demo only: sentences: one sentence per row; dialogues: two-voice dialogues with "
+        "[SPEAKER_A]/[SPEAKER_B] transcripts and one-voice segments, in a metadata.csv + audio/ + text/ folder",
+    )
     metadata_path: str | None = Field(
         None, description="hf only: a load_from_disk folder of a metadata dataset joined on id_column (e.g. "
         "Parler's *_tagged_10k_generated descriptions); its description_column gives each row's description",

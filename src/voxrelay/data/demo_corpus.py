@@ -239,18 +239,24 @@ def list_voices() -> list[str]:
     return load_synthesizer().languages()
 
 
-def _params(minutes: float, voices: list[str], seed: int, sample_rate: int) -> dict:
-    return {
-        "minutes": float(minutes),
-        "voices": list(voices),
-        "seed": int(seed),
-        "sample_rate": int(sample_rate),
-    }
+def _params(minutes: float, voices: list[str], seed: int, sample_rate: int, layout: str = "sentences") -> dict:
+    params = {"minutes": float(minutes), "voices": list(voices), "seed": int(seed), "sample_rate": int(sample_rate)}
+    return params if layout == "sentences" else params | {"layout": layout}  # older corpora stay reusable
 
 
 def _write_corpus(folder: Path, params: dict) -> dict:
     """Synthesise sentences round-robin over the voices until ``minutes`` of audio exist in ``folder``."""
     synth = load_synthesizer()
+    if params.get("layout") == "dialogues":
+        from voxrelay.data.demo_dialogues import write_dialogues
+
+        try:
+            count, total_s = write_dialogues(folder, params, synth, _BASE_RATE, METADATA)
+        except ValueError as e:
+            raise SynthesisError(str(e)) from None
+        summary = {**params, "utterances": count, "seconds": round(total_s, 3), "backend": synth.name}
+        (folder / DONE_MARKER).write_text(json.dumps(summary, indent=1) + "\n")  # the commit marker: last
+        return summary
     voices, sr_out = params["voices"], params["sample_rate"]
     rng = np.random.default_rng(params["seed"])
     maker = SentenceMaker(np.random.default_rng([params["seed"], 1]))
@@ -328,7 +334,7 @@ def _check_reusable(folder: Path, done: dict, params: dict) -> Path:
 
 def _remove_incomplete(folder: Path) -> None:
     """Delete a corpus folder left without its marker, but never a folder holding anything else."""
-    foreign = [p.name for p in folder.iterdir() if p.name not in (METADATA, "wavs", DONE_MARKER)]
+    foreign = [p.name for p in folder.iterdir() if p.name not in (METADATA, "wavs", "audio", "text", DONE_MARKER)]
     if foreign:
         raise DemoCorpusError(
             f"out_dir {str(folder)!r} exists and is not a demo corpus (it holds {sorted(foreign)[:5]}); "
@@ -343,10 +349,12 @@ def generate_demo_corpus(
     voices: list[str] | None = None,
     seed: int = 0,
     sample_rate: int = 22050,
+    layout: str = "sentences",
 ) -> Path:
     """Write (or reuse) a demo corpus of about ``minutes`` of speech in ``out_dir``; returns its path.
 
-    ``voices`` defaults to :data:`DEFAULT_VOICES`; each becomes the ``speaker`` of its rows.
+    ``voices`` defaults to :data:`DEFAULT_VOICES`; each becomes the ``speaker`` of its rows. ``layout``:
+    ``sentences`` (one sentence per row) or ``dialogues`` (:mod:`voxrelay.data.demo_dialogues`).
     Idempotent: a folder with a ``DONE`` marker for the same arguments is reused as is.
     Synthesis runs in a fresh child process because libespeak-ng carries state from one sentence
     to the next (the same text comes out a few samples different on a second call, even after
@@ -356,7 +364,7 @@ def generate_demo_corpus(
         raise ValueError(f"minutes must be positive, got {minutes}")
     voices = list(voices or DEFAULT_VOICES)
     folder = Path(out_dir)
-    params = _params(minutes, voices, seed, sample_rate)
+    params = _params(minutes, voices, seed, sample_rate, layout)
     done = _read_done(folder)
     if done is not None:
         return _check_reusable(folder, done, params)

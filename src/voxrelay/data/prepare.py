@@ -169,10 +169,10 @@ def _missing_field(utt: Utterance, cfg: RunConfig, required: tuple[str, ...]) ->
 
 
 def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, strict: bool, keep_audio: bool,
-                 required: tuple[str, ...] = ()):
+                 needs: DataNeeds = DataNeeds()):
     """Validate + encode a shard's rows -> (encoded rows, rejects); ``keep_audio`` stores the
-    reference recording too (eval split: MCD-DTW is scored against it); ``required``: text fields every
-    row must have (the family's data needs). Rows are read a few batches at a time (bounded memory); with
+    reference recording too (eval split: MCD-DTW is scored against it); ``needs``: the family's (text fields
+    every row must have, its check of a row). Rows are read a few batches at a time (bounded memory); with
     ``codec.batch_size`` > 1 a codec that can encodes clips of similar length together."""
     good, rejects = [], []
     chunk = 8 * cfg.codec.batch_size
@@ -180,7 +180,9 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
         loaded = []
         for utt in utts[start : start + chunk]:
             if utt.problem is None:
-                utt.problem = _missing_field(utt, cfg, required)
+                utt.problem = _missing_field(utt, cfg, needs.fields)
+            if utt.problem is None and needs.row_check is not None:
+                utt.problem = needs.row_check(utt.text, utt.num_speakers, utt.speaker)
             if utt.problem is not None:
                 rejects.append(_reject(utt, utt.problem, strict))
                 continue
@@ -337,7 +339,7 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
             skipped += 1  # committed by an earlier (killed) run
             continue
         good, rejects = encode_shard(utts, codec, cfg, strict, keep_audio=name.startswith("eval"),
-                                     required=needs.fields)
+                                     needs=needs)
         storage.write_bytes(sh.shard_uri(prepared, name), sh.encode_table(good))
         marker = {
             "rows": len(good),

@@ -325,13 +325,15 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
 def demo_folder(src: SourceConfig, workdir: str | Path) -> Path:
     """Where the demo corpus of ``src`` lives: one folder per (seed, minutes, voices)."""
     voices_tag = hashlib.sha256(json.dumps(src.voices).encode()).hexdigest()[:8]
-    return Path(workdir) / f"demo-{src.seed}-{src.minutes:g}min-{voices_tag}"
+    layout = "" if src.layout == "sentences" else f"-{src.layout}"
+    return Path(workdir) / f"demo-{src.seed}-{src.minutes:g}min-{voices_tag}{layout}"
 
 
 def _read_demo(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
     from voxrelay.data.demo_corpus import generate_demo_corpus
 
-    folder = generate_demo_corpus(demo_folder(src, workdir), minutes=src.minutes, voices=src.voices, seed=src.seed)
+    folder = generate_demo_corpus(demo_folder(src, workdir), minutes=src.minutes, voices=src.voices, seed=src.seed,
+                                   layout=src.layout)
     return read_folder(folder)
 
 

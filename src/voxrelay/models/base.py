@@ -15,7 +15,7 @@ codes are int64 ``[K, T]``.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
@@ -284,6 +284,8 @@ class DataNeeds:
     codec: str | None = None
     fields: tuple[str, ...] = ()
     audio_rate: int | None = None  # the family learns from the audio itself, stored at this rate (codec.type=pcm)
+    # why a row (text, num_speakers, speaker) cannot be used, or None: prepare rejects it with that reason
+    row_check: Callable[[str, int | None, str | None], str | None] | None = None
 
     def refusal(self, family: str, codec: dict[str, Any], where: str = "codec") -> str | None:
         """Why data whose codec is described by ``codec`` (``describe()``, as in index.json) cannot feed this

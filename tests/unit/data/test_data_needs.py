@@ -105,3 +105,12 @@ def test_audio_and_codes_families_refuse_the_other_kind_of_data(tmp_path, monkey
     with pytest.raises(PrepareError, match=r"learns discrete codes.*codec.type=pcm"):
         _prepare(tmp_path, monkeypatch, DataNeeds(), "codec.type=pcm")
     assert not (tmp_path / "root" / "prepared" / "demo" / "index.json").exists()
+
+
+def test_a_row_the_family_refuses_is_rejected_with_its_reason(tmp_path, monkeypatch):
+    def check(text, num_speakers, speaker):
+        return "line 1 has no speaker label" if text == "Line 2." else None
+
+    report, index = _prepare(tmp_path, monkeypatch, DataNeeds(row_check=check))
+    assert [(r["id"], r["reason"]) for r in report.rejects] == [("u2", "line 1 has no speaker label")]
+    assert index["counts"]["train"] + index["counts"]["eval"] == 4

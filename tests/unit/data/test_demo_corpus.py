@@ -124,3 +124,32 @@ def test_binary_backend_with_a_fake_espeak(tmp_path):
     script.chmod(0o755)
     wav, sr = demo_corpus._EspeakBinary(str(script)).synth("Hello there.", "en-gb+f3", 160, seed=0)
     assert sr == 22050 and wav.dtype == np.int16 and wav.shape == (11025,)
+
+
+def test_dialogues_in_seed_003s_layout(tmp_path):
+    """layout=dialogues: metadata.csv id,audio_path,text_path,num_speakers,duration_sec(,speaker), a
+    [SPEAKER_X] transcript per row whose speakers match num_speakers and the voices the speaker column names,
+    one-voice segments of every voice (the voice prompts), the same bytes for the same arguments."""
+    from voxrelay.data.sources import read_folder
+    from voxrelay.models.vibevoice.script import check_transcript, parse_script, voices_of
+
+    voices = ["en-us", "en-gb+f3"]
+    folder = generate_demo_corpus(tmp_path / "d", minutes=0.5, voices=voices, seed=3, layout="dialogues",
+                                  sample_rate=24000)
+    with open(folder / "metadata.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["id", "audio_path", "text_path", "num_speakers", "duration_sec", "speaker"]
+    assert sum(float(r["duration_sec"]) for r in rows) >= 30
+    utts = {u.id: u for u in read_folder(folder)}
+    for r in rows:
+        utt = utts[r["id"]]
+        turns, labels = parse_script(utt.text)
+        assert utt.problem is None and check_transcript(utt.text, utt.num_speakers, utt.speaker) is None
+        assert len(labels) == int(r["num_speakers"]) == len(voices_of(utt.speaker))
+        wav, sr = load_audio(folder / r["audio_path"])
+        assert sr == 24000 and abs(len(wav) / sr - float(r["duration_sec"])) < 1e-3
+    assert {r["speaker"] for r in rows if r["num_speakers"] == "1"} == set(voices)
+    assert any(len(parse_script(u.text)[0]) >= 3 for u in utts.values())
+    again = generate_demo_corpus(tmp_path / "e", minutes=0.5, voices=voices, seed=3, layout="dialogues",
+                                 sample_rate=24000)
+    assert (again / "audio" / "d00000.wav").read_bytes() == (folder / "audio" / "d00000.wav").read_bytes()
