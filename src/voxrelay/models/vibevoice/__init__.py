@@ -1,1 +1,1 @@
-"""VibeVoice (seed 003): multi-speaker dialogue TTS over transformers ' VibeVoice classes."""
+"""VibeVoice (seed 003): multi-speaker dialogue TTS over the VibeVoice classes of transformers."""
