@@ -28,6 +28,7 @@ from voxrelay.config import RunConfig
 from voxrelay.data import identity as ident
 from voxrelay.data import shards as sh
 from voxrelay.data.audio import load_utterance_audio
+from voxrelay.data.needs import family_needs, missing_field
 from voxrelay.data.shards import PrepareError, load_index
 from voxrelay.data.sources import read_source
 from voxrelay.data.types import RowError, Utterance
@@ -154,20 +155,6 @@ def _wait_for(uri: str, what: str, timeout: float = WAIT_TIMEOUT_S, ready=None) 
         time.sleep(1.0)
 
 
-def _missing_field(utt: Utterance, cfg: RunConfig, required: tuple[str, ...]) -> str | None:
-    """Fill each required text field (``description``) the row lacks with its configured default; the
-    reason to reject the row when a field has neither."""
-    for name in required:
-        if getattr(utt, name, None):
-            continue
-        default = getattr(cfg.data, f"default_{name}", None)
-        if default is None:
-            return (f"no {name} (model.family={cfg.model.family} needs one per row): give the source a {name} "
-                    f"column or field, or set data.default_{name}")
-        setattr(utt, name, default)
-    return None
-
-
 def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, strict: bool, keep_audio: bool,
                  needs: DataNeeds = DataNeeds()):
     """Validate + encode a shard's rows -> (encoded rows, rejects); ``keep_audio`` stores the
@@ -180,7 +167,7 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
         loaded = []
         for utt in utts[start : start + chunk]:
             if utt.problem is None:
-                utt.problem = _missing_field(utt, cfg, needs.fields)
+                utt.problem = missing_field(utt, cfg, needs.fields)
             if utt.problem is None and needs.row_check is not None:
                 utt.problem = needs.row_check(utt.text, utt.num_speakers, utt.speaker)
             if utt.problem is not None:
@@ -191,6 +178,11 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
                                                          cfg.data.max_duration)))
             except RowError as err:
                 rejects.append(_reject(utt, str(err), strict))
+        if needs.max_seconds is not None:
+            long = [(u, w) for u, w in loaded if len(w) / codec.sample_rate > needs.max_seconds]
+            rejects += [_reject(u, f"audio of {len(w) / codec.sample_rate:.1f} s is too long: {needs.max_seconds_why}",
+                                strict) for u, w in long]
+            loaded = [(u, w) for u, w in loaded if len(w) / codec.sample_rate <= needs.max_seconds]
         for (utt, wav), codes in zip(loaded, _encode_all([w for _, w in loaded], codec, cfg), strict=True):
             codes = np.asarray(codes)
             if codes.ndim != 2 or codes.shape[0] != codec.num_codebooks or codes.shape[1] == 0:
@@ -329,6 +321,8 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     needs = family_needs(cfg, codec)
     check_params(cfg, codec, overwrite, rank)
     params = ident.shard_params(cfg, codec, _load_codec(cfg, codec, rows, rank), needs.fields)
+    if needs.max_seconds is not None:  # which rows are kept depends on it (model.max_length)
+        params["data.max_seconds"] = needs.max_seconds
     plan = plan_shards(rows, cfg.data.eval_size, cfg.data.shard_size)
     written = skipped = 0
     for i, (name, utts) in enumerate(plan.items()):
@@ -358,23 +352,6 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
         _wait_for(sh.marker_uri(prepared, name), f"shard {name} from another process")
     index, rejects = _write_index(cfg, codec, plan, params)
     return PrepareReport(prepared, index["counts"], index["hours"], rejects, skipped, written)
-
-
-def family_needs(cfg: RunConfig, codec: AudioCodec) -> DataNeeds:
-    """What ``model.family`` needs from prepare; a codec it cannot take is refused before anything is encoded."""
-    needs = cfg.model.data_needs()
-    refusal = needs.refusal(cfg.model.family, codec.describe(), where="configured codec")
-    if refusal:
-        raise PrepareError(refusal)
-    if needs.codec is not None and cfg.codec.type != needs.codec:
-        raise PrepareError(f"model.family={cfg.model.family} needs codes of the {needs.codec} codec, but codec.type="
-                           f"{cfg.codec.type}; set codec.type={needs.codec} (and codec.path), under another data.name")
-    if needs.codes is not None and (codec.num_codebooks, codec.codebook_size) != needs.codes:
-        raise PrepareError(
-            f"model.family={cfg.model.family} needs {needs.codes[0]} codes per frame of {needs.codes[1]} values, but "
-            f"codec {cfg.codec.path or cfg.codec.type} gives {codec.num_codebooks} x {codec.codebook_size}; "
-            "use the codec the family names (codec.path)")
-    return needs
 
 
 def format_rejects(rejects: list[dict], prepared_uri: str, limit: int = 30) -> list[str]:

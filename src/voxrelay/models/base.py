@@ -286,6 +286,8 @@ class DataNeeds:
     audio_rate: int | None = None  # the family learns from the audio itself, stored at this rate (codec.type=pcm)
     # why a row (text, num_speakers, speaker) cannot be used, or None: prepare rejects it with that reason
     row_check: Callable[[str, int | None, str | None], str | None] | None = None
+    max_seconds: float | None = None  # longest audio a row may have (prepare rejects longer ones with max_seconds_why)
+    max_seconds_why: str = ""  # the limit's reason and fix, e.g. "model.max_length=4096 allows at most 540 s"
 
     def refusal(self, family: str, codec: dict[str, Any], where: str = "codec") -> str | None:
         """Why data whose codec is described by ``codec`` (``describe()``, as in index.json) cannot feed this

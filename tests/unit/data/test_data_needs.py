@@ -114,3 +114,10 @@ def test_a_row_the_family_refuses_is_rejected_with_its_reason(tmp_path, monkeypa
     report, index = _prepare(tmp_path, monkeypatch, DataNeeds(row_check=check))
     assert [(r["id"], r["reason"]) for r in report.rejects] == [("u2", "line 1 has no speaker label")]
     assert index["counts"]["train"] + index["counts"]["eval"] == 4
+
+
+def test_audio_longer_than_the_family_allows_is_rejected_naming_the_limit(tmp_path, monkeypatch):
+    needs = DataNeeds(max_seconds=0.5, max_seconds_why="model.max_length=4 allows at most 0.5 s; raise it")
+    report, index = _prepare(tmp_path, monkeypatch, needs)
+    assert len(report.rejects) == 5 and "model.max_length=4 allows at most 0.5 s" in report.rejects[0]["reason"]
+    assert "audio of 0.8 s is too long" in report.rejects[0]["reason"]
