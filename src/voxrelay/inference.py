@@ -70,7 +70,8 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     codec = load_prepared_codec(cfg.prepared_uri, index)
     data = DataSpec.from_prepared(index, codec)
     model = build_model(cfg.model, data, cfg.train.seed)
-    ckpt, weights = CheckpointManager(run_uri, cfg.checkpoint.keep_last).load_model(step)
+    ckpt, weights, family = CheckpointManager(run_uri, cfg.checkpoint.keep_last).load_model(step)
+    model.load_extra_state(family)  # e.g. an EMA that synthesis and export use
     if cfg.train.lora is None and not has_frozen(model.module):
         model.module.load_state_dict(weights)
         return model, codec, ckpt.step, None

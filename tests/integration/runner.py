@@ -152,7 +152,7 @@ def kill_once_a_checkpoint_exists(trainer: Trainer, cache: Path, run_uri: str, s
 
 
 def final_weights(run_uri: str, staging: Path) -> tuple[int, dict[str, torch.Tensor]]:
-    ckpt, weights = CheckpointManager(run_uri, staging_dir=staging).load_model()
+    ckpt, weights, _ = CheckpointManager(run_uri, staging_dir=staging).load_model()
     return ckpt.step, weights
 
 

@@ -250,13 +250,17 @@ class CheckpointManager:
         self.release(folder)
         return ckpt, weights, state
 
-    def load_model(self, step: int | None = None) -> tuple[Checkpoint, dict[str, torch.Tensor]]:
+    def load_model(self, step: int | None = None) -> tuple[Checkpoint, dict[str, torch.Tensor], dict]:
+        """The latest valid checkpoint (or ``step``): its weights and the family's extra state beside them
+        (``FamilyState.extra_state``, e.g. an EMA; {} when there is none)."""
         found = self.latest_valid(step)
         if found is None:
             raise CheckpointError(f"no valid checkpoint in {self.store.root_uri}; train first (voxrelay train CONFIG)")
         weights = read_model(found[1]) if is_sharded(found[0].manifest) else load_file(str(found[1] / MODEL_FILE))
+        family = load_state(found[1] / STATE_FILE, mmap=True).get("family") or {}
+        family = {name: t.clone() for name, t in family.items()}  # off the file's pages before it is removed
         self.release(found[1])
-        return found[0], weights
+        return found[0], weights, family
 
     def release(self, folder: Path) -> None:
         """Remove a fetched copy once it is in memory; never a staged checkpoint (the only copy of

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
@@ -217,6 +218,8 @@ class FamilyModel(Protocol):
     def extra_state(self) -> dict[str, torch.Tensor]: ...
     def load_extra_state(self, state: dict[str, torch.Tensor]) -> None: ...
     def after_optimizer_step(self) -> None: ...
+    def eval_weights(self) -> AbstractContextManager[None]: ...
+    def use_corpus(self, rows: Sequence[Row]) -> None: ...
 
 
 class FamilyState:
@@ -229,6 +232,10 @@ class FamilyState:
     - :meth:`extra_state` / :meth:`load_extra_state`: tensors saved in every checkpoint beside the
       optimizer state (e.g. an EMA of some weights).
     - :meth:`after_optimizer_step`: called after each applied optimizer step (not after a skipped one).
+    - :meth:`eval_weights`: a context in which the module holds the weights evaluation, synthesis and export
+      use (e.g. an EMA swapped in); the training weights are back when it ends.
+    - :meth:`use_corpus`: the training rows, given once before any example is made, for a family whose example
+      of a row draws on other rows (VibeVoice's voice prompts: another clip of the same voice).
     """
 
     def generators(self) -> dict[str, torch.Generator]:
@@ -242,6 +249,12 @@ class FamilyState:
             raise ValueError(f"this model keeps no extra state, but the checkpoint holds {sorted(state)[:3]}")
 
     def after_optimizer_step(self) -> None:
+        return None
+
+    def eval_weights(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def use_corpus(self, rows: Sequence[Row]) -> None:
         return None
 
 

@@ -24,6 +24,7 @@ FAMILIES: dict[str, str] = {
     "codec_lm": "voxrelay.models.codec_lm.family:CodecLMFamily",
     "orpheus": "voxrelay.models.orpheus.family:OrpheusFamily",
     "parler": "voxrelay.models.parler.family:ParlerFamily",
+    "vibevoice": "voxrelay.models.vibevoice.family:VibeVoiceFamily",
 }
 
 

@@ -220,6 +220,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval", index, max_bytes=cap).rows, key=lambda r: r.id)
     st.seed_everything(cfg.train.seed)
     model = build_model(cfg.model, DataSpec.from_prepared(index, codec), cfg.train.seed)
+    model.use_corpus(train_rows)  # e.g. voice prompts from other clips of a voice
     st.seed_generators(model.generators(), cfg.train.seed, rank)  # the family's own (restored on resume)
     # frozen parts (a LoRA base, a frozen text encoder) are rebuilt from their source, never checkpointed
     base = base_hash(model.module) if cfg.train.lora is not None or has_frozen(model.module) else None

@@ -87,7 +87,7 @@ def _training_rng():
 
 
 def evaluate(run, step: int) -> dict[str, float]:
-    with _training_rng(), _eval_generators(run.model, run.cfg.train.seed):
+    with _training_rng(), _eval_generators(run.model, run.cfg.train.seed), run.model.eval_weights():
         return _evaluate(run, step)
 
 

@@ -140,7 +140,7 @@ def test_saving_a_step_already_on_its_way_is_a_no_op(tmp_path, monkeypatch):
         assert (Path(first.uri) / MODEL_FILE).stat().st_ino == inode  # the uploader's files untouched
         release.set()
         assert mgr.wait(30) and _steps(mgr) == [5]
-        ckpt, weights = mgr.load_model()
+        ckpt, weights, _ = mgr.load_model()
         assert ckpt.step == 5 and torch.equal(weights["w"], torch.full((64,), 5.0))
     finally:
         release.set()
@@ -163,7 +163,7 @@ def test_a_reader_lists_again_when_retention_deletes_what_it_reads(tmp_path, mon
     monkeypatch.setattr(store_module.storage, "get_file", training_meanwhile)
     try:
         reader = _manager(tmp_path / "reader", run=writer.run_uri)
-        ckpt, weights = reader.load_model()
+        ckpt, weights, _ = reader.load_model()
         assert _steps(writer) == [40, 30]  # what it first listed is gone
         assert ckpt.step == 40 and torch.equal(weights["w"], torch.full((64,), 40.0))
     finally:
@@ -195,7 +195,7 @@ def test_a_damaged_checkpoint_at_a_step_is_saved_again_when_training_reaches_it(
         mgr.start()
         assert mgr.durable_step == 10 and not mgr.holds(20)
         _save(mgr, 20)  # not skipped as "already saved": the one there is damaged
-        ckpt, weights = mgr.load_model()
+        ckpt, weights, _ = mgr.load_model()
         assert ckpt.step == 20 and torch.equal(weights["w"], torch.full((64,), 20.0))
     finally:
         mgr.close(5)

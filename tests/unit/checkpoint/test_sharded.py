@@ -47,7 +47,7 @@ def test_sharded_checkpoint_commits_every_file_and_loads_as_a_folder(mgr):
     assert found.step == 10 and state["loop"]["step"] == 10
     assert (folder / DCP_METADATA).exists()  # kept for DCP; start() cleans fetched copies up
     assert read_model(folder).keys() == saved.keys()  # the optimizer's shards are not read
-    _, weights = mgr.load_model()  # export and synthesis: the fetched copy is removed once read
+    _, weights, _ = mgr.load_model()  # export and synthesis: the fetched copy is removed once read
     assert weights.keys() == saved.keys() and all(torch.equal(weights[k], saved[k]) for k in saved)
     assert not folder.exists()
 

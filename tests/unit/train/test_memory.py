@@ -73,7 +73,7 @@ def test_out_of_memory_saves_the_last_complete_step_and_names_the_next_best_stra
         assert (result.exit_code, result.stop_reason, result.step, result.durable) == \
             (EXIT_OUT_OF_MEMORY, OUT_OF_MEMORY, 1, True)
         assert "next-best strategy here is" in caplog.text and "re-run with train." in caplog.text
-        ckpt, weights = run.checkpoints.load_model()
+        ckpt, weights, _ = run.checkpoints.load_model()
         assert ckpt.step == 1 and all(torch.equal(weights[k], good[k]) for k in good)
         _, _, state = run.checkpoints.load(1)
         assert state["data"] == cursor  # the failed step's batches are trained again on resume

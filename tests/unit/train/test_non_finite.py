@@ -73,7 +73,7 @@ def test_too_many_bad_steps_in_a_row_save_and_stop(run):
     assert result.exit_code == EXIT_NON_FINITE and result.stop_reason == NON_FINITE
     assert result.step == 3 and result.durable  # steps 1, 2, 3 were all bad: stopped at the third
     assert run.loop.bad_steps == 3 and run.loop.bad_in_a_row == 3
-    ckpt, weights = run.checkpoints.load_model()
+    ckpt, weights, _ = run.checkpoints.load_model()
     assert ckpt.step == 3
     for key, value in weights.items():  # the saved weights are the last good ones
         assert torch.equal(value, good[key]), key

@@ -1,0 +1,96 @@
+"""The ``model:`` section of a run config when ``model.family: vibevoice``.
+
+Imported by :mod:`voxrelay.config`, so it must stay free of torch/transformers (``--help`` and
+``config show`` import it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from voxrelay.models.base import DataNeeds
+from voxrelay.models.vibevoice.script import check_transcript
+
+SAMPLE_RATE = 24000  # every released VibeVoice: 24 kHz audio, one latent per 3200 samples (7.5 per second)
+HOP = 3200
+# tokens of an example besides its latents: the system line, "Voice input:", "Text input:", "Speech output:",
+# the audio start/end tokens, end of text (what prepare allows for when it rejects audio too long for max_length)
+FIXED_TOKENS = 64
+
+
+class VibeVoiceFamilyConfig(BaseModel):
+    """VibeVoice (microsoft, as converted to transformers 5.x: ``VibeVoiceForConditionalGeneration``): a Qwen2
+    LM reads a chat-format script (speakers as roles 0, 1, ...) and voice prompts, then emits one audio token
+    per acoustic latent (7.5 per second of 24 kHz audio); a diffusion head turns each such position's hidden
+    state into the latent, which the frozen σ-VAE decodes to audio.
+
+    Fine-tunes ``init_from`` (a ``*-hf`` checkpoint: hub id or folder, or a voxrelay export): the acoustic and
+    semantic tokenizers stay frozen (rebuilt from it, never checkpointed); the LM, connectors and diffusion
+    head train (under ``train.lora``: adapters on the LM, plus the head and connectors when asked). The loss
+    has two terms, ``ce`` (next token over the speech span: audio tokens, end of speech, end of text) and
+    ``diffusion`` (v-prediction on the target latents only, conditioned on the hidden state one position
+    earlier, timesteps over the whole schedule).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    family: Literal["vibevoice"] = Field(
+        "vibevoice", description="Model family (src/voxrelay/models/<family>/); the other model.* keys depend on it"
+    )
+    init_from: str = Field(
+        "vibevoice/VibeVoice-1.5B-hf", description="VibeVoice checkpoint in transformers' layout: hub id (e.g. "
+        "bezzam/VibeVoice-1.5B-hf) or local folder, or a voxrelay export of one",
+    )
+    preset: Literal["1.5B", "7B"] = Field(
+        "1.5B", description="Sizes `plan` uses when init_from is not a local folder (no download for planning)"
+    )
+    tokenizer: str | None = Field(None, description="Qwen2 tokenizer folder or hub id (None = init_from's)")
+    max_length: int = Field(
+        8192, gt=FIXED_TOKENS, description="Longest example in tokens: script text + voice prompts' latents + "
+        "target latents (7.5 per second); prepare rejects audio that cannot fit",
+    )
+    voice_prompt_drop_rate: float = Field(
+        0.2, ge=0, le=1, description="Share of examples trained without their voice prompts (fixed per row by "
+        "train.seed), so the model also speaks without them",
+    )
+    ddpm_batch_multiplier: int = Field(4, gt=0, description="Noise draws per target latent in the diffusion loss")
+    ce_loss_weight: float = Field(1.0, ge=0, description="Weight of the `ce` term")
+    diffusion_loss_weight: float = Field(1.0, ge=0, description="Weight of the `diffusion` term")
+    ema_decay: float | None = Field(
+        0.999, gt=0, lt=1, description="EMA of the diffusion head's weights (saved in every checkpoint, used by "
+        "eval, synthesize and export); None = off",
+    )
+    train_diffusion_head: bool = Field(
+        True, description="Under train.lora: train the diffusion head in full beside the adapters"
+    )
+    train_connectors: bool = Field(
+        False, description="Under train.lora: train the acoustic and semantic connectors in full too"
+    )
+    diffusion_steps: int = Field(10, gt=0, description="Denoising steps per latent at synthesis")
+    guidance_scale: float = Field(1.3, ge=0, description="Classifier-free guidance of the diffusion at synthesis")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Attention dropout of the LM (upstream: 0)")
+    weights_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Dtype the weights are loaded in (float32 master weights; train.precision=bf16 "
+        "computes in bf16); bfloat16 halves a frozen base under LoRA",
+    )
+
+    @model_validator(mode="after")
+    def _weights(self) -> VibeVoiceFamilyConfig:
+        if self.ce_loss_weight + self.diffusion_loss_weight <= 0:
+            raise ValueError("ce_loss_weight and diffusion_loss_weight cannot both be 0")
+        return self
+
+    def max_seconds(self) -> float:
+        """Longest audio whose latents fit ``max_length`` with the fixed tokens (text and prompts come on top)."""
+        return math.floor((self.max_length - FIXED_TOKENS) * HOP / SAMPLE_RATE * 10) / 10
+
+    def data_needs(self) -> DataNeeds:
+        """The audio itself at 24 kHz (the family encodes it with its own frozen tokenizers), transcripts whose
+        speakers match ``num_speakers``, audio that fits ``max_length``."""
+        limit = self.max_seconds()
+        return DataNeeds(audio_rate=SAMPLE_RATE, row_check=check_transcript, max_seconds=limit,
+                         max_seconds_why=f"model.max_length={self.max_length} allows at most {limit:g} s of audio "
+                         "(7.5 latents per second); raise model.max_length or cut the clip")

@@ -1,0 +1,164 @@
+"""Examples of the ``vibevoice`` family: the chat-format text, voice prompts from other rows, padding.
+
+One example (``n`` = latents of a clip, one per 3200 samples, rounded up)::
+
+     Transform the text provided by various speakers into speech output, utilizing the distinct voice of each ...
+     Voice input:                                   (only when some speaker has a prompt)
+     Speaker 0:<|vision_start|><|vision_pad|> x n<|vision_end|>
+     Text input:
+     Speaker 0: first turn
+     Speaker 1: second turn
+     Speech output:
+    <|vision_start|><|vision_pad|> x n<|vision_end|><|endoftext|>        <- the target: every token here is a
+                                                                            CE target, each latent a diffusion one
+
+Voice prompts: for speaker ``i`` of a row, another row whose only voice is the same voice (its ``speaker``
+column names one voice, the one the row names for ``i``), never the row itself, chosen by ``train.seed`` and
+the row's id. A speaker without one goes without a prompt; ``voice_prompt_drop_rate`` of the rows (chosen the
+same way) train with none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from voxrelay.codecs.pcm import PCM_SCALE
+from voxrelay.models.base import with_counts
+from voxrelay.models.vibevoice.script import Turn, parse_script, voices_of
+
+SYSTEM = (" Transform the text provided by various speakers into speech output, utilizing the distinct voice of "
+          "each respective speaker.\n")
+AUDIO_BOS, AUDIO_EOS, AUDIO_PAD = "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"
+
+
+def render(turns: Sequence[Turn], prompted: Sequence[int]) -> str:
+    """The chat text up to the target's ``<|vision_start|>``, with ONE ``<|vision_pad|>`` per voice prompt of the
+    speakers in ``prompted`` (expanded to the prompt's latent count after tokenization)."""
+    voice = "".join(f" Speaker {i}:{AUDIO_BOS}{AUDIO_PAD}{AUDIO_EOS}\n" for i in prompted)
+    text = "".join(f" Speaker {t.speaker}: {t.text}\n" for t in turns)
+    return SYSTEM + (" Voice input:\n" + voice if prompted else "") + " Text input:\n" + text + \
+        " Speech output:\n" + AUDIO_BOS
+
+
+def _unit(*parts: object) -> float:
+    """A number in [0, 1) that depends only on ``parts`` (no global RNG: the same in every process and run)."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@dataclass
+class ExampleMaker:
+    """Turns rows into token ids and clips. ``tokenizer``: the Qwen2 tokenizer; ``ids``: the special token ids
+    (keys ``pad``, ``bos``, ``eos``, ``end``: ``<|vision_pad|>``, ``<|vision_start|>``, ``<|vision_end|>``,
+    ``<|endoftext|>``); ``hop``: samples per latent."""
+
+    tokenizer: object
+    ids: dict[str, int]
+    hop: int
+    seed: int
+    drop_rate: float
+    corpus: dict[str, list] | None = None  # voice -> rows with that voice alone (see use_corpus)
+
+    def use_corpus(self, rows: Sequence) -> None:
+        """The rows voice prompts are taken from: those whose speaker column names a single voice."""
+        pool: dict[str, list] = {}
+        for row in rows:
+            voices = voices_of(getattr(row, "speaker", None))
+            if len(voices) == 1 and len(parse_script(row.text)[1]) == 1:
+                pool.setdefault(voices[0], []).append(row)
+        self.corpus = {voice: sorted(found, key=lambda r: r.id) for voice, found in pool.items()}
+
+    def latents(self, samples: int) -> int:
+        return math.ceil(samples / self.hop)
+
+    def prompts(self, row, count: int) -> dict[int, np.ndarray]:
+        """Speaker -> the voice prompt clip (float32 samples) each speaker of ``row`` gets (may be none)."""
+        if _unit(self.seed, row.id, "drop") < self.drop_rate:
+            return {}
+        return self.prompts_for(getattr(row, "speaker", None), count, row.id)
+
+    def prompts_for(self, speaker: str | None, count: int, avoid: str | None = None) -> dict[int, np.ndarray]:
+        """Speaker -> a prompt clip of the voice ``speaker`` (a speaker column) names for it, from the corpus;
+        never the row ``avoid``."""
+        voices = voices_of(speaker)
+        if self.corpus is None or len(voices) != count:
+            return {}
+        chosen = {}
+        for i, voice in enumerate(voices):
+            others = [r for r in self.corpus.get(voice, []) if r.id != avoid]
+            if others:
+                pick = others[int(_unit(self.seed, avoid, i) * len(others))]
+                chosen[i] = samples(pick)
+        return chosen
+
+    def prompt_ids(self, turns: Sequence[Turn], prompts: dict[int, np.ndarray]) -> list[int]:
+        """Token ids up to the target's ``<|vision_start|>``, each prompt's pad expanded to its latent count."""
+        ids = self.tokenizer(render(turns, sorted(prompts)), add_special_tokens=False)["input_ids"]
+        pad, runs, expanded = self.ids["pad"], iter(prompts[i] for i in sorted(prompts)), []
+        for token in ids:
+            expanded += [pad] * self.latents(len(next(runs))) if token == pad else [token]
+        return expanded
+
+    def make(self, row) -> dict[str, np.ndarray]:
+        """One example: ``input_ids`` int64 [L], ``labels`` int64 [L] (-100 but on the target span), ``clips``
+        (the prompts', then the target's samples), ``is_target`` bool per clip."""
+        turns, labels = parse_script(row.text)
+        target = samples(row)
+        prompts = self.prompts(row, len(labels))
+        clips = [prompts[i] for i in sorted(prompts)]
+        expanded = self.prompt_ids(turns, prompts)
+        pad = self.ids["pad"]
+        start = len(expanded) - 1  # the target's <|vision_start|>: its output is the first audio token
+        expanded += [pad] * self.latents(len(target)) + [self.ids["end"], self.ids["eos"]]
+        input_ids = np.asarray(expanded, dtype=np.int64)
+        targets = np.full_like(input_ids, -100)
+        targets[start:-1] = input_ids[start + 1:]
+        return {"input_ids": input_ids, "labels": targets, "clips": [*clips, target],
+                "is_target": np.asarray([False] * len(clips) + [True])}
+
+    def length(self, row) -> int:
+        """Tokens of the example of ``row`` (text + prompt latents + target latents)."""
+        return len(self.make(row)["input_ids"])
+
+
+def collate(examples: list[dict], pad_id: int, hop: int, draws: int) -> dict[str, torch.Tensor]:
+    """Right-pad ids (``pad_id``, attention 0, labels -100) and clips (zeros; ``audio_len`` keeps each length),
+    with the loss counts: ``ce`` = label positions, ``diffusion`` = target latents x ``draws`` noise draws."""
+    width = max(len(e["input_ids"]) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(examples), width), dtype=torch.int64)
+    labels = torch.full((len(examples), width), -100, dtype=torch.int64)
+    for i, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[i, :n], mask[i, :n], labels[i, :n] = torch.from_numpy(e["input_ids"]), 1, torch.from_numpy(e["labels"])
+    clips = [c for e in examples for c in e["clips"]]
+    longest = -(-max(len(c) for c in clips) // hop) * hop  # whole latents, as the feature extractor pads
+    audio = torch.zeros((len(clips), longest), dtype=torch.float32)
+    for j, c in enumerate(clips):
+        audio[j, : len(c)] = torch.from_numpy(np.asarray(c, dtype=np.float32))
+    lengths = torch.tensor([len(c) for c in clips], dtype=torch.int64)
+    is_target = torch.from_numpy(np.concatenate([e["is_target"] for e in examples]))
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels, "audio": audio, "audio_len": lengths,
+             "audio_is_target": is_target}
+    latents = int(((lengths[is_target] + hop - 1) // hop).sum())
+    return with_counts(batch, {"ce": (labels != -100).sum(), "diffusion": torch.tensor(latents * draws)})
+
+
+def samples(row) -> np.ndarray:
+    """A prepared row's audio as float32 samples (the data is prepared with codec.type=pcm: int16 [1, N]),
+    normalised as VibeVoice's feature extractor does."""
+    return normalize(np.asarray(row.codes, dtype=np.float32).reshape(-1) / PCM_SCALE)
+
+
+def normalize(wav: np.ndarray, target_dbfs: float = -25.0, eps: float = 1e-6) -> np.ndarray:
+    """RMS to ``target_dbfs``, then peaks above 1 scaled down (VibeVoiceAcousticTokenizerFeatureExtractor's)."""
+    wav = np.asarray(wav, dtype=np.float32).reshape(-1)
+    wav = wav * (10 ** (target_dbfs / 20) / (float(np.sqrt(np.mean(wav ** 2))) + eps))
+    peak = float(np.abs(wav).max()) if wav.size else 0.0
+    return (wav / (peak + eps) if peak > 1.0 else wav).astype(np.float32)

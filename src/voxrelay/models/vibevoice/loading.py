@@ -1,0 +1,184 @@
+"""Building a ``vibevoice`` model: transformers' ``VibeVoiceForConditionalGeneration`` from ``model.init_from``
+(a hub id or folder in transformers' layout, or a voxrelay export), its Qwen2 tokenizer, the frozen parts
+frozen; on the meta device (``plan``) from init_from's config.json or the preset's sizes."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from voxrelay.errors import one_line
+from voxrelay.models.hf import FIX, ModelLoadError, ModelNotFoundError, looks_local
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+FROZEN = ("model.audio_tower.", "model.semantic_tokenizer_encoder.", "model.latent_scaling_factor",
+          "model.latent_bias_factor")  # rebuilt from init_from, never trained, never checkpointed
+SPECIAL = {"bos": "<|vision_start|>", "end": "<|vision_end|>", "pad": "<|vision_pad|>", "eos": "<|endoftext|>"}
+
+# Sizes of the released checkpoints (Qwen2.5-1.5B / 7B LMs, 4-layer diffusion heads, the σ-VAE and semantic
+# encoder at transformers' defaults), for planning without a download.
+_QWEN = {"model_type": "qwen2", "max_position_embeddings": 65536, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+         "hidden_act": "silu"}
+PRESETS: dict[str, dict[str, Any]] = {
+    "1.5B": {"text_config": _QWEN | {"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960,
+                                     "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+                                     "tie_word_embeddings": True},
+             "diffusion_head_config": {"num_hidden_layers": 4, "intermediate_size": 4608}},
+    "7B": {"text_config": _QWEN | {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+                                   "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+                                   "tie_word_embeddings": False},
+           "diffusion_head_config": {"num_hidden_layers": 4, "intermediate_size": 10752}},
+}
+
+
+def _source(spec: str, what: str) -> str:
+    folder = Path(spec).expanduser()
+    if not folder.is_dir() and looks_local(spec):
+        raise ModelNotFoundError(f"{what}={spec!r}: no such folder (and not a hub id); {FIX}")
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise ModelNotFoundError(f"{what}={spec!r}: the folder has no config.json; {FIX}")
+    return str(folder) if folder.is_dir() else spec
+
+
+def load_config(spec: str, what: str, dropout: float | None = None) -> Any:
+    """The ``VibeVoiceConfig`` of ``spec`` (config.json only), with the LM's attention dropout set."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(_source(spec, what))
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"{what}={spec!r}: its config.json cannot be read ({one_line(e)[:300]}); {FIX}") from e
+    if getattr(config, "model_type", None) != "vibevoice":
+        raise ModelLoadError(f"{what}={spec!r} is a {getattr(config, 'model_type', '?')} model, not VibeVoice; point "
+                             "it at a VibeVoice checkpoint in transformers' layout (e.g. bezzam/VibeVoice-1.5B-hf)")
+    if dropout is not None:
+        config.text_config.attention_dropout = dropout
+    return config
+
+
+def load_net(spec: str, what: str, dtype: str = "float32", dropout: float | None = None) -> Any:
+    """``VibeVoiceForConditionalGeneration`` with ``spec``'s weights; weights that leave part of it random are
+    refused; the tokenizers and latent factors frozen."""
+    from transformers import VibeVoiceForConditionalGeneration
+
+    config = load_config(spec, what, dropout)
+    try:
+        net, info = VibeVoiceForConditionalGeneration.from_pretrained(
+            _source(spec, what), config=config, dtype=DTYPES[dtype], output_loading_info=True)
+    except OSError as e:
+        raise ModelNotFoundError(f"{what}={spec!r}: its weights cannot be loaded ({one_line(e)[:300]}); {FIX}") from e
+    except RuntimeError as e:
+        raise ModelLoadError(f"{what}={spec!r}: its weights do not fit its config.json ({one_line(e)[:300]})") from e
+    missing = list(info.get("missing_keys") or [])
+    if missing:
+        raise ModelLoadError(f"{what}={spec!r}: its weights lack {len(missing)} tensors (e.g. {sorted(missing)[:3]}), "
+                             f"which would start random; {FIX}")
+    freeze(net)
+    return net
+
+
+def freeze(net: torch.nn.Module) -> None:
+    for name, p in net.named_parameters():
+        if name.startswith(FROZEN):
+            p.requires_grad_(False)
+
+
+def meta_net(spec: str, preset: str, dropout: float) -> Any:
+    """The model on the meta device (no weights read): init_from's config.json when it is a local folder, else
+    the preset's sizes."""
+    from transformers import VibeVoiceConfig, VibeVoiceForConditionalGeneration
+
+    if Path(spec).expanduser().is_dir():
+        config = load_config(spec, "model.init_from", dropout)
+    else:
+        sizes = copy.deepcopy(PRESETS[preset])
+        config = VibeVoiceConfig(**sizes)
+    with torch.device("meta"):
+        net = VibeVoiceForConditionalGeneration(config)
+    freeze(net)
+    return net
+
+
+def load_tokenizer(spec: str, what: str) -> Any:
+    """The Qwen2 tokenizer of ``spec``, checked to hold VibeVoice's special tokens."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(_tokenizer_source(spec, what))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ModelLoadError(f"{what}={spec!r} has no loadable tokenizer ({one_line(e)[:300]}); set model.tokenizer "
+                             "to a Qwen2 tokenizer folder or hub id (e.g. Qwen/Qwen2.5-1.5B)") from e
+    vocab = tok.get_vocab()
+    unknown = [t for t in SPECIAL.values() if t not in vocab]
+    if unknown:
+        raise ModelLoadError(f"{what}={spec!r}: its tokenizer lacks {unknown}; set model.tokenizer to a Qwen2 "
+                             "tokenizer (e.g. Qwen/Qwen2.5-1.5B)")
+    return tok
+
+
+def _tokenizer_source(spec: str, what: str) -> str:
+    folder = Path(spec).expanduser()
+    if not folder.is_dir() and looks_local(spec):
+        raise ModelNotFoundError(f"{what}={spec!r}: no such folder (and not a hub id)")
+    return str(folder) if folder.is_dir() else spec
+
+
+def special_ids(tokenizer: Any, config: Any) -> dict[str, int]:
+    """The ids of the special tokens, checked against the model's config."""
+    ids = {key: int(tokenizer.convert_tokens_to_ids(token)) for key, token in SPECIAL.items()}
+    expect = {"bos": config.audio_bos_token_id, "end": config.audio_eos_token_id, "pad": config.audio_token_id,
+              "eos": config.eos_token_id}
+    if ids != expect:
+        raise ModelLoadError(f"the tokenizer's special ids {ids} are not the model's {expect}; set model.tokenizer to "
+                             "the tokenizer of model.init_from")
+    return ids
+
+
+def build(cfg: Any, data: Any, seed: int, meta: bool = False) -> Any:
+    """The family model of ``cfg`` (:class:`~voxrelay.models.vibevoice.config.VibeVoiceFamilyConfig`); the global
+    RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        if meta:
+            net = meta_net(cfg.init_from, cfg.preset, cfg.dropout)
+            tokenizer = None
+        else:
+            net = load_net(cfg.init_from, "model.init_from", cfg.weights_dtype, cfg.dropout)
+            what = "model.tokenizer" if cfg.tokenizer else "model.init_from"
+            tokenizer = load_tokenizer(cfg.tokenizer or cfg.init_from, what)
+    settings = {key: getattr(cfg, key) for key in SETTINGS}
+    return assemble(net, tokenizer, seed, cfg.max_length, cfg.voice_prompt_drop_rate, settings)
+
+
+SETTINGS = ("ce_loss_weight", "diffusion_loss_weight", "ddpm_batch_multiplier", "ema_decay", "train_diffusion_head",
+            "train_connectors", "diffusion_steps", "guidance_scale")
+
+
+def assemble(net: Any, tokenizer: Any, seed: int, max_length: int, drop_rate: float, settings: dict) -> Any:
+    from voxrelay.models.vibevoice.examples import ExampleMaker
+    from voxrelay.models.vibevoice.model import VibeVoice
+    from voxrelay.models.vibevoice.modeling import VibeVoiceTrainer
+
+    config = net.config
+    ids = special_ids(tokenizer, config) if tokenizer is not None else \
+        {"bos": config.audio_bos_token_id, "end": config.audio_eos_token_id, "pad": config.audio_token_id,
+         "eos": config.eos_token_id}
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    module = VibeVoiceTrainer(net, int(settings["ddpm_batch_multiplier"]), generator)
+    maker = ExampleMaker(tokenizer, ids, int(config.audio_config.hop_length), seed, drop_rate)
+    return VibeVoice(module, maker, max_length, settings)
+
+
+def load_folder(folder: Path) -> Any:
+    """A folder written by ``VibeVoice.save_pretrained`` (no network access)."""
+    from voxrelay.models.vibevoice.model import load_meta
+
+    meta = load_meta(folder)
+    what = f"model folder {str(folder)!r}"
+    net = load_net(str(folder), what)
+    tokenizer = load_tokenizer(str(folder), what)
+    settings = dict(meta["settings"])
+    return assemble(net, tokenizer, 0, int(meta["max_length"]), 0.0, settings)

@@ -1,0 +1,102 @@
+"""The training forward of VibeVoice, over transformers' ``VibeVoiceForConditionalGeneration`` parts but not its
+built-in loss, which spoils a fine-tune five ways (see ``FACTS.md``). Here:
+
+1. the CE targets keep the audio tokens (``<|vision_pad|>``), so the LM learns to go on emitting speech and
+   when to end it (``<|vision_end|>``, then end of text);
+2. the diffusion loss covers the target latents only, never the voice prompts';
+3. the diffusion condition of latent p is the hidden state one position earlier (whose logits emitted its audio
+   token), as generation does, never the position whose input is latent p itself;
+4. a target latent's input embedding is acoustic + semantic features, as generation feeds back a generated
+   latent (voice prompts: acoustic only, as generation's prefill);
+5. timesteps are drawn over the whole 1000-step schedule.
+
+σ-VAE noise, diffusion noise and timesteps come from ``self.generator`` (a family generator: seeded per process,
+saved with the run). Every draw is made on the CPU, so a run draws the same numbers on any device.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from voxrelay.models.vibevoice.schedule import CosineVSchedule
+
+
+class VibeVoiceTrainer(nn.Module):
+    """``net``: a ``VibeVoiceForConditionalGeneration``. :meth:`forward` returns the sums and counts of the two
+    loss terms (``ce``, ``diffusion``) of a batch made by :func:`voxrelay.models.vibevoice.examples.collate`."""
+
+    def __init__(self, net: nn.Module, ddpm_batch_multiplier: int, generator: torch.Generator):
+        super().__init__()
+        self.net = net
+        self.ddpm_batch_multiplier = ddpm_batch_multiplier
+        self.generator = generator
+        self.schedule = CosineVSchedule()
+
+    def _draw_normal(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        return torch.randn(shape, generator=self.generator).to(like.device, like.dtype)
+
+    def latents(self, audio: torch.Tensor, sample: bool) -> torch.Tensor:
+        """Scaled acoustic latents [A, T_lat, D] of ``audio`` [A, N] (the frozen σ-VAE's means; with ``sample``
+        its noise: a std drawn per clip from N(0, vae_std), times N(0, 1) per value)."""
+        inner = self.net.model
+        with torch.no_grad():
+            mean = inner.audio_tower.encoder(audio.unsqueeze(1)).latents
+            if sample:
+                std = inner.audio_tower.config.vae_std * torch.randn(mean.shape[0], generator=self.generator)
+                mean = mean + std.to(mean.device, mean.dtype)[:, None, None] * self._draw_normal(mean.shape, mean)
+            return (mean + inner.latent_bias_factor) * inner.latent_scaling_factor
+
+    def audio_embeddings(self, audio: torch.Tensor, audio_len: torch.Tensor, is_target: torch.Tensor,
+                         sample: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input embeddings [n, H], scaled latents [n, D], is-target [n]) of every valid latent of every clip, in
+        order: clip by clip, each clip's latents in time order (the order of the placeholders)."""
+        inner = self.net.model
+        lat = self.latents(audio, sample)
+        hop = inner.config.audio_config.hop_length
+        count = (audio_len + hop - 1) // hop
+        valid = torch.arange(lat.shape[1], device=lat.device)[None, :] < count.to(lat.device)[:, None]
+        embeds = inner.multi_modal_projector(lat)
+        if bool(is_target.any()):
+            with torch.no_grad():
+                semantic = inner.semantic_tokenizer_encoder(audio.unsqueeze(1)).latents
+            semantic = inner.semantic_connector(semantic.to(embeds.dtype))
+            embeds = embeds + semantic * is_target.to(embeds.device, embeds.dtype)[:, None, None]
+        target = is_target.to(lat.device)[:, None].expand_as(valid)[valid]
+        return embeds[valid], lat[valid], target
+
+    def diffusion_sum(self, x0: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+        """Sum over target latents and noise draws of the per-latent mean squared v-prediction error."""
+        mult = self.ddpm_batch_multiplier
+        x0 = x0.repeat_interleave(mult, dim=0)
+        condition = condition.repeat_interleave(mult, dim=0)
+        noise = self._draw_normal(tuple(x0.shape), x0)
+        steps = torch.randint(0, self.schedule.num_train_timesteps, (x0.shape[0],), generator=self.generator)
+        steps = steps.to(x0.device)
+        noisy = self.schedule.add_noise(x0, noise, steps)
+        predicted = self.net.model.diffusion_head(noisy, steps.to(x0.dtype), condition)
+        target = self.schedule.v_target(x0, noise, steps)
+        return F.mse_loss(predicted.float(), target.float(), reduction="none").mean(dim=-1).sum()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                audio: torch.Tensor, audio_len: torch.Tensor, audio_is_target: torch.Tensor) -> dict[str, torch.Tensor]:
+        net = self.net
+        placeholders = input_ids == net.config.audio_token_id
+        embeds, lat, target = self.audio_embeddings(audio, audio_len, audio_is_target, sample=True)
+        if int(placeholders.sum()) != embeds.shape[0]:
+            raise ValueError(f"{int(placeholders.sum())} audio placeholders but {embeds.shape[0]} latents")
+        inputs = net.get_input_embeddings()(input_ids)
+        inputs = inputs.clone()
+        inputs[placeholders] = embeds.to(inputs.dtype)  # index assignment: no masked_scatter dtype trap under bf16
+        hidden = net.model.language_model(inputs_embeds=inputs, attention_mask=attention_mask).last_hidden_state
+        keep = labels != -100
+        logits = net.lm_head(hidden[keep])
+        ce_sum = F.cross_entropy(logits.float(), labels[keep], reduction="sum")
+        target_at = torch.zeros_like(placeholders)
+        target_at[placeholders] = target
+        condition_at = torch.zeros_like(target_at)
+        condition_at[:, :-1] = target_at[:, 1:]  # latent p is conditioned on the hidden state at p - 1
+        diffusion = self.diffusion_sum(lat[target], hidden[condition_at])
+        return {"ce_sum": ce_sum, "ce_count": keep.sum(),
+                "diffusion_sum": diffusion, "diffusion_count": target.sum() * self.ddpm_batch_multiplier}
