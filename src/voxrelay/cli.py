@@ -155,11 +155,15 @@ def status_cmd(run: str = typer.Argument(..., help="Run folder (<root>/runs/<nam
 @app.command("synthesize")
 def synthesize_cmd(
     run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>) or an export folder"),
-    text: str = typer.Argument(..., help="Text to speak"),
+    text: str = typer.Argument(None, help="Text to speak (or --script)"),
     output: Path = typer.Option(..., "-o", "--output", help="Output .wav"),
-    voice: str = typer.Option(
-        None, "--voice", help="Speaker of the training data (`voxrelay voices RUN` lists them; default: the first)"
+    voice: list[str] = typer.Option(
+        None, "--voice", help="Speaker of the training data (`voxrelay voices RUN` lists them; default: the first); "
+        "for a family that clones voices (VibeVoice): SPEAKER=clip.wav, once per speaker of the script",
     ),
+    script: Path = typer.Option(None, "--script", help="A text file to speak instead of TEXT: `Speaker 0: ...` or "
+                                "`[SPEAKER_A] ...` lines for a dialogue (VibeVoice)"),
+    max_seconds: float = typer.Option(20.0, "--max-seconds", help="Longest audio to generate"),
     description: str = typer.Option(
         None, "--description", help="How the voice should sound, for a family that conditions on a description "
         "(e.g. Parler-TTS), e.g. 'A calm female voice, close to the microphone'"
@@ -168,14 +172,15 @@ def synthesize_cmd(
     seed: int = typer.Option(0, "--seed", help="Sampling seed: the same seed, text and weights give the same audio"),
     temperature: float = typer.Option(0.8, "--temperature", help="Sampling temperature (0 = greedy)"),
 ):
-    """Speak TEXT with a trained model into a wav file."""
-    from voxrelay.inference import check_synthesis_args, load_any, synthesize
-    from voxrelay.models.base import Request
+    """Speak TEXT (or a --script) with a trained model into a wav file."""
+    from voxrelay.inference import InferenceError, build_request, check_synthesis_args, load_any, synthesize
 
-    check_synthesis_args(output, temperature)  # before the model loads: seconds, not a late failure
+    check_synthesis_args(output, temperature, max_seconds=max_seconds)  # before the model loads
+    if (text is None) == (script is None):
+        raise InferenceError("give the text to speak or --script FILE (one of them)")
     model, codec, what = load_any(run, step)
-    request = Request(text, voice, description)
-    seconds = synthesize(model, codec, request, output, temperature=temperature, seed=seed)
+    request = build_request(model, codec, text, script, voice, description)
+    seconds = synthesize(model, codec, request, output, temperature=temperature, seed=seed, max_seconds=max_seconds)
     err.print(f"{what}: {seconds:.2f} s of audio")
     out.print(str(output), highlight=False)
 

@@ -137,6 +137,9 @@ ModelConfig = Annotated[Union[tuple(FAMILY_CONFIGS.values())], Field(discriminat
 class CheckpointConfig(Section):
     every_steps: int | None = Field(100, gt=0, description="Save every N steps (None = off)")
     every_minutes: float | None = Field(None, gt=0, description="Save every N minutes (None = off)")
+    every_epochs: int | None = Field(
+        None, gt=0, description="Save when every N-th pass over the training data ends (None = off)"
+    )
     adaptive_mtbf: str | None = Field(
         None,
         description="Expected mean time between failures (e.g. '6h'); when set, the time interval is adaptive: "

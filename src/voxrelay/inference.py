@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import soundfile as sf
 import yaml
 
@@ -29,6 +31,7 @@ from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.codecs.base import AudioCodec, FittableCodec
 from voxrelay.codecs.registry import codec_from_description
 from voxrelay.config import ConfigError, RunConfig, build_config
+from voxrelay.data.audio import load_audio, resample
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.errors import UserError, one_line
 from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request
@@ -51,6 +54,7 @@ VOXRELAY_FORMAT = "voxrelay"  # export's default: what synthesize/eval load back
 LORA_NOTE = "lora"  # key of voxrelay.json in an adapter-only export: how to rebuild the base
 ADAPTER_CONFIG = "adapter_config.json"  # peft's file names
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+log = logging.getLogger(__name__)
 
 
 class InferenceError(UserError, RuntimeError):
@@ -185,11 +189,53 @@ def synthesize(
         raise InferenceError(f"unknown voice {speaker!r}; this model knows: {', '.join(model.speakers)}")
     if speaker is None and model.speakers:
         request = dataclasses.replace(request, speaker=model.speakers[0])
-    max_frames = int(max_seconds * codec.frame_rate)
+    max_frames = int(max_seconds * (getattr(model, "frame_rate", None) or codec.frame_rate))
     speech = model.speak(request, codec, max_frames=max_frames, temperature=temperature, top_k=top_k, seed=seed)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     sf.write(str(out), speech.wav, speech.sample_rate, subtype="PCM_16")
     return len(speech.wav) / speech.sample_rate
+
+
+def build_request(model: FamilyModel, codec: AudioCodec, text: str | None, script: str | Path | None,
+                  voices: list[str] | None, description: str | None = None) -> Request:
+    """The request of ``synthesize``: ``text`` or the text of the ``script`` file (one of them); ``voices``: for
+    a family that clones voices from prompts, ``N=clip.wav`` per speaker (or one ``clip.wav`` for speaker 0),
+    each clip read and resampled to the codec's rate; otherwise at most one speaker name."""
+    if (text is None) == (script is None):
+        raise InferenceError("give the text to speak or --script FILE (one of them)")
+    if script is not None:
+        try:
+            text = Path(script).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InferenceError(f"--script {str(script)!r} cannot be read ({e}); pass a UTF-8 text file") from None
+    voices = list(voices or [])
+    if "voice_prompts" not in model.request_fields:
+        if len(voices) > 1:
+            raise InferenceError(f"model.family={model.family} speaks one voice at a time: give one --voice NAME")
+        return Request(text, voices[0] if voices else None, description)
+    clips: dict[int, np.ndarray] = {}
+    for spec in voices:
+        index, _, path = spec.rpartition("=") if "=" in spec else ("0", "", spec)
+        if not index.isdigit() or int(index) in clips:
+            raise InferenceError(f"--voice {spec!r}: write SPEAKER=FILE with each speaker once, e.g. --voice 0=a.wav")
+        clips[int(index)] = _voice_clip(path, int(codec.sample_rate), spec)
+    if clips and sorted(clips) != list(range(len(clips))):
+        raise InferenceError(f"--voice gives speakers {sorted(clips)}: give speakers 0, 1, ... without gaps")
+    return Request(text, None, description, tuple(clips[i] for i in sorted(clips)))
+
+
+def _voice_clip(path: str, rate: int, spec: str) -> np.ndarray:
+    try:
+        wav, sr = load_audio(path)
+    except (OSError, RuntimeError) as e:
+        raise InferenceError(f"--voice {spec!r}: {path!r} cannot be read as audio ({one_line(e)}); pass a wav/flac "
+                             "file") from None
+    wav = wav.mean(axis=1) if wav.ndim == 2 else wav
+    if wav.size == 0:
+        raise InferenceError(f"--voice {spec!r}: {path!r} holds no audio")
+    if sr != rate:
+        log.info("--voice %s: resampled from %d Hz to %d Hz", spec, sr, rate)
+    return resample(wav, sr, rate)
 
 
 def check_synthesis_args(out: str | Path, temperature: float, top_k: int = 50, max_seconds: float = 20.0) -> None:

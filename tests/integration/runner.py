@@ -152,8 +152,14 @@ def kill_once_a_checkpoint_exists(trainer: Trainer, cache: Path, run_uri: str, s
 
 
 def final_weights(run_uri: str, staging: Path) -> tuple[int, dict[str, torch.Tensor]]:
-    ckpt, weights, _ = CheckpointManager(run_uri, staging_dir=staging).load_model()
-    return ckpt.step, weights
+    step, weights, _ = final_checkpoint(run_uri, staging)
+    return step, weights
+
+
+def final_checkpoint(run_uri: str, staging: Path) -> tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Step, weights and the family's extra state (e.g. an EMA) of the run's newest valid checkpoint."""
+    ckpt, weights, family = CheckpointManager(run_uri, staging_dir=staging).load_model()
+    return ckpt.step, weights, family
 
 
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

@@ -178,13 +178,17 @@ def young_daly_interval(save_cost_s: float, mtbf_s: float) -> float:
 
 
 class SaveTrigger:
-    """Decides when to save: every N steps and/or minutes, or adaptively (Young/Daly) from the
-    measured blocking cost of saves and the expected mean time between failures."""
+    """Decides when to save: every N steps, N epochs and/or minutes, or adaptively (Young/Daly) from the
+    measured blocking cost of saves and the expected mean time between failures. ``epoch``: the epoch the
+    data's cursor is in at the start (an epoch ends when the cursor enters the next one)."""
 
-    def __init__(self, every_steps: int | None, every_minutes: float | None, mtbf_s: float | None):
+    def __init__(self, every_steps: int | None, every_minutes: float | None, mtbf_s: float | None,
+                 every_epochs: int | None = None, epoch: int = 0):
         self.every_steps = every_steps
         self.every_minutes = every_minutes
         self.mtbf_s = mtbf_s
+        self.every_epochs = every_epochs
+        self.next_epoch = None if every_epochs is None else (epoch // every_epochs + 1) * every_epochs
         self.last_save = time.monotonic()
         self.save_cost_s = 0.0
 
@@ -193,8 +197,11 @@ class SaveTrigger:
             return young_daly_interval(self.save_cost_s, self.mtbf_s)
         return None if self.every_minutes is None else self.every_minutes * 60
 
-    def due(self, step: int) -> bool:
+    def due(self, step: int, epoch: int = 0) -> bool:
         if self.every_steps is not None and step % self.every_steps == 0:
+            return True
+        if self.next_epoch is not None and epoch >= self.next_epoch:
+            self.next_epoch = (epoch // self.every_epochs + 1) * self.every_epochs
             return True
         interval = self.interval_s()
         return interval is not None and time.monotonic() - self.last_save >= interval

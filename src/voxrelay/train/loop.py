@@ -141,7 +141,8 @@ def _train(run: Run) -> TrainResult:
     tc, ck, loop = run.cfg.train, run.cfg.checkpoint, run.loop
     deadline = pre.Deadline(parse_duration(tc.time_limit), parse_duration(tc.total_time_limit),
                             pre.session_start(tc.time_limit_from))
-    trigger = pre.SaveTrigger(ck.every_steps, ck.every_minutes, parse_duration(ck.adaptive_mtbf))
+    trigger = pre.SaveTrigger(ck.every_steps, ck.every_minutes, parse_duration(ck.adaptive_mtbf), ck.every_epochs,
+                              run.stream.cursor.epoch)
     meter, batches, t0, wall0 = Throughput(), iter(run.stream), time.time(), loop.wall_time
     if run.resumed_from is None and tc.eval_every:
         run.monitor.log(0, _guarded_eval(run, 0))  # the untrained baseline

@@ -84,7 +84,7 @@ class Stops:
         ``saving``: ask rank 0's trigger whether a periodic save is due; ``best``: this rank's eval found the
         best weights so far (rank 0's counts: evals may differ in the last bit between GPUs)."""
         ranks, noticed = self.run.ranks, self.watcher.noticed_at
-        due = saving and ranks.main and (best or self.trigger.due(self.run.loop.step))
+        due = saving and ranks.main and (best or self.trigger.due(self.run.loop.step, self.run.stream.cursor.epoch))
         # each process's own clock only measures its own notice's age: clocks of several hosts may disagree
         views = ranks.gather((self.local(step_s), due, None if noticed is None else time.time() - noticed))
         reasons = [reason for reason, _, _ in views if reason]

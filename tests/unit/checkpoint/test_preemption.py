@@ -102,6 +102,16 @@ def test_save_trigger_steps_minutes_and_young_daly():
     assert 60.0 < adaptive.interval_s() < pre.young_daly_interval(2.0, 3600)
 
 
+def test_save_trigger_every_epochs_fires_when_the_cursor_enters_the_next_pass():
+    """checkpoint.every_epochs=2 from a cursor in epoch 1 (a resumed run): due when the cursor reaches epoch 2,
+    then 4; an epoch skipped over (an epoch shorter than a step) still fires once."""
+    trigger = pre.SaveTrigger(None, None, None, every_epochs=2, epoch=1)
+    cursor_epochs = [1, 1, 2, 2, 3, 5, 5, 6]
+    assert [trigger.due(step, e) for step, e in enumerate(cursor_epochs, 1)] == \
+        [False, False, True, False, False, True, False, True]
+    assert not pre.SaveTrigger(None, None, None).due(3, 9)
+
+
 class _Flaky(_Metadata):
     """Answers the first polls with bytes that are not HTTP (http.client.BadStatusLine: an HTTPException,
     not an OSError), then like the real server."""
