@@ -141,3 +141,30 @@ def _check_exports(run: Path, base_ckpt: Path, tmp_path: Path, env: dict, ema: d
         assert res.returncode == 0, res.stdout + res.stderr
         outputs[name] = sf.read(wav)[0]
     assert np.array_equal(outputs["run"], outputs["adapter"]) and outputs["merged"].size > 0
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_vibevoice_on_two_processes_resumes_exactly(setup, strategy):
+    """2-process DDP and FSDP2 (Qwen2 layers and the diffusion head as units, the frozen tokenizers in the root),
+    LoRA + EMA + family generators: a run stopped halfway and resumed in a new session ends with the straight run's
+    weights and EMA (a constant learning rate: the split run's first half has max_steps halved)."""
+    from tests.integration.runner import torchrun
+
+    base, tiny, env, _ = setup
+
+    def run(name: str, *extra: str):
+        res = torchrun(2, "train", EXAMPLE, *tiny(str(base / "root"), f"name={name}", f"train.strategy={strategy}",
+                                                  "train.eval_every=100", "train.eval_synth=0",
+                                                  "train.schedule=constant_with_warmup", *extra), env=env)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        return res
+
+    run(f"{strategy}-straight")
+    run(f"{strategy}-split", f"train.max_steps={STEPS // 2}")
+    res = run(f"{strategy}-split")
+    assert int(re.search(r"resuming \S+ from step (\d+)", res.stderr).group(1)) == STEPS // 2
+    step_a, a, ema_a = final_checkpoint(str(base / f"root/runs/{strategy}-straight"), base / "cache/fetch")
+    step_b, b, ema_b = final_checkpoint(str(base / f"root/runs/{strategy}-split"), base / "cache/fetch")
+    assert step_a == step_b == STEPS and not any("audio_tower" in k for k in a)
+    assert_same_weights(a, b)
+    assert ema_a and all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)

@@ -60,19 +60,19 @@ def speak(model: VibeVoice, request: Request, max_frames: int | None, seed: int)
     net = model.net
     device = next(net.parameters()).device
     eos = model.maker.ids["eos"]
-    inputs = {"input_ids": torch.tensor([ids], device=device), "attention_mask": torch.ones((1, len(ids)),
-                                                                                         dtype=torch.int64,
-                                                                                         device=device)}
+    kwargs = {"input_ids": torch.tensor([ids], device=device),
+              "attention_mask": torch.ones((1, len(ids)), dtype=torch.int64, device=device),
+              **_audio_inputs(prompts, model.maker.hop, device), "sample": False, "noise_scheduler": CosineVSchedule(),
+              "num_diffusion_steps": model.settings["diffusion_steps"],
+              "guidance_scale": model.settings["guidance_scale"], "max_new_tokens": limit, "eos_token_id": eos,
+              "pad_token_id": eos, "return_dict_in_generate": True}
     devices = [device] if device.type == "cuda" else []
     was_training = net.training
     net.eval()
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             torch.manual_seed(seed)
-            out = net.generate(**inputs, **_audio_inputs(prompts, model.maker.hop, device), sample=False,
-                               noise_scheduler=CosineVSchedule(), num_diffusion_steps=model.settings["diffusion_steps"],
-                               guidance_scale=model.settings["guidance_scale"], max_new_tokens=limit,
-                               eos_token_id=eos, pad_token_id=eos, return_dict_in_generate=True)
+            out = model.module.generate_speech(**kwargs)
     finally:
         net.train(was_training)
     frames = int((out.sequences[0, len(ids):] == model.maker.ids["pad"]).sum())

@@ -81,6 +81,13 @@ def load_net(spec: str, what: str, dtype: str = "float32", dropout: float | None
 
 
 def freeze(net: torch.nn.Module) -> None:
+    """The tokenizers frozen; the latent factors (0-d parameters, trainable by default upstream) made buffers:
+    never trained, still saved by save_pretrained, and FSDP2 shards no 0-d parameter."""
+    for name in ("latent_scaling_factor", "latent_bias_factor"):
+        value = getattr(net.model, name)
+        if isinstance(value, torch.nn.Parameter):
+            delattr(net.model, name)
+            net.model.register_buffer(name, value.detach().clone())
     for name, p in net.named_parameters():
         if name.startswith(FROZEN):
             p.requires_grad_(False)

@@ -99,6 +99,8 @@ class VibeVoice(DiffusionEma):
         return LoraDefaults(r=8, alpha=32, dropout=0.05, rslora=False, target_modules=LORA_TARGETS,
                             modules_to_save=full)
 
+    fsdp_forward_methods = ("generate_speech",)  # synthesis runs transformers' generate through the root
+
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """The LM's decoder layers and the diffusion head; the frozen tokenizers stay in the root unit."""
         return module_classes(self.module, ("Qwen2DecoderLayer", "VibeVoiceDiffusionHead"))

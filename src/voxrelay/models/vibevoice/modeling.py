@@ -34,6 +34,11 @@ class VibeVoiceTrainer(nn.Module):
         self.generator = generator
         self.schedule = CosineVSchedule()
 
+    def generate_speech(self, **kwargs):
+        """``net.generate`` through this module, so that under FSDP2 (a registered forward method) the root's
+        sharded parameters are gathered for the whole generation."""
+        return self.net.generate(**kwargs)
+
     def _draw_normal(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         return torch.randn(shape, generator=self.generator).to(like.device, like.dtype)
 
