@@ -30,6 +30,7 @@ import torch
 
 from voxrelay.codecs.pcm import PCM_SCALE
 from voxrelay.models.base import with_counts
+from voxrelay.models.hf import ModelLoadError
 from voxrelay.models.vibevoice.script import Turn, parse_script, voices_of
 
 SYSTEM = (" Transform the text provided by various speakers into speech output, utilizing the distinct voice of "
@@ -124,6 +125,9 @@ class ExampleMaker:
 
     def length(self, row) -> int:
         """Tokens of the example of ``row`` (text + prompt latents + target latents)."""
+        if self.tokenizer is None:
+            raise ModelLoadError("the tokenizer of model.init_from is not at hand (a hub id not downloaded): pass "
+                                 "`voxrelay plan --seq-len N`, or set model.init_from / model.tokenizer to a folder")
         return len(self.make(row)["input_ids"])
 
 

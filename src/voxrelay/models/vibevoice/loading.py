@@ -148,9 +148,12 @@ def build(cfg: Any, data: Any, seed: int, meta: bool = False) -> Any:
     """The family model of ``cfg`` (:class:`~voxrelay.models.vibevoice.config.VibeVoiceFamilyConfig`); the global
     RNG is left as it was."""
     with torch.random.fork_rng(devices=[]):
-        if meta:
+        if meta:  # planning: sizes only; the tokenizer when it is at hand (example lengths of prepared data)
             net = meta_net(cfg.init_from, cfg.preset, cfg.dropout)
-            tokenizer = None
+            try:
+                tokenizer = load_tokenizer(cfg.tokenizer or cfg.init_from, "model.init_from")
+            except ModelLoadError:
+                tokenizer = None
         else:
             net = load_net(cfg.init_from, "model.init_from", cfg.weights_dtype, cfg.dropout)
             what = "model.tokenizer" if cfg.tokenizer else "model.init_from"

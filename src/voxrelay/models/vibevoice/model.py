@@ -99,6 +99,19 @@ class VibeVoice(DiffusionEma):
         return LoraDefaults(r=8, alpha=32, dropout=0.05, rslora=False, target_modules=LORA_TARGETS,
                             modules_to_save=full)
 
+    def plan_shape(self, lora_rank: int = 0):
+        """The Qwen2 LM as ``voxrelay plan``'s Llama-style layer (logits over its vocabulary). The frozen
+        tokenizers run under no_grad (nothing saved for backward); the diffusion head's activations (per target
+        latent x ddpm_batch_multiplier, 4 small layers) are left out; every weight counts as a parameter."""
+        from voxrelay.plan.formulas import Shape
+
+        c = self.net.config.text_config
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        adapted = sum(1 for name, _ in self.module.named_modules() if name.endswith("lora_A"))
+        per_layer = -(-adapted // c.num_hidden_layers) if adapted else 0
+        return Shape(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads * head_dim,
+                     head_dim, c.num_hidden_layers, c.vocab_size, lora_rank * per_layer)
+
     fsdp_forward_methods = ("generate_speech",)  # synthesis runs transformers' generate through the root
 
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
