@@ -63,11 +63,12 @@ class VibeVoiceTrainer(nn.Module):
         count = (audio_len + hop - 1) // hop
         valid = torch.arange(lat.shape[1], device=lat.device)[None, :] < count.to(lat.device)[:, None]
         embeds = inner.multi_modal_projector(lat)
-        if bool(is_target.any()):
+        if bool(is_target.any()):  # the semantic encoder runs on the target clips only (prompts get none)
+            chosen = is_target.to(audio.device)
             with torch.no_grad():
-                semantic = inner.semantic_tokenizer_encoder(audio.unsqueeze(1)).latents
-            semantic = inner.semantic_connector(semantic.to(embeds.dtype))
-            embeds = embeds + semantic * is_target.to(embeds.device, embeds.dtype)[:, None, None]
+                semantic = inner.semantic_tokenizer_encoder(audio[chosen].unsqueeze(1)).latents
+            embeds = embeds.clone()
+            embeds[chosen.to(embeds.device)] += inner.semantic_connector(semantic.to(embeds.dtype))[:, :embeds.shape[1]]
         target = is_target.to(lat.device)[:, None].expand_as(valid)[valid]
         return embeds[valid], lat[valid], target
 
