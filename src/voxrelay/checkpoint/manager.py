@@ -162,11 +162,10 @@ class CheckpointManager:
     # ------------------------------------------------------------------ loading
 
     def candidates(self) -> list[Checkpoint]:
-        """Staged and committed checkpoints, newest first (staged preferred at equal step: local)."""
-        by_step: dict[int, Checkpoint] = {c.step: c for c in self.store.list()}
-        for c in self.staging.list():
-            by_step[c.step] = c
-        return [by_step[s] for s in sorted(by_step, reverse=True)]
+        """Staged and committed checkpoints, newest first; at equal step the staged copy first (local), then the
+        committed one (tried when the staged copy is damaged: a session killed while it cleaned it up)."""
+        found = [(c.step, 1, c) for c in self.store.list()] + [(c.step, 0, c) for c in self.staging.list()]
+        return [c for _, _, c in sorted(found, key=lambda t: (-t[0], t[1]))]
 
     def latest_valid(self, step: int | None = None) -> tuple[Checkpoint, Path] | None:
         """(checkpoint, local folder with verified files) of the newest valid checkpoint or ``step``. A file

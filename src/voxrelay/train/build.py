@@ -237,8 +237,8 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     found = None if fresh else _load_latest(checkpoints, accelerator, ranks)
     accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
     if found is not None:
-        check_compatible(found[2], cfg, index, found[0].step, len(checkpoints.candidates()))
-        load_weights(model, found, cfg, base, len(checkpoints.candidates()))
+        check_compatible(found[2], cfg, index, found[0].step, len({c.step for c in checkpoints.candidates()}))
+        load_weights(model, found, cfg, base, len({c.step for c in checkpoints.candidates()}))
         if not is_sharded(found[0].manifest):  # the weights are in the model (a sharded one loads in restore)
             checkpoints.release(found[1])
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off

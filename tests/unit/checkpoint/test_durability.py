@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from voxrelay import storage
 from voxrelay.checkpoint import store as store_module
@@ -215,3 +216,17 @@ def test_an_upload_cut_short_is_never_committed(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="incomplete"):
         mgr.store.upload(Path(staged.uri), json.loads((Path(staged.uri) / MANIFEST).read_text()))
     assert _steps(mgr) == []  # no manifest over a short file
+
+
+def test_a_damaged_staged_copy_of_a_committed_step_falls_back_to_the_committed_copy(tmp_path):
+    """A session killed while it cleaned up the staged copy of a step it had already committed (the staged
+    folder lost its model file): the next session resumes from the committed copy of that step, not from
+    the step before (seen in CI: a resume from step 2 with step 4 committed)."""
+    earlier = _manager(tmp_path, keep_last=3)
+    _save(earlier, 2, 4)
+    earlier.close(5)
+    staged = earlier.staging.stage(4, _writers(4), {})
+    (Path(staged.uri) / MODEL_FILE).unlink()
+    ckpt, folder = _manager(tmp_path, run=earlier.run_uri, keep_last=3).latest_valid()
+    assert ckpt.step == 4 and ckpt.durable
+    assert torch.equal(load_file(str(folder / MODEL_FILE))["w"], torch.full((64,), 4.0))
