@@ -16,6 +16,7 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -106,7 +107,15 @@ class Staging:
                 shutil.rmtree(path, ignore_errors=True)
 
     def remove(self, step: int) -> None:
-        shutil.rmtree(self.folder / step_name(step), ignore_errors=True)
+        """Renamed out of the way first (atomic), then deleted: a process killed midway leaves a ``.tmp-*``
+        leftover for :meth:`clean`, never a staged step with some of its files gone."""
+        path = self.folder / step_name(step)
+        doomed = self.folder / f".tmp-removed-{path.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            path.rename(doomed)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
 class Uploader:
