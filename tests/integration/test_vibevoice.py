@@ -104,9 +104,12 @@ def test_vibevoice_prepare_train_kill_resume_synthesize_eval_export(setup, tmp_p
     assert res.returncode == 0, res.stdout + res.stderr
     audio, sr = sf.read(wav)
     assert sr == 24000 and 0 < audio.size <= 3 * 24000 and audio.size % 3200 == 0 and np.isfinite(audio).all()
+    assert sf.info(corpus / "audio/s00001.wav").samplerate == 22050  # the prompts were resampled to 24 kHz
     refused = voxrelay("synthesize", str(run), "--script", str(script), "--voice", f"0={corpus / 'audio/s00001.wav'}",
                        "-o", str(wav), env=env)
     assert refused.returncode == 2 and "2 speaker(s)" in refused.stderr and "Traceback" not in refused.stderr
+    unreadable = voxrelay("synthesize", str(run), "Hi.", "--voice", f"0={script}", "-o", str(wav), env=env)
+    assert unreadable.returncode == 2 and "cannot be read as audio" in unreadable.stderr, unreadable.stderr
 
     res = voxrelay("eval", str(run), "--json", env=env)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -168,3 +171,13 @@ def test_vibevoice_on_two_processes_resumes_exactly(setup, strategy):
     assert step_a == step_b == STEPS and not any("audio_tower" in k for k in a)
     assert_same_weights(a, b)
     assert ema_a and all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)
+
+
+def test_vibevoice_stops_early_on_its_eval_loss(setup):
+    """train.early_stopping_patience works on this family's two-term eval loss: a learning rate that warms up far
+    too high makes it worse after its first evaluation, and the run ends as finished (early stopping)."""
+    base, tiny, env, _ = setup
+    _train(base, tiny, env, "early", "train.max_steps=30", "train.eval_every=2", "train.lr=3", "train.warmup_steps=10",
+           "train.clip_norm=null", "train.eval_synth=0", "train.early_stopping_patience=1", "train.lora=null")
+    status = voxrelay("status", str(base / "root/runs/early"), env=env).stdout
+    assert "finished     yes (early stopping)" in status and "of 30" in status, status

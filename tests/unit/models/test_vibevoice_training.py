@@ -252,3 +252,34 @@ def test_memory_stays_flat_over_many_steps(checkpoint):
     gc.collect()
     late = process.memory_info().rss
     assert late - early < 30 * 2**20, (early / 2**20, late / 2**20)  # a kept graph per step grows by MBs
+
+
+def test_fp32_weights_train_under_bf16_autocast(checkpoint):
+    """transformers' own forward fails here (masked_scatter of bf16 features into fp32 embeddings)."""
+    model = _model(checkpoint)
+    batch, _ = _batch(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        terms = model.loss(model.module, batch)
+    total = sum(t.weight * t.sum / t.count for t in terms.values())
+    total.backward()
+    assert torch.isfinite(total) and all(p.grad is not None for p in model.module.parameters() if p.requires_grad)
+
+
+def test_voices_without_another_clip_are_named(checkpoint, caplog):
+    model = _model(checkpoint)
+    with caplog.at_level("WARNING"):
+        model.use_corpus(ROWS)
+    assert "2 voice(s) have fewer than 2 one-voice clips" in caplog.text and "a, b" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        model.use_corpus([_row(5, "Plain text.", None, 1.0)])
+    assert "every row trains without voice prompts" in caplog.text
+
+
+@pytest.mark.parametrize(("preset", "billions"), [("1.5B", 2.70), ("7B", 9.34)])
+def test_plan_builds_the_released_sizes_without_a_download(preset, billions):
+    from voxrelay.models.vibevoice.loading import meta_net
+
+    net = meta_net("vibevoice/VibeVoice-7B-hf", preset, 0.0)
+    assert round(sum(p.numel() for p in net.parameters()) / 1e9, 2) == billions
+    assert not any(p.requires_grad for n, p in net.named_parameters() if "audio_tower" in n or "semantic_tok" in n)

@@ -21,6 +21,7 @@ same way) train with none.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from voxrelay.models.base import with_counts
 from voxrelay.models.hf import ModelLoadError
 from voxrelay.models.vibevoice.script import Turn, parse_script, voices_of
 
+log = logging.getLogger(__name__)
 SYSTEM = (" Transform the text provided by various speakers into speech output, utilizing the distinct voice of "
           "each respective speaker.\n")
 AUDIO_BOS, AUDIO_EOS, AUDIO_PAD = "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"
@@ -67,13 +69,23 @@ class ExampleMaker:
     corpus: dict[str, list] | None = None  # voice -> rows with that voice alone (see use_corpus)
 
     def use_corpus(self, rows: Sequence) -> None:
-        """The rows voice prompts are taken from: those whose speaker column names a single voice."""
+        """The rows voice prompts are taken from: those whose speaker column names a single voice. Says (a
+        warning) which voices have no such clip: their speakers train without a prompt."""
         pool: dict[str, list] = {}
+        named: set[str] = set()
         for row in rows:
             voices = voices_of(getattr(row, "speaker", None))
+            named.update(voices)
             if len(voices) == 1 and len(parse_script(row.text)[1]) == 1:
                 pool.setdefault(voices[0], []).append(row)
         self.corpus = {voice: sorted(found, key=lambda r: r.id) for voice, found in pool.items()}
+        if not named:
+            log.warning("no row names its voices (a `speaker` column): every row trains without voice prompts")
+        lonely = sorted(v for v in named if len(pool.get(v, [])) < 2)
+        if lonely:
+            log.warning("%d voice(s) have fewer than 2 one-voice clips, so some of their rows train without a voice "
+                        "prompt (a prompt is another clip of the same voice, never the row itself): %s",
+                        len(lonely), ", ".join(lonely[:8]))
 
     def latents(self, samples: int) -> int:
         return math.ceil(samples / self.hop)
