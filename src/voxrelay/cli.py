@@ -159,10 +159,10 @@ def synthesize_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="Output .wav"),
     voice: list[str] = typer.Option(
         None, "--voice", help="Speaker of the training data (`voxrelay voices RUN` lists them; default: the first); "
-        "for a family that clones voices (VibeVoice): SPEAKER=clip.wav, once per speaker of the script",
+        "for a family that clones voices from prompts: SPEAKER=clip.wav, once per speaker of the script",
     ),
     script: Path = typer.Option(None, "--script", help="A text file to speak instead of TEXT: `Speaker 0: ...` or "
-                                "`[SPEAKER_A] ...` lines for a dialogue (VibeVoice)"),
+                                "`[SPEAKER_A] ...` lines for a dialogue"),
     max_seconds: float = typer.Option(20.0, "--max-seconds", help="Longest audio to generate"),
     description: str = typer.Option(
         None, "--description", help="How the voice should sound, for a family that conditions on a description "
