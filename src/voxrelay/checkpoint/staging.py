@@ -138,6 +138,7 @@ class Uploader:
         self._trusted: set[int] = set()  # staged by this process: hashed from bytes just written and fsynced
         self._committed_steps: set[int] = set()  # committed by this process
         self._uploading: int | None = None
+        self._retaining = False  # a commit's retention is running: wait() waits for it too
         self._cond = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="voxrelay-upload", daemon=True)
@@ -190,7 +191,7 @@ class Uploader:
         """Wait until everything submitted is committed; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while (self.pending or self.snapshot is not None) and self.fatal is None:
+            while (self.pending or self.snapshot is not None or self._retaining) and self.fatal is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -294,11 +295,16 @@ class Uploader:
             self._uploading = None
             for c in done:
                 self.staging.remove(c.step)
+            self._retaining = True
             self._cond.notify_all()
         try:
             self.store.retain()
         except Exception as err:
             log.warning("retention after step %d failed (%s); will retry after the next save", ckpt.step, err)
+        finally:
+            with self._cond:
+                self._retaining = False
+                self._cond.notify_all()
 
 
 def _json(obj: dict) -> str:

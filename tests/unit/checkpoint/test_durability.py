@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -230,3 +231,22 @@ def test_a_damaged_staged_copy_of_a_committed_step_falls_back_to_the_committed_c
     ckpt, folder = _manager(tmp_path, run=earlier.run_uri, keep_last=3).latest_valid()
     assert ckpt.step == 4 and ckpt.durable
     assert torch.equal(load_file(str(folder / MODEL_FILE))["w"], torch.full((64,), 4.0))
+
+
+def test_wait_returns_after_the_retention_that_follows_the_commit(tmp_path, monkeypatch):
+    """wait() (and close) return once the commit's retention is done too: a caller that lists the checkpoints
+    right after sees what retention left (seen in CI under load: the damaged step 20 still listed)."""
+    mgr = _manager(tmp_path, keep_last=2)
+    retain, finished = mgr.store.retain, []
+
+    def slow_retain():
+        time.sleep(0.3)  # a slow bucket listing: the commit is done, the retention not yet
+        retain()
+        finished.append(True)
+
+    monkeypatch.setattr(mgr.store, "retain", slow_retain)
+    try:
+        _save(mgr, 10)
+        assert finished == [True]
+    finally:
+        mgr.close(5)
