@@ -155,8 +155,10 @@ class Uploader:
             self.pending.append(ckpt)
             self.pending.sort(key=lambda c: c.step)
             while len(self.pending) > self.max_staged:
-                # the oldest one not being uploaded right now; the newest is never dropped
-                dropped = next(c for c in self.pending if c.step != self._uploading)
+                # the oldest one not being uploaded right now, not evaluated if it can; the newest is never dropped
+                droppable = [c for c in self.pending[:-1] if c.step != self._uploading]
+                fallback = droppable[0] if droppable else next(c for c in self.pending if c.step != self._uploading)
+                dropped = next((c for c in droppable if not _evaluated(c)), fallback)
                 self.pending.remove(dropped)
                 log.warning("upload is behind (bucket unreachable?); dropping staged step %d, newer ones are kept",
                             dropped.step)
@@ -239,7 +241,9 @@ class Uploader:
                 self._stage_snapshot()
                 continue
             with self._cond:
-                ckpt = self.pending[-1]  # the newest: older pending ones are superseded by it
+                # the newest (older pending ones are superseded by it), but an evaluated one first: its eval
+                # metrics are what checkpoint.keep_best keeps, and a newer save must not make it vanish
+                ckpt = next((c for c in self.pending if _evaluated(c)), self.pending[-1])
                 self._uploading = ckpt.step
             if not self._verified(ckpt):
                 continue
@@ -305,6 +309,11 @@ class Uploader:
             with self._cond:
                 self._retaining = False
                 self._cond.notify_all()
+
+
+def _evaluated(ckpt: Checkpoint) -> bool:
+    """A checkpoint saved with eval metrics (retention's keep_best compares them)."""
+    return "eval/loss" in ckpt.metrics
 
 
 def _json(obj: dict) -> str:

@@ -250,3 +250,26 @@ def test_wait_returns_after_the_retention_that_follows_the_commit(tmp_path, monk
         assert finished == [True]
     finally:
         mgr.close(5)
+
+
+def test_an_evaluated_checkpoint_is_uploaded_not_superseded_by_a_newer_save(tmp_path, monkeypatch):
+    """keep_best: the save of the best eval (step 2) is still waiting for the bucket when step 3 is saved; it is
+    uploaded anyway, so retention can keep it (it used to be superseded and vanish: seen under load in CI)."""
+    mgr = _manager(tmp_path, keep_last=2)
+    upload, gate, seen = mgr.store.upload, threading.Event(), []
+
+    def slow_upload(folder, manifest):
+        seen.append(manifest["step"])
+        gate.wait(10)  # the bucket is slow: step 1 is on its way while 2 and 3 are saved
+        return upload(folder, manifest)
+
+    monkeypatch.setattr(mgr.store, "upload", slow_upload)
+    try:
+        mgr.save(1, _writers(1))
+        mgr.save(2, _writers(2), {"metrics": {"eval/loss": 1.0}})
+        mgr.save(3, _writers(3))  # staged here (not in the background): 2 and 3 wait behind step 1
+        gate.set()
+        assert mgr.wait(30)
+        assert seen == [1, 2, 3] and 2 in _steps(mgr) and 3 in _steps(mgr)
+    finally:
+        mgr.close(5)
