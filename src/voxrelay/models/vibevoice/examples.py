@@ -90,15 +90,15 @@ class ExampleMaker:
     def latents(self, samples: int) -> int:
         return math.ceil(samples / self.hop)
 
-    def prompts(self, row, count: int) -> dict[int, np.ndarray]:
-        """Speaker -> the voice prompt clip (float32 samples) each speaker of ``row`` gets (may be none)."""
+    def prompts(self, row, count: int) -> dict[int, object]:
+        """Speaker -> the row whose clip is the voice prompt each speaker of ``row`` gets (may be none)."""
         if _unit(self.seed, row.id, "drop") < self.drop_rate:
             return {}
         return self.prompts_for(getattr(row, "speaker", None), count, row.id)
 
-    def prompts_for(self, speaker: str | None, count: int, avoid: str | None = None) -> dict[int, np.ndarray]:
-        """Speaker -> a prompt clip of the voice ``speaker`` (a speaker column) names for it, from the corpus;
-        never the row ``avoid``."""
+    def prompts_for(self, speaker: str | None, count: int, avoid: str | None = None) -> dict[int, object]:
+        """Speaker -> a row of the corpus whose clip is a prompt of the voice ``speaker`` (a speaker column)
+        names for it; never the row ``avoid``."""
         voices = voices_of(speaker)
         if self.corpus is None or len(voices) != count:
             return {}
@@ -107,15 +107,16 @@ class ExampleMaker:
             others = [r for r in self.corpus.get(voice, []) if r.id != avoid]
             if others:
                 pick = others[int(_unit(self.seed, avoid, i) * len(others))]
-                chosen[i] = samples(pick)
+                chosen[i] = pick
         return chosen
 
-    def prompt_ids(self, turns: Sequence[Turn], prompts: dict[int, np.ndarray]) -> list[int]:
-        """Token ids up to the target's ``<|vision_start|>``, each prompt's pad expanded to its latent count."""
-        ids = self.tokenizer(render(turns, sorted(prompts)), add_special_tokens=False)["input_ids"]
-        pad, runs, expanded = self.ids["pad"], iter(prompts[i] for i in sorted(prompts)), []
+    def prompt_ids(self, turns: Sequence[Turn], sizes: dict[int, int]) -> list[int]:
+        """Token ids up to the target's ``<|vision_start|>``; ``sizes``: speaker -> samples of its prompt, whose
+        pad is expanded to the prompt's latent count."""
+        ids = self.tokenizer(render(turns, sorted(sizes)), add_special_tokens=False)["input_ids"]
+        pad, runs, expanded = self.ids["pad"], iter(sizes[i] for i in sorted(sizes)), []
         for token in ids:
-            expanded += [pad] * self.latents(len(next(runs))) if token == pad else [token]
+            expanded += [pad] * self.latents(next(runs)) if token == pad else [token]
         return expanded
 
     def make(self, row) -> dict[str, np.ndarray]:
@@ -123,9 +124,9 @@ class ExampleMaker:
         (the prompts', then the target's samples), ``is_target`` bool per clip."""
         turns, labels = parse_script(row.text)
         target = samples(row)
-        prompts = self.prompts(row, len(labels))
+        prompts = {i: samples(r) for i, r in self.prompts(row, len(labels)).items()}
         clips = [prompts[i] for i in sorted(prompts)]
-        expanded = self.prompt_ids(turns, prompts)
+        expanded = self.prompt_ids(turns, {i: len(c) for i, c in prompts.items()})
         pad = self.ids["pad"]
         start = len(expanded) - 1  # the target's <|vision_start|>: its output is the first audio token
         expanded += [pad] * self.latents(len(target)) + [self.ids["end"], self.ids["eos"]]
@@ -140,7 +141,9 @@ class ExampleMaker:
         if self.tokenizer is None:
             raise ModelLoadError("the tokenizer of model.init_from is not at hand (a hub id not downloaded): pass "
                                  "`voxrelay plan --seq-len N`, or set model.init_from / model.tokenizer to a folder")
-        return len(self.make(row)["input_ids"])
+        turns, labels = parse_script(row.text)  # the example's size without reading its audio
+        sizes = {i: _samples_in(r) for i, r in self.prompts(row, len(labels)).items()}
+        return len(self.prompt_ids(turns, sizes)) + self.latents(_samples_in(row)) + 2  # + end of speech, of text
 
 
 def collate(examples: list[dict], pad_id: int, hop: int, draws: int) -> dict[str, torch.Tensor]:
@@ -164,6 +167,10 @@ def collate(examples: list[dict], pad_id: int, hop: int, draws: int) -> dict[str
              "audio_is_target": is_target}
     latents = int(((lengths[is_target] + hop - 1) // hop).sum())
     return with_counts(batch, {"ce": (labels != -100).sum(), "diffusion": torch.tensor(latents * draws)})
+
+
+def _samples_in(row) -> int:
+    return int(np.asarray(row.codes).size)
 
 
 def samples(row) -> np.ndarray:

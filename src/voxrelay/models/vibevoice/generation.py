@@ -11,7 +11,7 @@ import torch
 
 from voxrelay.models.base import RequestError, Speech
 from voxrelay.models.vibevoice.config import SAMPLE_RATE
-from voxrelay.models.vibevoice.examples import normalize
+from voxrelay.models.vibevoice.examples import normalize, samples
 from voxrelay.models.vibevoice.schedule import CosineVSchedule
 from voxrelay.models.vibevoice.script import ScriptError, parse_script
 
@@ -28,7 +28,7 @@ def _prompts(model: VibeVoice, request: Request, labels: list[str]) -> dict[int,
                            "given: give one per speaker (--voice 0=a.wav --voice 1=b.wav), or none")
     if clips:
         return {i: normalize(c) for i, c in enumerate(clips)}
-    return model.maker.prompts_for(request.speaker, len(labels))
+    return {i: samples(r) for i, r in model.maker.prompts_for(request.speaker, len(labels)).items()}
 
 
 def _audio_inputs(prompts: dict[int, np.ndarray], hop: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -51,7 +51,7 @@ def speak(model: VibeVoice, request: Request, max_frames: int | None, seed: int)
     except ScriptError as e:
         raise RequestError(f"the script cannot be read: {e}") from None
     prompts = _prompts(model, request, labels)
-    ids = model.maker.prompt_ids(turns, prompts)
+    ids = model.maker.prompt_ids(turns, {i: len(c) for i, c in prompts.items()})
     room = model.max_length - len(ids) - 2
     if room < 1:
         raise RequestError(f"the script and voice prompts take {len(ids)} tokens, which leaves no room for speech "
