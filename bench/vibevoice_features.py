@@ -10,7 +10,11 @@
 
     .venv/bin/python bench/vibevoice_features.py [--minutes 3] [--steps 8] [--repeats 3]
 
-Last line: ratio = step time with encoding from audio / step time with precomputed features (tiny model).
+On CUDA (when available) also VibeVoice-1.5B's real sizes (random init) with LoRA in bf16 through voxrelay's own
+training step: step time from audio vs cached encoders, FLOPs and MFU, memory against ``voxrelay plan``.
+
+Last line: ratio = step time with encoding from audio / step time with precomputed features (the 1.5B model on
+CUDA when it ran, else the tiny one).
 """
 
 from __future__ import annotations
@@ -130,13 +134,114 @@ def step_times(checkpoint: Path, steps: int, repeats: int) -> tuple[list[float],
     return audio_s, cached_s
 
 
+def cuda_rows(target_s: float, prompt_s: float, steps: int, device: str = "cuda") -> dict[str, float]:
+    """VibeVoice-1.5B's real sizes (random init: nothing to download) on the GPU, LoRA (the family's defaults),
+    bf16 with fp32 master weights, one dialogue of ``target_s`` seconds with two voice prompts of ``prompt_s``
+    through voxrelay's own build, LoRA, accelerate and ``train_step``: seconds per step from audio and with
+    the encoders' outputs cached (precomputed), the step's FLOPs (counted) and MFU against the card's bf16
+    peak, and ``max_memory_allocated`` against ``voxrelay plan``'s bytes for the same config and tokens."""
+    from accelerate import Accelerator
+    from transformers import VibeVoiceConfig, VibeVoiceForConditionalGeneration
+
+    from tests.helpers.vibevoice import save_tokenizer
+    from voxrelay.codecs.pcm import PcmCodec
+    from voxrelay.config import load_config
+    from voxrelay.data.shards import EncodedUtterance
+    from voxrelay.models.vibevoice.loading import PRESETS, SETTINGS, assemble, freeze, load_tokenizer
+    from voxrelay.plan import Strategy, per_gpu
+    from voxrelay.plan.model import model_facts
+    from voxrelay.train.build import Run, wrap_model
+    from voxrelay.train.loop import train_step
+    from voxrelay.train.optim import build_scheduler
+    from voxrelay.train.strategies import apply_lora
+
+    cfg = load_config(None, ["model.family=vibevoice", "model.voice_prompt_drop_rate=0", "model.max_length=65536",
+                             "train.precision=bf16", "train.lora=true", "train.max_steps=100"])
+    with tempfile.TemporaryDirectory() as tmp:
+        save_tokenizer(Path(tmp))
+        tokenizer = load_tokenizer(tmp, "bench")
+    ids = {"pad_token_id": 0, "eos_token_id": 0, "audio_bos_token_id": 1, "audio_eos_token_id": 2,
+           "audio_token_id": 3}
+    torch.manual_seed(0)
+    with torch.device(device):
+        net = VibeVoiceForConditionalGeneration(VibeVoiceConfig(**PRESETS["1.5B"], **ids))
+    freeze(net)
+    model = assemble(net, tokenizer, 0, cfg.model.max_length, 0.0, {k: getattr(cfg.model, k) for k in SETTINGS})
+    rng, pcm = np.random.default_rng(0), PcmCodec(24000)
+
+    def row(name: str, text: str, voices: str, seconds: float) -> EncodedUtterance:
+        wav = 0.1 * rng.standard_normal(int(seconds * 24000))
+        return EncodedUtterance(name, text, voices, None, seconds, pcm.encode(wav).astype(np.int16))
+
+    turns = "".join(f"[SPEAKER_{'AB'[i % 2]}] Turn number {i} of a long conversation between two people.\n"
+                    for i in range(int(target_s // 6)))
+    rows = [row("dialogue", turns, "a,b", target_s), row("pa", "[SPEAKER_A] A prompt.", "a", prompt_s),
+            row("pb", "[SPEAKER_A] B prompt.", "b", prompt_s)]
+    model.use_corpus(rows)
+    example = model.example(rows[0])
+    accelerator = Accelerator(mixed_precision="bf16")
+    apply_lora(model, cfg.train.lora)
+    model.module.train()
+    module, optimizer = wrap_model(model, cfg, accelerator)
+    run = Run(cfg, accelerator, model, module, optimizer, build_scheduler(cfg.train, optimizer),
+              None, [], None, None, None, None, None)
+    batch = model.collate([example])
+    inner = model.module.get_base_model() if hasattr(model.module, "get_base_model") else model.module
+    encoder, semantic = inner.net.model.audio_tower.encoder, inner.net.model.semantic_tokenizer_encoder
+
+    def timed(cached: bool) -> float:
+        cache: dict = {}
+        for part, key in ((encoder, "a"), (semantic, "s")):
+            original = type(part).forward.__get__(part)
+
+            def forward(x, *args, _o=original, _k=key, **kwargs):
+                if not cached:
+                    return _o(x, *args, **kwargs)
+                if (_k, x.shape) not in cache:
+                    cache[(_k, x.shape)] = _o(x, *args, **kwargs)
+                return cache[(_k, x.shape)]
+            part.forward = forward
+        train_step(run, [dict(batch, audio_seconds=1.0)])  # warm-up (and fills the cache)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(steps):
+            train_step(run, [dict(batch, audio_seconds=1.0)])
+        torch.cuda.synchronize()
+        return (time.perf_counter() - started) / steps
+
+    timed(False)
+    torch.cuda.reset_peak_memory_stats()
+    audio = timed(False)
+    measured = torch.cuda.max_memory_allocated()
+    cached = timed(True)
+    tokens = int(batch["input_ids"].numel())
+    lm = sum(p.numel() for p in inner.net.model.language_model.parameters())
+    flops = 4 * lm * tokens  # a LoRA step's LM matmuls: forward 2N, backward 2N per token (attention left out)
+    facts, _ = model_facts(cfg, None)
+    predicted = per_gpu(facts, Strategy("ddp", 1, True, "adamw"), tokens, "autocast")
+    return {"tokens": tokens, "audio_s": audio, "cached_s": cached, "flops": flops,
+            "measured": measured, "plan": predicted["total"] - predicted["overhead"], "logits": predicted["logits"],
+            "device": torch.cuda.get_device_name() if device == "cuda" else device}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cuda-target", type=float, default=900.0, help="CUDA: seconds of the dialogue")
+    parser.add_argument("--cuda-prompt", type=float, default=120.0, help="CUDA: seconds of each voice prompt")
+    parser.add_argument("--cuda-only", action="store_true", help="only the CUDA rows (no eSpeak corpus, no CPU step)")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if not args.cuda_only:
+        a, c = cpu_rows(args)
+    if torch.cuda.is_available():
+        a, c = cuda_report(args)
+    print(f"ratio {a / c:.3f}")
+
+
+def cpu_rows(args) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         disk, ram, prep = shard_bytes_per_hour(args.minutes, Path(tmp))
         latents = LATENT_VALUES * 7.5 * 2 * HOUR
@@ -153,7 +258,21 @@ def main() -> None:
         audio_s, cached_s = step_times(save_tiny_vibevoice(Path(tmp) / "tiny"), args.steps, args.repeats)
     a, c = statistics.median(audio_s), statistics.median(cached_s)
     print(f"tiny model step: from audio {a * 1000:.0f} ms, precomputed {c * 1000:.0f} ms (median of {args.repeats})")
-    print(f"ratio {a / c:.3f}")
+    return a, c
+
+
+def cuda_report(args) -> tuple[float, float]:
+    r = cuda_rows(args.cuda_target, args.cuda_prompt, args.steps)
+    peak = 989e12  # H100/H200 SXM dense bf16
+    print(f"{r['device']}: VibeVoice-1.5B LoRA bf16, one dialogue of {args.cuda_target:.0f} s + 2 prompts of "
+          f"{args.cuda_prompt:.0f} s = {r['tokens']} tokens: step {r['audio_s']:.3f} s from audio, "
+          f"{r['cached_s']:.3f} s precomputed ({r['audio_s'] / r['cached_s']:.2f}x); LM LoRA matmuls 4 x N x tokens = "
+          f"{r['flops'] / 1e12:.1f} TFLOP per step: MFU {r['flops'] / r['audio_s'] / peak:.1%} from audio, "
+          f"{r['flops'] / r['cached_s'] / peak:.1%} precomputed, of 989 TFLOP/s")
+    print(f"memory: max_memory_allocated {r['measured'] / 1e9:.2f} GB, plan (ddp x1 lora, no overhead) "
+          f"{r['plan'] / 1e9:.2f} GB of which logits {r['logits'] / 1e9:.2f} GB (an upper bound: VibeVoice's "
+          f"logits cover the target span only): ratio {r['plan'] / r['measured']:.3f}")
+    return r["audio_s"], r["cached_s"]
 
 
 if __name__ == "__main__":
