@@ -1,20 +1,22 @@
-"""What VibeVoice's features cost, stored as audio (``codec.type: pcm``, what voxrelay does) or as precomputed
-σ-VAE latent means + semantic features (the alternative), side by side:
+"""What VibeVoice's features cost, stored as audio (``codec.type: pcm``, what voxrelay does, with the frozen
+encoders' outputs cached per clip in memory at train time) or as precomputed σ-VAE latent means + semantic
+features (the alternative), side by side:
 
 - disk and RAM per hour of audio: PCM measured (the Parquet shards of a generated dialogue corpus, zstd), the
   latents computed (64 + 128 values per latent, 7.5 latents per second, float16);
 - encoder compute per second of audio at VibeVoice-1.5B's real sizes (FLOPs counted on the meta device) against
   the LM's training step over the same audio;
-- the training step of a tiny model with its frozen encoders run on the audio (PCM) and with their outputs
-  cached (what precomputed features would give), alternating, on this CPU.
+- the training step of a tiny model with its frozen encoders run on the audio at every step
+  (``model.feature_cache_gb=0``) and with the family's cache of their outputs (a step once its clips were seen:
+  what precomputed features would give at every step), alternating, on this CPU.
 
     .venv/bin/python bench/vibevoice_features.py [--minutes 3] [--steps 8] [--repeats 3]
 
 On CUDA (when available) also VibeVoice-1.5B's real sizes (random init) with LoRA in bf16 through voxrelay's own
-training step: step time from audio vs cached encoders, FLOPs and MFU, memory against ``voxrelay plan``.
+training step: step time from audio vs with the cache, MFU, memory against ``voxrelay plan``.
 
-Last line: ratio = step time with encoding from audio / step time with precomputed features (the 1.5B model on
-CUDA when it ran, else the tiny one).
+Last line: ratio = step time encoding from audio / step time with the encoders' outputs cached (the 1.5B model
+on CUDA when it ran, else the tiny one).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def step_times(checkpoint: Path, steps: int, repeats: int) -> tuple[list[float],
     from voxrelay.models.base import DataSpec, pop_counts
     from voxrelay.models.registry import build_model
     from voxrelay.models.vibevoice.config import VibeVoiceFamilyConfig
+    from voxrelay.models.vibevoice.modeling import FeatureCache
 
     cfg = VibeVoiceFamilyConfig(init_from=str(checkpoint), max_length=2048, voice_prompt_drop_rate=0.0)
     model = build_model(cfg, DataSpec(1, 65536, [], 24000.0, 24000), seed=0)
@@ -102,22 +105,9 @@ def step_times(checkpoint: Path, steps: int, repeats: int) -> tuple[list[float],
     pop_counts(batch)
     module, params = model.module, [p for p in model.module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4)
-    encoder, semantic = module.net.model.audio_tower.encoder, module.net.model.semantic_tokenizer_encoder
-    cache: dict = {}
-
-    def cached(part, name):
-        original = part.forward
-
-        def forward(x, *args, **kwargs):
-            key = (name, x.shape)
-            if key not in cache:
-                cache[key] = original(x, *args, **kwargs)
-            return cache[key]
-        return forward
-
     def timed(precomputed: bool) -> float:
-        encoder.forward = cached(encoder, "a") if precomputed else type(encoder).forward.__get__(encoder)
-        semantic.forward = cached(semantic, "s") if precomputed else type(semantic).forward.__get__(semantic)
+        module.cache = FeatureCache(2**31 if precomputed else 0)  # the family's cache of the encoders' outputs
+        terms = model.loss(module, batch)  # warm-up (and fills the cache)
         started = time.perf_counter()
         for _ in range(steps):
             terms = model.loss(module, batch)
@@ -126,7 +116,7 @@ def step_times(checkpoint: Path, steps: int, repeats: int) -> tuple[list[float],
             optimizer.step()
         return (time.perf_counter() - started) / steps
 
-    timed(True)  # warm-up (and fills the cache)
+    timed(True)
     audio_s, cached_s = [], []
     for _ in range(repeats):
         audio_s.append(timed(False))
@@ -148,6 +138,7 @@ def cuda_rows(target_s: float, prompt_s: float, steps: int, device: str = "cuda"
     from voxrelay.config import load_config
     from voxrelay.data.shards import EncodedUtterance
     from voxrelay.models.vibevoice.loading import PRESETS, SETTINGS, assemble, freeze, load_tokenizer
+    from voxrelay.models.vibevoice.modeling import FeatureCache
     from voxrelay.plan import Strategy, per_gpu
     from voxrelay.plan.model import model_facts
     from voxrelay.train.build import Run, wrap_model
@@ -187,20 +178,9 @@ def cuda_rows(target_s: float, prompt_s: float, steps: int, device: str = "cuda"
               None, [], None, None, None, None, None)
     batch = model.collate([example])
     inner = model.module.get_base_model() if hasattr(model.module, "get_base_model") else model.module
-    encoder, semantic = inner.net.model.audio_tower.encoder, inner.net.model.semantic_tokenizer_encoder
 
     def timed(cached: bool) -> float:
-        cache: dict = {}
-        for part, key in ((encoder, "a"), (semantic, "s")):
-            original = type(part).forward.__get__(part)
-
-            def forward(x, *args, _o=original, _k=key, **kwargs):
-                if not cached:
-                    return _o(x, *args, **kwargs)
-                if (_k, x.shape) not in cache:
-                    cache[(_k, x.shape)] = _o(x, *args, **kwargs)
-                return cache[(_k, x.shape)]
-            part.forward = forward
+        inner.cache = FeatureCache(2**36 if cached else 0)  # the family's cache of the encoders' outputs
         train_step(run, [dict(batch, audio_seconds=1.0)])  # warm-up (and fills the cache)
         torch.cuda.synchronize()
         started = time.perf_counter()

@@ -44,6 +44,13 @@ def _model(checkpoint, **settings):
     return model
 
 
+def _latents(model, audio: torch.Tensor) -> torch.Tensor:
+    """The scaled σ-VAE means of one clip [1, N] (no noise), [T, D]."""
+    with torch.no_grad():
+        mean = model.net.model.audio_tower.encoder(audio[:, None]).latents
+    return model.module.latents(mean, sample=False)[0]
+
+
 def _batch(model, rows=ROWS[:1]):
     batch = model.collate([model.example(r) for r in rows])
     return batch, pop_counts(batch)
@@ -90,7 +97,7 @@ def test_the_diffusion_loss_covers_the_target_latents_only(checkpoint):
     batch, counts = _batch(model)
     seen, out = _captured(model, batch)
     target = batch["audio"][-1:, :]
-    expected = model.module.latents(target, sample=False)[0]
+    expected = _latents(model, target)
     assert torch.allclose(seen["x0"], expected, atol=1e-6)
     assert counts["diffusion"] == expected.shape[0] * model.settings["ddpm_batch_multiplier"]
     assert int(out["diffusion_count"]) == counts["diffusion"] and int(out["ce_count"]) == counts["ce"]
@@ -106,8 +113,8 @@ def test_the_condition_of_latent_p_never_sees_latent_p(checkpoint):
     first, _ = _captured(model, batch)
     changed = {k: v.clone() for k, v in batch.items()}
     changed["audio"][-1, 48000 - 3200:48000] *= -3.0
-    assert not torch.equal(model.module.latents(changed["audio"][-1:], False)[0, -1],
-                           model.module.latents(batch["audio"][-1:], False)[0, -1])
+    changed["audio_key"][-1] += 1  # another clip (the encoders' cache holds the first one's features)
+    assert not torch.equal(_latents(model, changed["audio"][-1:])[-1], _latents(model, batch["audio"][-1:])[-1])
     second, _ = _captured(model, changed)
     assert torch.allclose(first["condition"], second["condition"], atol=1e-6)
     assert not torch.allclose(first["x0"][-1], second["x0"][-1])
@@ -119,7 +126,7 @@ def test_target_latents_get_semantic_features_and_prompts_do_not(checkpoint):
     inner = model.net.model
     batch, _ = _batch(model)
     with torch.no_grad():
-        embeds, lat, target = model.module.audio_embeddings(batch["audio"], batch["audio_len"],
+        embeds, lat, target = model.module.audio_embeddings(batch["audio"], batch["audio_len"], batch["audio_key"],
                                                             batch["audio_is_target"], sample=False)
         acoustic = inner.multi_modal_projector(lat)
         semantic = inner.semantic_connector(inner.semantic_tokenizer_encoder(batch["audio"][-1:, None]).latents)[0]
@@ -154,6 +161,42 @@ def test_timesteps_cover_the_whole_schedule_and_come_from_the_family_generator(c
     model.module.generator.set_state(state)
     b = model.module(**batch)["diffusion_sum"]
     assert torch.equal(a, b) and not torch.equal(a, model.module(**batch)["diffusion_sum"])
+
+
+def _train_counting_encodes(checkpoint, cache_gb: float, steps: int = 3):
+    """(losses, encoder calls per step, trained weights) of ``steps`` steps over ROWS (row 0 takes rows 1 and 2 as
+    its prompts; rows 1 and 2 are also targets themselves)."""
+    torch.manual_seed(0)
+    model = _model(checkpoint, feature_cache_gb=cache_gb)
+    calls: list[int] = []
+    for part in (model.net.model.audio_tower.encoder, model.net.model.semantic_tokenizer_encoder):
+        part.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[-1]))
+    params = [p for p in model.module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    losses, per_step = [], []
+    for _ in range(steps):
+        batch, _ = _batch(model, ROWS)
+        before = len(calls)
+        terms = model.loss(model.module, batch)
+        loss = sum(t.sum / t.count for t in terms.values())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        per_step.append(len(calls) - before)
+    return losses, per_step, [p.detach().clone() for p in params]
+
+
+def test_the_encoders_run_once_per_clip_and_cached_features_train_identically(checkpoint):
+    """The frozen encoders' outputs are cached per clip (model.feature_cache_gb): after the first step nothing is
+    encoded, and the run's losses and weights equal, bit for bit, those of a run that encodes at every step."""
+    plain_losses, plain_calls, plain_weights = _train_counting_encodes(checkpoint, 0.0)
+    losses, calls, weights = _train_counting_encodes(checkpoint, 1.0)
+    # 5 clips (2 prompts + 3 targets) through the σ-VAE and 3 targets through the semantic encoder, every step;
+    # with the cache, 3 distinct clips + 3 targets once (row 1's clip as a prompt and as a target: one encode)
+    assert plain_calls == [8, 8, 8] and calls == [6, 0, 0]
+    assert losses == plain_losses and len(set(losses)) == 3
+    assert all(torch.equal(a, b) for a, b in zip(weights, plain_weights, strict=True))
 
 
 def test_the_schedule_and_sampler_are_diffusers_dpm_solver_plus_plus():
@@ -192,8 +235,8 @@ def test_ce_training_teaches_the_lm_to_keep_emitting_audio_then_end(checkpoint):
     net, ids = model.net, batch["input_ids"]
     with torch.no_grad():
         inputs = net.get_input_embeddings()(ids).clone()
-        embeds, _, _ = model.module.audio_embeddings(batch["audio"], batch["audio_len"], batch["audio_is_target"],
-                                                     sample=False)
+        embeds, _, _ = model.module.audio_embeddings(batch["audio"], batch["audio_len"], batch["audio_key"],
+                                                     batch["audio_is_target"], sample=False)
         inputs[ids == net.config.audio_token_id] = embeds
         hidden = net.model.language_model(inputs_embeds=inputs, attention_mask=batch["attention_mask"])
         predicted = net.lm_head(hidden.last_hidden_state).argmax(-1)

@@ -57,6 +57,10 @@ class VibeVoiceFamilyConfig(BaseModel):
         "train.seed), so the model also speaks without them",
     )
     ddpm_batch_multiplier: int = Field(4, gt=0, description="Noise draws per target latent in the diffusion loss")
+    feature_cache_gb: float = Field(
+        2.0, ge=0, description="CPU memory per process for the frozen encoders' outputs (σ-VAE means, semantic "
+        "features: 20.7 MB per hour of audio), so each clip is encoded once per run, not at every step; 0 = off",
+    )
     ce_loss_weight: float = Field(1.0, ge=0, description="Weight of the `ce` term")
     diffusion_loss_weight: float = Field(1.0, ge=0, description="Weight of the `diffusion` term")
     ema_decay: float | None = Field(

@@ -121,10 +121,12 @@ class ExampleMaker:
 
     def make(self, row) -> dict[str, np.ndarray]:
         """One example: ``input_ids`` int64 [L], ``labels`` int64 [L] (-100 but on the target span), ``clips``
-        (the prompts', then the target's samples), ``is_target`` bool per clip."""
+        (the prompts', then the target's samples), ``is_target`` bool per clip, ``clip_keys`` (their rows' keys in
+        the encoders' cache: :func:`clip_key`)."""
         turns, labels = parse_script(row.text)
         target = samples(row)
-        prompts = {i: samples(r) for i, r in self.prompts(row, len(labels)).items()}
+        chosen = self.prompts(row, len(labels))
+        prompts = {i: samples(r) for i, r in chosen.items()}
         clips = [prompts[i] for i in sorted(prompts)]
         expanded = self.prompt_ids(turns, {i: len(c) for i, c in prompts.items()})
         pad = self.ids["pad"]
@@ -133,8 +135,9 @@ class ExampleMaker:
         input_ids = np.asarray(expanded, dtype=np.int64)
         targets = np.full_like(input_ids, -100)
         targets[start:-1] = input_ids[start + 1:]
+        keys = [clip_key(chosen[i].id) for i in sorted(chosen)] + [clip_key(row.id)]
         return {"input_ids": input_ids, "labels": targets, "clips": [*clips, target],
-                "is_target": np.asarray([False] * len(clips) + [True])}
+                "is_target": np.asarray([False] * len(clips) + [True]), "clip_keys": np.asarray(keys, dtype=np.int64)}
 
     def length(self, row) -> int:
         """Tokens of the example of ``row`` (text + prompt latents + target latents)."""
@@ -163,10 +166,16 @@ def collate(examples: list[dict], pad_id: int, hop: int, draws: int) -> dict[str
         audio[j, : len(c)] = torch.from_numpy(np.asarray(c, dtype=np.float32))
     lengths = torch.tensor([len(c) for c in clips], dtype=torch.int64)
     is_target = torch.from_numpy(np.concatenate([e["is_target"] for e in examples]))
+    keys = torch.from_numpy(np.concatenate([e["clip_keys"] for e in examples]))
     batch = {"input_ids": ids, "attention_mask": mask, "labels": labels, "audio": audio, "audio_len": lengths,
-             "audio_is_target": is_target}
+             "audio_key": keys, "audio_is_target": is_target}
     latents = int(((lengths[is_target] + hop - 1) // hop).sum())
     return with_counts(batch, {"ce": (labels != -100).sum(), "diffusion": torch.tensor(latents * draws)})
+
+
+def clip_key(row_id: str) -> int:
+    """A clip's key in the encoders' cache: a 63-bit number of its row id (the same in every process and run)."""
+    return int.from_bytes(hashlib.sha256(row_id.encode()).digest()[:8], "big") >> 1
 
 
 def _samples_in(row) -> int:

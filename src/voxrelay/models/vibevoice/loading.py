@@ -159,17 +159,19 @@ def build(cfg: Any, data: Any, seed: int, meta: bool = False) -> Any:
             what = "model.tokenizer" if cfg.tokenizer else "model.init_from"
             tokenizer = load_tokenizer(cfg.tokenizer or cfg.init_from, what)
     settings = {key: getattr(cfg, key) for key in SETTINGS}
-    return assemble(net, tokenizer, seed, cfg.max_length, cfg.voice_prompt_drop_rate, settings)
+    return assemble(net, tokenizer, seed, cfg.max_length, cfg.voice_prompt_drop_rate, settings,
+                    int(cfg.feature_cache_gb * 2**30))
 
 
 SETTINGS = ("ce_loss_weight", "diffusion_loss_weight", "ddpm_batch_multiplier", "ema_decay", "train_diffusion_head",
             "train_connectors", "diffusion_steps", "guidance_scale")
 
 
-def assemble(net: Any, tokenizer: Any, seed: int, max_length: int, drop_rate: float, settings: dict) -> Any:
+def assemble(net: Any, tokenizer: Any, seed: int, max_length: int, drop_rate: float, settings: dict,
+             cache_bytes: int = 0) -> Any:
     from voxrelay.models.vibevoice.examples import ExampleMaker
     from voxrelay.models.vibevoice.model import VibeVoice
-    from voxrelay.models.vibevoice.modeling import VibeVoiceTrainer
+    from voxrelay.models.vibevoice.modeling import FeatureCache, VibeVoiceTrainer
 
     config = net.config
     ids = special_ids(tokenizer, config) if tokenizer is not None else \
@@ -177,7 +179,7 @@ def assemble(net: Any, tokenizer: Any, seed: int, max_length: int, drop_rate: fl
          "eos": config.eos_token_id}
     generator = torch.Generator()
     generator.manual_seed(seed)
-    module = VibeVoiceTrainer(net, int(settings["ddpm_batch_multiplier"]), generator)
+    module = VibeVoiceTrainer(net, int(settings["ddpm_batch_multiplier"]), generator, FeatureCache(cache_bytes))
     maker = ExampleMaker(tokenizer, ids, int(config.audio_config.hop_length), seed, drop_rate)
     return VibeVoice(module, maker, max_length, settings)
 

@@ -23,16 +23,38 @@ from torch import nn
 from voxrelay.models.vibevoice.schedule import CosineVSchedule
 
 
+class FeatureCache:
+    """The frozen encoders' outputs per clip (``part``, clip key), kept in CPU memory up to ``limit_bytes``
+    (then clips beyond it are encoded at every step): they are pure functions of the clip, so a run pays the
+    encoders once per clip instead of at every step (``model.feature_cache_gb``)."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit_bytes = limit_bytes
+        self.held: dict[tuple[str, int], torch.Tensor] = {}
+        self.used = 0
+
+    def get(self, part: str, key: int) -> torch.Tensor | None:
+        return self.held.get((part, key))
+
+    def put(self, part: str, key: int, value: torch.Tensor) -> None:
+        size = value.numel() * value.element_size()
+        if self.used + size <= self.limit_bytes and (part, key) not in self.held:
+            self.held[(part, key)] = value.detach().to("cpu", copy=True)
+            self.used += size
+
+
 class VibeVoiceTrainer(nn.Module):
     """``net``: a ``VibeVoiceForConditionalGeneration``. :meth:`forward` returns the sums and counts of the two
     loss terms (``ce``, ``diffusion``) of a batch made by :func:`voxrelay.models.vibevoice.examples.collate`."""
 
-    def __init__(self, net: nn.Module, ddpm_batch_multiplier: int, generator: torch.Generator):
+    def __init__(self, net: nn.Module, ddpm_batch_multiplier: int, generator: torch.Generator,
+                 cache: FeatureCache | None = None):
         super().__init__()
         self.net = net
         self.ddpm_batch_multiplier = ddpm_batch_multiplier
         self.generator = generator
         self.schedule = CosineVSchedule()
+        self.cache = cache if cache is not None else FeatureCache(0)
 
     def generate_speech(self, **kwargs):
         """``net.generate`` through this module, so that under FSDP2 (a registered forward method) the root's
@@ -42,33 +64,64 @@ class VibeVoiceTrainer(nn.Module):
     def _draw_normal(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         return torch.randn(shape, generator=self.generator).to(like.device, like.dtype)
 
-    def latents(self, audio: torch.Tensor, sample: bool) -> torch.Tensor:
-        """Scaled acoustic latents [A, T_lat, D] of ``audio`` [A, N] (the frozen σ-VAE's means; with ``sample``
-        its noise: a std drawn per clip from N(0, vae_std), times N(0, 1) per value)."""
-        inner = self.net.model
+    def encode(self, part: str, clip: torch.Tensor, key: int) -> torch.Tensor:
+        """The frozen encoder ``part`` (``acoustic``: the σ-VAE's means; ``semantic``) on one clip [N] (a whole
+        number of latents), [N / hop, D]: from the cache when it holds it. Each clip is encoded alone, so its
+        features do not depend on the batch it comes in (a resumed run gets the values a straight run had)."""
+        found = self.cache.get(part, key)
+        if found is not None:
+            return found.to(clip.device)
+        model = self.net.model
+        encoder = model.audio_tower.encoder if part == "acoustic" else model.semantic_tokenizer_encoder
         with torch.no_grad():
-            mean = inner.audio_tower.encoder(audio.unsqueeze(1)).latents
-            if sample:
-                std = inner.audio_tower.config.vae_std * torch.randn(mean.shape[0], generator=self.generator)
-                mean = mean + std.to(mean.device, mean.dtype)[:, None, None] * self._draw_normal(mean.shape, mean)
-            return (mean + inner.latent_bias_factor) * inner.latent_scaling_factor
+            out = encoder(clip[None, None]).latents[0]
+        self.cache.put(part, key, out)
+        return out
 
-    def audio_embeddings(self, audio: torch.Tensor, audio_len: torch.Tensor, is_target: torch.Tensor,
-                         sample: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def features(self, audio: torch.Tensor, audio_len: torch.Tensor, audio_key: torch.Tensor,
+                 is_target: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(σ-VAE means [A, T, D] of every clip, zero-padded to the batch's T = samples / hop; semantic features
+        [T_j, Ds] of each target clip, in order)."""
+        hop = self.net.model.config.audio_config.hop_length
+        count = ((audio_len + hop - 1) // hop).tolist()
+        means, semantic = [], []
+        for j, n in enumerate(count):
+            clip, key = audio[j, : n * hop], int(audio_key[j])
+            means.append(self.encode("acoustic", clip, key))
+            if bool(is_target[j]):
+                semantic.append(self.encode("semantic", clip, key))
+        width = audio.shape[1] // hop
+        padded = torch.zeros((len(means), width, means[0].shape[-1]), dtype=means[0].dtype, device=audio.device)
+        for j, m in enumerate(means):
+            padded[j, : m.shape[0]] = m
+        return padded, semantic
+
+    def latents(self, mean: torch.Tensor, sample: bool) -> torch.Tensor:
+        """Scaled acoustic latents [A, T, D] from the σ-VAE's means; with ``sample`` its noise: a std drawn per
+        clip from N(0, vae_std), times N(0, 1) per value."""
+        inner = self.net.model
+        if sample:
+            std = inner.audio_tower.config.vae_std * torch.randn(mean.shape[0], generator=self.generator)
+            mean = mean + std.to(mean.device, mean.dtype)[:, None, None] * self._draw_normal(mean.shape, mean)
+        return (mean + inner.latent_bias_factor) * inner.latent_scaling_factor
+
+    def audio_embeddings(self, audio: torch.Tensor, audio_len: torch.Tensor, audio_key: torch.Tensor,
+                         is_target: torch.Tensor, sample: bool = True) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                 torch.Tensor]:
         """(input embeddings [n, H], scaled latents [n, D], is-target [n]) of every valid latent of every clip, in
         order: clip by clip, each clip's latents in time order (the order of the placeholders)."""
         inner = self.net.model
-        lat = self.latents(audio, sample)
+        mean, semantic = self.features(audio, audio_len, audio_key, is_target)
+        lat = self.latents(mean, sample)
         hop = inner.config.audio_config.hop_length
         count = (audio_len + hop - 1) // hop
         valid = torch.arange(lat.shape[1], device=lat.device)[None, :] < count.to(lat.device)[:, None]
         embeds = inner.multi_modal_projector(lat)
-        if bool(is_target.any()):  # the semantic encoder runs on the target clips only (prompts get none)
-            chosen = is_target.to(audio.device)
-            with torch.no_grad():
-                semantic = inner.semantic_tokenizer_encoder(audio[chosen].unsqueeze(1)).latents
+        if semantic:  # the semantic encoder's features go to the target clips only (prompts get none)
             embeds = embeds.clone()
-            embeds[chosen.to(embeds.device)] += inner.semantic_connector(semantic.to(embeds.dtype))[:, :embeds.shape[1]]
+            rows = torch.nonzero(is_target.to(embeds.device)).reshape(-1).tolist()
+            for j, feats in zip(rows, semantic, strict=True):
+                embeds[j, : feats.shape[0]] += inner.semantic_connector(feats.to(embeds.dtype))
         target = is_target.to(lat.device)[:, None].expand_as(valid)[valid]
         return embeds[valid], lat[valid], target
 
@@ -86,10 +139,11 @@ class VibeVoiceTrainer(nn.Module):
         return F.mse_loss(predicted.float(), target.float(), reduction="none").mean(dim=-1).sum()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
-                audio: torch.Tensor, audio_len: torch.Tensor, audio_is_target: torch.Tensor) -> dict[str, torch.Tensor]:
+                audio: torch.Tensor, audio_len: torch.Tensor, audio_key: torch.Tensor,
+                audio_is_target: torch.Tensor) -> dict[str, torch.Tensor]:
         net = self.net
         placeholders = input_ids == net.config.audio_token_id
-        embeds, lat, target = self.audio_embeddings(audio, audio_len, audio_is_target, sample=True)
+        embeds, lat, target = self.audio_embeddings(audio, audio_len, audio_key, audio_is_target, sample=True)
         if int(placeholders.sum()) != embeds.shape[0]:
             raise ValueError(f"{int(placeholders.sum())} audio placeholders but {embeds.shape[0]} latents")
         inputs = net.get_input_embeddings()(input_ids)
