@@ -74,6 +74,11 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     codec = load_prepared_codec(cfg.prepared_uri, index)
     data = DataSpec.from_prepared(index, codec)
     model = build_model(cfg.model, data, cfg.train.seed)
+    if getattr(model, "uses_corpus", False):  # e.g. voice prompts of the training data's voices, as in training
+        from voxrelay.data.loader import PreparedDataset
+
+        model.use_corpus(PreparedDataset.open(cfg.prepared_uri, "train", index,
+                                              max_bytes=int(cfg.cache.max_gb * 2**30)).rows)
     ckpt, weights, family = CheckpointManager(run_uri, cfg.checkpoint.keep_last).load_model(step)
     model.load_extra_state(family)  # e.g. an EMA that synthesis and export use
     if cfg.train.lora is None and not has_frozen(model.module):

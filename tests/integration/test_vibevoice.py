@@ -41,7 +41,7 @@ def settings(init_from: Path):
             "train.warmup_steps=1", "train.lr=3e-3", "train.eval_every=3", "train.eval_synth=1", "train.log_every=1",
             "train.time_limit=null", "train.time_limit_from=process", "train.seed=0", "train.lora.r=4",
             "checkpoint.every_minutes=null", "checkpoint.every_steps=2", "checkpoint.every_epochs=null",
-            "eval.asr=null", "eval.speaker_similarity=false", *extra,
+            "eval.asr=null", "eval.speaker_similarity=true", *extra,
         ]
     return tiny_vibevoice
 
@@ -115,6 +115,13 @@ def test_vibevoice_prepare_train_kill_resume_synthesize_eval_export(setup, tmp_p
     assert res.returncode == 0, res.stdout + res.stderr
     scored = json.loads(res.stdout.strip().splitlines()[-1])
     assert {"eval/loss/ce", "eval/loss/diffusion", "eval/silent_frac"} <= set(scored), scored
+    texts = tmp_path / "dialogues.jsonl"  # a dialogue of the corpus' two voices: WER, and similarity per speaker
+    texts.write_text(json.dumps({"text": "[SPEAKER_A] Hello there.\n[SPEAKER_B] Fine, thanks.",
+                                 "speaker": "en-us,en-gb+f3"}) + "\n")
+    res = voxrelay("eval", str(run), "--texts", str(texts), "--json", "--asr-model", "auto", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    scored = json.loads(res.stdout.strip().splitlines()[-1])
+    assert {"eval/wer", "eval/speaker_sim", "eval/speaker_sim/0", "eval/speaker_sim/1"} <= set(scored), scored
 
     _check_exports(run, ckpt, tmp_path, env, ema_b)
 

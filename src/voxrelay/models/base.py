@@ -235,8 +235,11 @@ class FamilyState:
     - :meth:`eval_weights`: a context in which the module holds the weights evaluation, synthesis and export
       use (e.g. an EMA swapped in); the training weights are back when it ends.
     - :meth:`use_corpus`: the training rows, given once before any example is made, for a family whose example
-      of a row draws on other rows (VibeVoice's voice prompts: another clip of the same voice).
+      of a row draws on other rows (VibeVoice's voice prompts: another clip of the same voice); a family that
+      sets ``uses_corpus`` also gets them when a run is loaded for synthesis and evaluation.
     """
+
+    uses_corpus = False
 
     def generators(self) -> dict[str, torch.Generator]:
         return {}

@@ -118,6 +118,7 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
         request = request_for(model, row.text, row.speaker or speaker, row.description)
         speech = model.speak(request, codec, max_frames=max_frames, seed=seed_base + i, temperature=temperature,
                              top_k=top_k)
+        voices = model.voice_references(request) if hasattr(model, "voice_references") else None
         frames = speech.frames
         wav = speech.wav if frames else np.zeros(1, dtype=np.float32)
         silent.append(silent_fraction(wav, speech.sample_rate))
@@ -127,7 +128,9 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
             ratios.append(frames / max(ref_frames, 1))
             ref = row.ref_audio if row.ref_audio is not None else codec.decode(row.codes)
             mcds.append(mcd_dtw(ref, wav, codec.sample_rate))
-        samples.append(Sample(row.id, row.text, wav, speech.sample_rate, ref, codec.sample_rate))
+        spoken = model.spoken_text(row.text) if hasattr(model, "spoken_text") else row.text
+        samples.append(Sample(row.id, spoken, wav, speech.sample_rate, ref, codec.sample_rate,
+                              voices if voices and len(voices) > 1 else None))
     quiet = {"eval/silent_frac": float(np.mean(silent))} if silent else {}
     if not mcds:
         return samples, quiet

@@ -1,5 +1,6 @@
 """Scores of generated speech besides MCD-DTW: intelligibility (WER/CER through Whisper) and
-speaker similarity (cosine of speaker embeddings vs the reference recording).
+speaker similarity (cosine of speaker embeddings vs the reference recording; for a multi-speaker sample,
+per speaker against its voice: :func:`per_speaker`).
 
 Both need the optional extra ``voxrelay[eval]``; without it, or when a model cannot be loaded,
 the first evaluation says so once and the others go on without that score.
@@ -29,6 +30,7 @@ class Sample:
     sample_rate: int
     reference: np.ndarray | None = None
     reference_rate: int = 0
+    voices: list[np.ndarray] | None = None  # a dialogue's voice per speaker (at sample_rate): per-speaker similarity
 
 
 class Scorer:
@@ -71,18 +73,48 @@ class Scorer:
                 row |= {"transcript": hyp, "wer": round(e.wer, 4), "cer": round(e.cer, 4)}
             metrics |= {"eval/wer": total.wer, "eval/cer": total.cer}
         encoder = self._load("speaker") if self.cfg.speaker_similarity else None
-        with_ref = [(row, s) for row, s in zip(rows, samples, strict=True) if s.reference is not None]
-        if encoder is not None and with_ref:
-            from voxrelay.quality.speaker import cosine
-
-            sims = []
-            for row, s in with_ref:
-                sim = cosine(encoder.embed(_level(s.wav), s.sample_rate),
-                             encoder.embed(_level(s.reference), s.reference_rate))
-                row["speaker_sim"] = round(sim, 4)
-                sims.append(sim)
-            metrics["eval/speaker_sim"] = float(np.mean(sims))
+        if encoder is not None:
+            metrics |= _similarities(encoder, rows, samples)
         return metrics, rows
+
+
+def _similarities(encoder, rows: list[dict], samples: list[Sample]) -> dict[str, float]:
+    """``eval/speaker_sim`` (and per speaker ``eval/speaker_sim/<i>`` for samples with several voices): the mean
+    over samples of the cosine to the reference recording, or of the per-speaker similarities."""
+    from voxrelay.quality.speaker import cosine
+
+    sims: list[float] = []
+    by_speaker: dict[int, list[float]] = {}
+    for row, s in zip(rows, samples, strict=True):
+        if s.voices:
+            found = per_speaker(encoder, s.wav, s.sample_rate, s.voices)
+            for i, sim in found.items():
+                row[f"speaker_sim/{i}"] = round(sim, 4)
+                by_speaker.setdefault(i, []).append(sim)
+            sims += list(found.values())
+        elif s.reference is not None:
+            sim = cosine(encoder.embed(_level(s.wav), s.sample_rate),
+                         encoder.embed(_level(s.reference), s.reference_rate))
+            row["speaker_sim"] = round(sim, 4)
+            sims.append(sim)
+    metrics = {f"eval/speaker_sim/{i}": float(np.mean(v)) for i, v in sorted(by_speaker.items())}
+    return metrics | ({"eval/speaker_sim": float(np.mean(sims))} if sims else {})
+
+
+def per_speaker(encoder, wav: np.ndarray, rate: int, voices: list[np.ndarray], window: float = 1.6) -> dict[int, float]:
+    """Speaker similarity of a multi-speaker ``wav`` per speaker: the audio cut into ``window``-second pieces
+    (half overlapping), each piece given to the voice it is most like; speaker i's score is the mean cosine of
+    its pieces to its voice (a speaker no piece sounds like gets its best piece's cosine: a low score)."""
+    from voxrelay.quality.speaker import cosine
+
+    refs = [encoder.embed(_level(v), rate) for v in voices]
+    size = min(len(wav), max(1, int(window * rate)))
+    starts = range(0, max(1, len(wav) - size + 1), max(1, size // 2))
+    pieces = [encoder.embed(_level(wav[a:a + size]), rate) for a in starts]
+    cos = np.array([[cosine(p, r) for r in refs] for p in pieces])  # [pieces, speakers]
+    owner = cos.argmax(axis=1)
+    return {i: float(cos[owner == i, i].mean()) if (owner == i).any() else float(cos[:, i].max())
+            for i in range(len(refs))}
 
 
 def _level(wav: np.ndarray, dbfs: float = -30.0) -> np.ndarray:

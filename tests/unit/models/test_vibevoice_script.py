@@ -41,3 +41,15 @@ def test_a_transcript_is_checked_against_num_speakers_and_the_voices_named():
     assert "names 3 voice(s)" in check_transcript(two, 2, "a,b,c")
     assert check_transcript("[SPEAKER_A] Hi.\nhello", 1, None).startswith("transcript: line 2")
     assert voices_of(" alice , bob,") == ["alice", "bob"] and voices_of(None) == []
+
+
+def test_wer_is_scored_against_what_a_script_says_aloud():
+    """A dialogue's speaker labels are not spoken: a perfect transcript of it has no word errors."""
+    from voxrelay.models.vibevoice.script import spoken
+    from voxrelay.quality.text import errors
+
+    script = "[SPEAKER_A] Hello there.\n[speaker_b] Hi, how are you?"
+    assert spoken(script) == "Hello there. Hi, how are you?"
+    assert errors(spoken(script), "hello there hi how are you").wer == 0.0
+    assert errors(script, "hello there hi how are you").wer > 0.3  # what scoring the raw script gave
+    assert spoken("Just one voice.") == "Just one voice."

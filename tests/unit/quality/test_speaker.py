@@ -142,3 +142,18 @@ def test_cosine():
     assert cosine(np.array([1.0, 1.0]), np.array([2.0, 2.0])) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="zero vector"):
         cosine([0, 0], [1, 0])
+
+
+def test_a_dialogue_is_scored_per_speaker_against_each_voice(encoder, clips):
+    """Each speaker of a two-voice sample is scored against its own voice: a dialogue where both speak scores
+    speaker 1 well above a "dialogue" where speaker 0 says everything (speaker 1's voice never heard)."""
+    from voxrelay.quality.scorer import per_speaker
+
+    rate = clips[VOICE_A, 0][1]
+    a0, a1, b0, b1 = (clips[v, i][0] for v in (VOICE_A, VOICE_B) for i in (0, 1))
+    voices = [a1, b0]  # each speaker's voice from a sentence other than the ones spoken
+    both = per_speaker(encoder, np.concatenate([a0, b1]), rate, voices)
+    only_a = per_speaker(encoder, np.concatenate([a0, a1]), rate, voices)
+    assert set(both) == {0, 1}
+    assert both[1] > only_a[1] + 0.1, (both, only_a)
+    assert both[0] > both[1] - 0.15 and both[0] > only_a[1] + 0.1, (both, only_a)

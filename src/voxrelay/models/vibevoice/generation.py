@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from voxrelay.models.vibevoice.model import VibeVoice
 
 
-def _prompts(model: VibeVoice, request: Request, labels: list[str]) -> dict[int, np.ndarray]:
+def voice_prompts(model: VibeVoice, request: Request, labels: list[str]) -> dict[int, np.ndarray]:
+    """Speaker -> its prompt clip (normalised samples): the request's clips, else clips of the training data's
+    voices that ``request.speaker`` names."""
     clips = list(request.voice_prompts)
     if clips and len(clips) != len(labels):
         named = ", ".join(f"Speaker {i}" for i in range(len(labels)))
@@ -50,7 +52,7 @@ def speak(model: VibeVoice, request: Request, max_frames: int | None, seed: int)
         turns, labels = parse_script(request.text)
     except ScriptError as e:
         raise RequestError(f"the script cannot be read: {e}") from None
-    prompts = _prompts(model, request, labels)
+    prompts = voice_prompts(model, request, labels)
     ids = model.maker.prompt_ids(turns, {i: len(c) for i, c in prompts.items()})
     room = model.max_length - len(ids) - 2
     if room < 1:

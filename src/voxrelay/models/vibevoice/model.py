@@ -29,7 +29,8 @@ from voxrelay.models.hf import read_meta, write_meta
 from voxrelay.models.vibevoice import examples as ex
 from voxrelay.models.vibevoice.config import SAMPLE_RATE
 from voxrelay.models.vibevoice.ema import DiffusionEma
-from voxrelay.models.vibevoice.generation import speak
+from voxrelay.models.vibevoice.generation import speak, voice_prompts
+from voxrelay.models.vibevoice.script import parse_script, spoken
 
 FORMAT_VERSION = 1
 LORA_TARGETS = r".*language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
@@ -45,6 +46,7 @@ class VibeVoice(DiffusionEma):
     family = "vibevoice"
     max_length_key = "model.max_length"
     request_fields: tuple[str, ...] = ("voice_prompts",)
+    uses_corpus = True  # voice prompts of the training data's voices (a row's, or a request's speaker column)
     speakers: list[str] = []  # voices come as prompts (or a row's speaker column), not as trained names
 
     def __init__(self, module: Any, maker: ex.ExampleMaker, max_length: int, settings: dict[str, Any]) -> None:
@@ -129,6 +131,17 @@ class VibeVoice(DiffusionEma):
         check_request(self, request)
         with self.eval_weights():
             return speak(self, request, max_frames, seed)
+
+    def spoken_text(self, text: str) -> str:
+        """What a script says aloud (its turns, without speaker labels): what WER is scored against."""
+        return spoken(text)
+
+    def voice_references(self, request: Request) -> list:
+        """The voice of each speaker of ``request`` (float32 at 24 kHz, the clips :meth:`speak` prompts with), for
+        per-speaker similarity; empty when a speaker has none."""
+        labels = parse_script(request.text)[1]
+        prompts = voice_prompts(self, request, labels)
+        return [prompts[i] for i in range(len(labels))] if len(prompts) == len(labels) else []
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
         """transformers' layout (the diffusion head's EMA weights when kept) + tokenizer + ``voxrelay.json``."""

@@ -77,3 +77,8 @@ def check_transcript(text: str, num_speakers: int | None, speaker: str | None) -
 def voices_of(speaker: str | None) -> list[str]:
     """The voices a ``speaker`` column names (comma-separated), in speaker order."""
     return [v.strip() for v in (speaker or "").split(",") if v.strip()]
+
+
+def spoken(text: str) -> str:
+    """What a script says aloud: its turns' text without speaker labels (what WER is scored against)."""
+    return " ".join(t.text for t in parse_script(text)[0])
