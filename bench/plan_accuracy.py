@@ -100,8 +100,8 @@ CUDA_ROWS: dict[str, tuple[list[str], dict]] = {
     "ddp_lora_gc": (["train.lora=true", "train.gradient_checkpointing=true"],
                     {"lora": True, "gradient_checkpointing": True}),
     "fsdp": (["train.strategy=fsdp"], {"strategy": "fsdp"}),
-    "fsdp_gc_8bit": (["train.strategy=fsdp", "train.gradient_checkpointing=true", "train.optimizer=adamw_8bit"],
-                     {"strategy": "fsdp", "gradient_checkpointing": True, "optimizer": "adamw_8bit"}),
+    "ddp_gc_8bit": (["train.gradient_checkpointing=true", "train.optimizer=adamw_8bit"],
+                    {"gradient_checkpointing": True, "optimizer": "adamw_8bit"}),
     "fsdp_offload_gc": (["train.strategy=fsdp", "train.cpu_offload=true", "train.gradient_checkpointing=true"],
                         {"strategy": "fsdp", "cpu_offload": True, "gradient_checkpointing": True}),
 }

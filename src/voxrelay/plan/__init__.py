@@ -183,17 +183,20 @@ def strategies(gpus: int, optimizer: str) -> list[Strategy]:
     """The combinations the plan prices for each GPU count 1, 2, 4, ... up to ``gpus`` (and ``gpus``)."""
     counts = sorted({2**i for i in range(int(math.log2(gpus)) + 1)} | {gpus})
     optimizers = [optimizer] + (["adamw_8bit"] if optimizer == "adamw" else [])
+    # bitsandbytes' 8-bit step fails on FSDP2's DTensors (train refuses the pair): FSDP rows use AdamW instead
+    fsdp_opt = "adamw" if optimizer == "adamw_8bit" else optimizer
     out: list[Strategy] = []
     for n in counts:
         for opt in optimizers:
             out += [Strategy("ddp", n, False, opt), Strategy("ddp", n, False, opt, gradient_checkpointing=True)]
-            if n > 1:
-                out += [Strategy("fsdp", n, False, opt), Strategy("fsdp", n, False, opt, gradient_checkpointing=True)]
+        if n > 1:
+            out += [Strategy("fsdp", n, False, fsdp_opt), Strategy("fsdp", n, False, fsdp_opt,
+                                                                   gradient_checkpointing=True)]
         # offloaded optimizer states live in CPU memory: the optimizer does not change the GPU's share
-        out.append(Strategy("fsdp", n, False, optimizer, cpu_offload=True, gradient_checkpointing=True))
+        out.append(Strategy("fsdp", n, False, fsdp_opt, cpu_offload=True, gradient_checkpointing=True))
         out += [Strategy("ddp", n, True, optimizer), Strategy("ddp", n, True, optimizer, gradient_checkpointing=True)]
         if n > 1:
-            out.append(Strategy("fsdp", n, True, optimizer, gradient_checkpointing=True))
+            out.append(Strategy("fsdp", n, True, fsdp_opt, gradient_checkpointing=True))
     return out
 
 

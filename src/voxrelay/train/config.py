@@ -140,6 +140,10 @@ class TrainConfig(Section):
         if self.cpu_offload and self.strategy != "fsdp":
             raise ValueError("train.cpu_offload=true needs train.strategy=fsdp (ddp keeps the whole model on each "
                              "GPU); set train.strategy=fsdp or train.cpu_offload=false")
+        if self.strategy == "fsdp" and self.optimizer == "adamw_8bit":
+            raise ValueError("train.optimizer=adamw_8bit does not work under train.strategy=fsdp (bitsandbytes' 8-bit "
+                             "step gets FSDP2's sharded DTensors and fails); use train.optimizer=adamw with fsdp (or "
+                             "cpu_offload=true for the states), or adamw_8bit with train.strategy=ddp")
         if self.strategy == "fsdp" and self.precision == "fp16":
             raise ValueError("train.strategy=fsdp trains in bf16 or fp32 (fp16 needs a loss scaler over sharded "
                              "gradients); set train.precision=bf16 or no")

@@ -32,6 +32,15 @@ def test_strategy_settings_that_cannot_work_are_config_errors():
         load_config(None, ["train.strategy=fsdp", "train.precision=fp16"])
     with pytest.raises(ConfigError, match="fsdp_sharding"):
         load_config(None, ["train.strategy=fsdp", "train.fsdp_sharding=zero3"])
+    # bitsandbytes' 8-bit step fails on FSDP2's DTensors (seen on an H200 and on CPU: "got mixed torch.Tensor
+    # and DTensor"): refused before any weight is loaded, and plan never prices the pair
+    with pytest.raises(ConfigError, match="adamw_8bit.*train.strategy=fsdp"):
+        load_config(None, ["train.strategy=fsdp", "train.optimizer=adamw_8bit"])
+    from voxrelay.plan import strategies
+
+    priced = strategies(8, "adamw")
+    assert any(s.optimizer == "adamw_8bit" for s in priced) and any(s.strategy == "fsdp" for s in priced)
+    assert not [s for s in priced if s.strategy == "fsdp" and s.optimizer == "adamw_8bit" and not s.cpu_offload]
     cfg = load_config(None, ["train.strategy=fsdp", "train.cpu_offload=true", "train.precision=bf16"])
     assert (cfg.train.strategy, cfg.train.fsdp_sharding, cfg.train.cpu_offload) == ("fsdp", "full_shard", True)
 
