@@ -55,9 +55,10 @@ def test_two_processes_with_skewed_clocks_save_and_stop_together(prepared):
     assert "another process stopped" not in out
 
 
-def test_a_signal_skips_the_pending_eval_and_saves_first(prepared):
-    """Evals are due at even steps. SIGTERM comes right after an odd step's line: the next step trains, its
-    eval (sampling, scoring: longer than a 30 s notice leaves on a big model) is skipped, the checkpoint saved."""
+def _signalled_after_an_odd_step(prepared) -> tuple[int, list[str]]:
+    """Train (resuming run "signalled"), SIGTERM right after an odd step's line; (step it stopped at, the output
+    lines from the notice on). Checks what holds however the signal lands: exit 77, no eval began after the
+    notice, the step it stopped at committed."""
     trainer = Trainer(str(prepared / "root"), env_for(prepared / "cache"), "name=signalled", "train.max_steps=100000",
                       "train.eval_every=2", "train.eval_synth=1", "train.log_every=1", "checkpoint.every_steps=100000")
     try:
@@ -74,9 +75,22 @@ def test_a_signal_skips_the_pending_eval_and_saves_first(prepared):
     assert code == EXIT_PREEMPTED, trainer.output()
     assert not [line for line in after if line.startswith("eval @")], after  # no eval began after the notice
     stopped = int(re.search(r"stopped at step (\d+)", " ".join(after)).group(1))
-    # the signal came while the even step trained (the odd step had decided microseconds after its line)
-    assert stopped % 2 == 0 and any("its eval is skipped" in line for line in after), after
     assert max(_committed(prepared, "signalled")) == stopped
+    return stopped, after
+
+
+def test_a_signal_skips_the_pending_eval_and_saves_first(prepared):
+    """Evals are due at even steps. SIGTERM comes right after an odd step's line: the next step trains, its
+    eval (sampling, scoring: longer than a 30 s notice leaves on a big model) is skipped, the checkpoint saved.
+    On a loaded host the signal can land before the odd step has decided (between its line and its decision):
+    then it stops at that odd step with no eval due, which shows nothing about the skip, and the run resumes
+    and is signalled again (the retry is on that observed outcome, never on time)."""
+    for _ in range(4):
+        stopped, after = _signalled_after_an_odd_step(prepared)
+        if stopped % 2 == 0:
+            break
+    assert stopped % 2 == 0, f"every signal landed before the odd step decided; last: {after}"
+    assert any("its eval is skipped" in line for line in after), after
 
 
 def test_time_limit_from_boot_counts_the_machine_uptime(prepared):
