@@ -1,4 +1,4 @@
-"""The progress line: step, loss, throughput (audio-seconds/s, tokens/s) and ETA.
+"""The progress line: step, loss, throughput (audio-seconds/s, tokens/s), data-bound when it is, and ETA.
 
 A live rich bar on a terminal; a plain line every ``log_every`` steps otherwise (logs, CI).
 """
@@ -13,22 +13,29 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class Throughput:
-    """Tokens/s and audio-seconds/s over the window since the last report."""
+    """Tokens/s, audio-seconds/s and ``data_wait`` (the share of the wall time the training loop spent waiting
+    for its next batch) over the window since the last report."""
 
     def __init__(self):
         self.tokens = 0
         self.seconds = 0.0
+        self.waited = 0.0
         self.t0 = time.perf_counter()
 
-    def add(self, tokens: int, audio_seconds: float) -> None:
+    def add(self, tokens: int, audio_seconds: float, waited: float = 0.0) -> None:
         self.tokens += tokens
         self.seconds += audio_seconds
+        self.waited += waited
 
     def report(self) -> dict[str, float]:
         dt = max(time.perf_counter() - self.t0, 1e-9)
-        out = {"tokens_per_sec": self.tokens / dt, "audio_sec_per_sec": self.seconds / dt}
+        out = {"tokens_per_sec": self.tokens / dt, "audio_sec_per_sec": self.seconds / dt,
+               "data_wait": min(1.0, self.waited / dt)}
         self.__init__()
         return out
+
+
+DATA_BOUND = 0.25  # the progress line says the run is data-bound when it waits this share of the time or more
 
 
 class ProgressLine:
@@ -63,6 +70,8 @@ class ProgressLine:
             parts.append(f"{metrics['audio_sec_per_sec']:.1f} audio-s/s")
         if "tokens_per_sec" in metrics:
             parts.append(f"{metrics['tokens_per_sec']:.0f} tok/s")
+        if metrics.get("data_wait", 0.0) >= DATA_BOUND:
+            parts.append(f"data-bound: {100 * metrics['data_wait']:.0f}% of the time waiting for batches")
         if "durable_step" in metrics:
             durable = int(metrics["durable_step"])  # -1: nothing committed yet
             parts.append(f"durable @{durable}" if durable >= 0 else "durable @-")

@@ -152,12 +152,14 @@ def _train(run: Run) -> TrainResult:
         decision = stops.agree(0.0, saving=False)  # e.g. the total budget was spent before
         while loop.step < tc.max_steps and decision.stop is None:
             started, cursor = time.time(), run.stream.state_dict()
+            micro = [next(batches) for _ in range(tc.grad_accum)]
+            waited = time.time() - started  # building (and, streaming, fetching) the batches: data_wait
             try:
-                stats = train_step(run, [next(batches) for _ in range(tc.grad_accum)])
+                stats = train_step(run, micro)
             except torch.OutOfMemoryError as e:
                 return _out_of_memory(run, e, cursor, stops, bar)
             loop.advance(stats.tokens, stats.audio_seconds, wall0 + time.time() - t0, stats.finite)
-            meter.add(stats.tokens, stats.audio_seconds)
+            meter.add(stats.tokens, stats.audio_seconds, waited)
             _log_step(run, stats, meter, bar)
             results = _evaluate(run, stops, bar, time.time() - started)
             new_best = bool(results) and ck.keep_best and loop.evals_since_best == 0  # keep_best needs it saved
