@@ -52,6 +52,7 @@ def test_prepare_train_synthesize_export(tmp_path, model_args):
     assert len(losses) >= 3 and all(np.isfinite(losses))
     waits = [m["data_wait"] for m in lines if "tokens_per_sec" in m]  # every throughput report has it
     assert waits and all(0 <= w <= 1 for w in waits)
+    assert all(m["staging_backlog"] >= 0 and m["staging_free_gb"] > 0 for m in lines if "tokens_per_sec" in m)
     assert [m["step"] for m in lines if "eval/mcd_dtw" in m] == [0, 3, 6] and all(np.isfinite(mcds))
     assert any(p.name.startswith("events.out.tfevents") for p in (run / "tensorboard").iterdir())
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000004", "step-00000006"]

@@ -159,6 +159,25 @@ class CheckpointManager:
     def durable_step(self) -> int | None:
         return self.uploader.durable_step
 
+    def io_stats(self) -> dict[str, float]:
+        """What the run's log reports of checkpoint I/O: ``upload_mb_s`` (committed uploads' MB over their seconds;
+        absent before the first), ``staging_backlog`` (staged checkpoints not yet committed) and
+        ``staging_free_gb`` (free disk where checkpoints are staged, when it can be read)."""
+        import shutil
+
+        up = self.uploader
+        out = {"staging_backlog": float(up.backlog())}
+        folder = self.staging.folder
+        while not folder.exists() and folder != folder.parent:  # not made yet: the disk it will be on
+            folder = folder.parent
+        try:
+            out["staging_free_gb"] = shutil.disk_usage(folder).free / 1e9
+        except OSError:  # a report, never a reason to stop training
+            pass
+        if up.uploaded[1] > 0:
+            out["upload_mb_s"] = up.uploaded[0] / 1e6 / up.uploaded[1]
+        return out
+
     # ------------------------------------------------------------------ loading
 
     def candidates(self) -> list[Checkpoint]:

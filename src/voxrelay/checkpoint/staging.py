@@ -139,6 +139,7 @@ class Uploader:
         self._committed_steps: set[int] = set()  # committed by this process
         self._uploading: int | None = None
         self._retaining = False  # a commit's retention is running: wait() waits for it too
+        self.uploaded = (0, 0.0)  # (bytes, seconds) of the committed uploads: upload MB/s
         self._cond = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="voxrelay-upload", daemon=True)
@@ -182,6 +183,11 @@ class Uploader:
             self.save_error = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
             log.error("could not save the checkpoint of step %d (%s); %d failed save(s) in a row "
                       "(training stops at checkpoint.max_failed_saves)", step, self.save_error, self.failed_saves)
+
+    def backlog(self) -> int:
+        """Staged checkpoints waiting for their upload."""
+        with self._cond:
+            return len(self.pending)
 
     def holds(self, step: int) -> bool:
         """True when ``step`` is staged, being staged or uploaded, or committed by this session."""
@@ -248,7 +254,10 @@ class Uploader:
             if not self._verified(ckpt):
                 continue
             try:
+                started = time.monotonic()
                 self.store.upload(Path(ckpt.uri), ckpt.manifest)
+                size = sum(int(f.get("size", 0)) for f in ckpt.manifest.get("files", {}).values())
+                self.uploaded = (self.uploaded[0] + size, self.uploaded[1] + time.monotonic() - started)
             except Exception as err:  # keep training while the bucket is away; report and retry
                 failures += 1
                 self._uploading = None

@@ -234,6 +234,7 @@ def _log_step(run: Run, stats: StepStats, meter: Throughput, bar: ProgressLine) 
     if _due(loop.step, tc.log_every) or loop.step == tc.max_steps or not stats.finite:
         metrics |= meter.report() | {"lr": run.scheduler.get_last_lr()[0], "grad_norm": stats.grad_norm,
                                      "epoch": run.stream.cursor.epoch, "bad_steps": loop.bad_steps}
+        metrics |= run.checkpoints.io_stats()  # upload MB/s, staging backlog, free disk where checkpoints stage
         run.monitor.log(loop.step, metrics)
     bar.update(loop.step, metrics, force_print=_due(loop.step, tc.log_every))
 

@@ -42,6 +42,19 @@ def test_save_commits_in_background_and_retains(mgr):
     assert mgr.load(step=20)[0].step == 20
 
 
+def test_io_stats_report_upload_rate_backlog_and_free_disk(mgr):
+    """What each log line reports of checkpoint I/O: no upload rate before the first commit; after it the MB of
+    the committed files over the seconds their upload took, an empty backlog, the staging disk's free space."""
+    mgr.start()
+    before = mgr.io_stats()
+    assert "upload_mb_s" not in before and before["staging_backlog"] == 0 and before["staging_free_gb"] > 0
+    ckpt = _save(mgr, 10)
+    size, seconds = mgr.uploader.uploaded
+    assert size == sum(f["size"] for f in ckpt.manifest["files"].values()) > 0 and seconds > 0
+    after = mgr.io_stats()
+    assert after["upload_mb_s"] == pytest.approx(size / 1e6 / seconds) and after["staging_backlog"] == 0
+
+
 def test_background_save_copies_the_state_first(mgr):
     live = torch.zeros(4)
     assert mgr.save(5, {MODEL_FILE: model_writer({"w": live}), STATE_FILE: state_writer({"t": live})},
