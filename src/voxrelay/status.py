@@ -16,6 +16,7 @@ from voxrelay.checkpoint.lease import describe, read_lease
 from voxrelay.checkpoint.staging import Staging
 from voxrelay.checkpoint.store import CommittedStore
 from voxrelay.errors import UserError
+from voxrelay.monitor.limits import what_limits
 from voxrelay.monitor.sinks import read_jsonl
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, EXPORT_META, METRICS_FILE, cache_dir, uri_key
 
@@ -71,6 +72,7 @@ class RunStatus:
     cache: CacheUse | None = None
     stop_reason: str | None = None  # why the newest committed checkpoint's session stopped early, if it did
     writer: dict | None = None  # the run's lease record (who trains it now, or last did)
+    limits: list[str] = field(default_factory=list)  # what sets the pace, from the newest throughput reports
 
     @property
     def finished(self) -> bool:
@@ -115,6 +117,8 @@ def run_status(run_uri: str) -> RunStatus:
         cache=cache_use(), stop_reason=committed[0].manifest.get("stopped") if committed else None,
         writer=read_lease(run_uri),
     )
+    size = sum(int(f.get("size", 0)) for f in committed[0].manifest.get("files", {}).values()) if committed else None
+    status.limits = what_limits(logged, size)
     if logged:
         status.tokens_per_sec = logged[-1]["tokens_per_sec"]
         status.audio_sec_per_sec = logged[-1]["audio_sec_per_sec"]
@@ -134,6 +138,7 @@ def format_status(s: RunStatus) -> str:
     lines.append(f"staged       {', '.join(map(str, s.staged_steps)) or 'none'} (on this machine, not yet uploaded)")
     if s.tokens_per_sec is not None:
         lines.append(f"throughput   {s.tokens_per_sec:.0f} tok/s, {s.audio_sec_per_sec:.1f} audio-s/s")
+    lines += [f"{'limits' if i == 0 else '':<12} {line}" for i, line in enumerate(s.limits)]
     eta = s.eta_seconds
     lines.append(f"eta          {'-' if eta is None else f'{eta / 60:.1f} min'}")
     if s.last_eval:

@@ -46,3 +46,34 @@ def test_status_of_a_missing_or_non_run_folder_is_a_user_error(tmp_path, cache):
     with pytest.raises(StatusError, match=f"is not a run folder \\(no {CONFIG_SNAPSHOT}\\)"):
         run_status(str(tmp_path / "bucket" / "runs" / "other"))
 
+
+
+def test_what_limits_a_run_is_read_from_its_throughput_reports():
+    from voxrelay.monitor.limits import what_limits
+
+    fine = [{"tokens_per_sec": 100, "data_wait": 0.05, "staging_backlog": 0, "staging_free_gb": 50.0}] * 3
+    assert what_limits(fine, 10**9) == [
+        "nothing seen: no wait on batches or uploads (the model's compute sets the pace)"]
+    assert what_limits([]) == []
+    waiting = fine[:1] + [{"tokens_per_sec": 100, "data_wait": 0.4, "staging_backlog": 3, "upload_mb_s": 12.34,
+                           "staging_free_gb": 1.5}] * 4
+    found = what_limits(waiting, 10**9)
+    assert found[0].startswith("data-bound: 33% of the time waiting for batches")  # the mean of the last 5
+    assert found[1].startswith("upload-bound: 3 checkpoints staged, waiting for the bucket at 12.3 MB/s")
+    assert found[2].startswith("staging disk nearly full: 1.5 GB free for checkpoints of 1.0 GB")
+    assert len(what_limits(waiting, 10**8)) == 2  # 1.5 GB free is room for a 0.1 GB checkpoint
+
+
+def test_status_says_what_limits_the_run(tmp_path, cache):
+    import json
+
+    from voxrelay.paths import METRICS_FILE
+
+    run = f"memory://status-{uuid.uuid4().hex}/runs/r"
+    storage.write_text(storage.join(run, CONFIG_SNAPSHOT), "train:\n  max_steps: 10\n")
+    reports = [{"step": s, "time": float(s), "tokens_per_sec": 10.0, "audio_sec_per_sec": 1.0, "data_wait": 0.5,
+                "staging_backlog": 0, "staging_free_gb": 9.0} for s in (1, 2)]
+    storage.write_text(storage.join(run, METRICS_FILE), "".join(json.dumps(r) + "\n" for r in reports))
+    text = format_status(run_status(run))
+    assert "limits       data-bound: 50% of the time waiting for batches" in text
+    storage.delete(run.rsplit("/runs/", 1)[0], recursive=True)

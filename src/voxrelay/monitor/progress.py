@@ -11,6 +11,8 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from voxrelay.monitor.limits import DATA_BOUND
+
 
 class Throughput:
     """Tokens/s, audio-seconds/s and ``data_wait`` (the share of the wall time the training loop spent waiting
@@ -33,9 +35,6 @@ class Throughput:
                "data_wait": min(1.0, self.waited / dt)}
         self.__init__()
         return out
-
-
-DATA_BOUND = 0.25  # the progress line says the run is data-bound when it waits this share of the time or more
 
 
 class ProgressLine:
