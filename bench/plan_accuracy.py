@@ -114,16 +114,14 @@ def cuda_worker(name: str, tokens: int, layers: int, tokenizer: str) -> dict:
     ``max_memory_allocated`` of the second step (the optimizer's states exist from the first)."""
     import numpy as np
     from accelerate import Accelerator
+    from strategies import bench_run  # bench/strategies.py, beside this script
 
     from voxrelay.config import load_config
     from voxrelay.models.registry import build_model
     from voxrelay.plan import Strategy, compute_mode, per_gpu
     from voxrelay.plan.model import data_spec, model_facts
-    from voxrelay.train.build import Run, wrap_model
     from voxrelay.train.loop import train_step
-    from voxrelay.train.optim import build_scheduler
     from voxrelay.train.state import seed_everything
-    from voxrelay.train.strategies import apply_lora, enable_gradient_checkpointing
 
     overrides, kind = CUDA_ROWS[name]
     cfg = load_config(None, ["model.family=orpheus", f"model.tokenizer={tokenizer}", f"model.num_layers={layers}",
@@ -131,12 +129,8 @@ def cuda_worker(name: str, tokens: int, layers: int, tokenizer: str) -> dict:
     accelerator = Accelerator(mixed_precision="bf16")
     seed_everything(0)
     model = build_model(cfg.model, data_spec(cfg, None), 0)
-    apply_lora(model, cfg.train.lora)
-    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing)
-    model.module.train()
-    module, optimizer = wrap_model(model, cfg, accelerator)
-    run = Run(cfg, accelerator, model, module, optimizer, build_scheduler(cfg.train, optimizer),
-              None, [], None, None, None, None, None)
+    run = bench_run(model, cfg, accelerator)
+    module, optimizer = run.module, run.optimizer
     ids = np.random.default_rng(0).integers(128_266, 156_940, tokens)
     batch = model.collate([{"input_ids": ids, "labels": ids.copy()}])
     train_step(run, [dict(batch, audio_seconds=1.0)])

@@ -163,8 +163,6 @@ class CheckpointManager:
         """What the run's log reports of checkpoint I/O: ``upload_mb_s`` (committed uploads' MB over their seconds;
         absent before the first), ``staging_backlog`` (staged checkpoints not yet committed) and
         ``staging_free_gb`` (free disk where checkpoints are staged, when it can be read)."""
-        import shutil
-
         up = self.uploader
         out = {"staging_backlog": float(up.backlog())}
         folder = self.staging.folder
