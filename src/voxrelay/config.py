@@ -186,6 +186,20 @@ class CacheConfig(Section):
         20.0, gt=0, description="Local cache of prepared shards ($VOXRELAY_CACHE/prepared) is kept under this "
         "size; least recently used shards are evicted (staged checkpoints are not counted)",
     )
+    ram_gb: float = Field(
+        2.0, gt=0, description="Decoded shards each training process keeps in memory (least recently used "
+        "evicted); at least one shard is kept. Keep it above shuffle_window x a shard's decoded size (RAM stays "
+        "bounded whatever the corpus size)",
+    )
+    prefetch_shards: int = Field(
+        8, ge=1, description="Shards each training process downloads ahead of use, in the order the batch plan "
+        "needs them (4 download threads)",
+    )
+    min_free_gb: float = Field(
+        5.0, ge=0, description="A prefetched shard is not cached when caching it would leave less than this free "
+        "on the cache's disk (it is read into memory instead): prefetching never fills the disk checkpoints "
+        "are staged on",
+    )
 
 
 class RunConfig(Section):

@@ -151,15 +151,14 @@ def test_two_to_one_process_resume_continues_at_the_same_sample(prepared):
 
 def _stream(base: Path, world: int):
     from voxrelay.config import load_config
-    from voxrelay.data.loader import PreparedDataset
+    from voxrelay.data.shards import load_index
     from voxrelay.models.base import DataSpec
     from voxrelay.models.registry import build_model
     from voxrelay.train.build import build_stream
 
     cfg = load_config(CONFIG, tiny(str(base / "root")))
-    rows = PreparedDataset.open(cfg.prepared_uri, "train").rows
     model = build_model(cfg.model, DataSpec(cfg.codec.num_codebooks, cfg.codec.codebook_size), 0)
-    stream = build_stream(model, rows, cfg, 0, world)
+    stream = build_stream(model, cfg, load_index(cfg.prepared_uri), 0, world, lambda fn: fn())
     stream.make_batch = lambda ids: tuple(ids)  # batch identity instead of tensors
     return stream
 

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import stat
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from voxrelay import storage
 from voxrelay.data import shards as sh
@@ -142,30 +145,40 @@ class BatchPlan:
     Rows are sorted by length (random tie-break from the seed and epoch), cut greedily into
     batches whose padded size fits the budget, and the batch order is shuffled.
     ``lengths`` are token counts (incl. text); ``durations`` are seconds of audio.
+
+    With ``shards`` (each row's shard) and a ``window`` smaller than the number of shards, the
+    shuffle is local: the epoch's shard order is shuffled, cut into windows of ``window`` shards, and
+    each window's rows are bucketed and shuffled on their own, so a stretch of batches reads only a
+    window's shards (what a streaming reader fetches and caches). ``window`` 0, or as many shards as
+    there are, is the global plan above.
     """
 
     def __init__(
         self,
-        lengths: list[int],
-        durations: list[float],
+        lengths: list[int] | np.ndarray,
+        durations: list[float] | np.ndarray,
         seed: int,
         batch_tokens: int | None = None,
         batch_seconds: float | None = None,
+        shards: np.ndarray | None = None,
+        window: int = 0,
     ):
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.durations = np.asarray(durations, dtype=np.float64)
         self.seed = seed
         self.batch_tokens = batch_tokens
         self.batch_seconds = batch_seconds
+        self.shards = None if shards is None else np.asarray(shards, dtype=np.int64)
+        self.window = window
 
     def _fits(self, count: int, max_len: int, seconds: float) -> bool:
         if self.batch_tokens is not None:
             return count * max_len <= self.batch_tokens
         return seconds <= self.batch_seconds
 
-    def batches(self, epoch: int) -> list[list[int]]:
-        rng = np.random.default_rng([self.seed, epoch])
-        order = np.lexsort((rng.random(len(self.lengths)), self.lengths))
+    def _bucketed(self, rows: np.ndarray, rng: np.random.Generator) -> list[list[int]]:
+        """``rows`` sorted by length (random tie-break), cut greedily under the budget, batches shuffled."""
+        order = rows[np.lexsort((rng.random(len(rows)), self.lengths[rows]))]
         out: list[list[int]] = []
         cur: list[int] = []
         seconds = 0.0
@@ -178,6 +191,20 @@ class BatchPlan:
         if cur:
             out.append(cur)
         return [out[j] for j in rng.permutation(len(out))]
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        rng = np.random.default_rng([self.seed, epoch])
+        count = 0 if self.shards is None or not len(self.shards) else int(self.shards.max()) + 1
+        if not self.window or count <= self.window:
+            return self._bucketed(np.arange(len(self.lengths)), rng)
+        by_shard = np.argsort(self.shards, kind="stable")
+        starts = np.searchsorted(self.shards[by_shard], np.arange(count + 1))
+        order = rng.permutation(count)
+        out: list[list[int]] = []
+        for w in range(0, count, self.window):
+            rows = np.concatenate([by_shard[starts[s]:starts[s + 1]] for s in order[w:w + self.window]])
+            out += self._bucketed(rows, np.random.default_rng([self.seed, epoch, 1 + w // self.window]))
+        return out
 
 
 @dataclass
@@ -196,6 +223,12 @@ class BatchStream:
     than processes), then the cursor advances by ``world``. Every rank keeps the same cursor, so
     a checkpoint made with W processes resumes with any other count at the same global position:
     nothing is skipped or repeated, and one process consumes exactly the global order.
+
+    With ``ahead`` > 0 a background thread builds the next ``ahead`` batches (fetching, decoding,
+    tokenising, collating, pinning memory on a GPU host) while the loop trains; the cursor still moves
+    only when the loop takes a batch, so a checkpoint resumes at the first batch the loop did not train
+    on. ``make_batch`` may have ``want(upcoming)``: called with the ids of this rank's next batches
+    before each is built (what a streaming reader prefetches).
     """
 
     def __init__(
@@ -205,19 +238,32 @@ class BatchStream:
         rank: int = 0,
         world: int = 1,
         cursor: Cursor | None = None,
+        ahead: int = 0,
     ):
         self.plan = plan
         self.make_batch = make_batch
         self.rank = rank
         self.world = world
         self.cursor = cursor or Cursor()
+        self.ahead = ahead
         self._plans: dict[int, list[list[int]]] = {}  # epoch -> batches, from the cursor's epoch on
+        self._builder: _Builder | None = None
 
     def state_dict(self) -> dict:
         return {"epoch": self.cursor.epoch, "index": self.cursor.index}
 
     def load_state_dict(self, state: dict) -> None:
+        self.close()  # batches built ahead from the old cursor are dropped
         self.cursor = Cursor(int(state["epoch"]), int(state["index"]))
+
+    def close(self) -> None:
+        """Stop building ahead (a later ``next`` starts again from the cursor) and ``make_batch``'s threads."""
+        if self._builder is not None:
+            self._builder.stop()
+            self._builder = None
+        close = getattr(self.make_batch, "close", None)
+        if close is not None:
+            close()
 
     def _batches(self, epoch: int) -> list[list[int]]:
         if epoch not in self._plans:
@@ -234,11 +280,72 @@ class BatchStream:
             epoch += 1
         return Cursor(epoch, index)
 
+    def _step(self, cursor: Cursor, lookahead: int = 0) -> tuple[list[int], Cursor]:
+        """This rank's batch at ``cursor`` and the cursor after the step; with ``lookahead``, the ids of this
+        rank's next ``lookahead`` batches go to ``make_batch.want`` first."""
+        want = getattr(self.make_batch, "want", None)
+        if want is not None and lookahead:
+            want([self._batches(p.epoch)[p.index] for p in
+                  (self._position(cursor.epoch, cursor.index + self.rank + k * self.world) for k in range(lookahead))])
+        mine = self._position(cursor.epoch, cursor.index + self.rank)
+        ids = self._batches(mine.epoch)[mine.index]
+        after = self._position(cursor.epoch, cursor.index + self.world)
+        for old in [e for e in self._plans if e < after.epoch]:
+            del self._plans[old]  # plans are pure functions of (seed, epoch): only ahead is reused
+        return ids, after
+
     def __iter__(self) -> Iterator[dict]:
         while True:
-            mine = self._position(self.cursor.epoch, self.cursor.index + self.rank)
-            ids = self._batches(mine.epoch)[mine.index]
-            self.cursor = self._position(self.cursor.epoch, self.cursor.index + self.world)
-            for old in [e for e in self._plans if e < self.cursor.epoch]:
-                del self._plans[old]  # plans are pure functions of (seed, epoch): only ahead is reused
-            yield self.make_batch(ids)
+            if self.ahead <= 0:
+                ids, self.cursor = self._step(self.cursor, lookahead=1)
+                yield self.make_batch(ids)
+                continue
+            if self._builder is None:
+                self._builder = _Builder(self, self.cursor)
+            after, batch = self._builder.take()
+            self.cursor = after
+            yield batch
+
+
+class _Builder:
+    """The thread that builds a :class:`BatchStream`'s next batches from ``start`` on (see its docstring)."""
+
+    LOOKAHEAD = 8  # batches whose shards are handed to ``want``
+
+    def __init__(self, stream: BatchStream, start: Cursor):
+        self.stream = stream
+        self.queue: queue.Queue = queue.Queue(maxsize=stream.ahead)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(start,), name="voxrelay-batches", daemon=True)
+        self.thread.start()
+
+    def _run(self, cursor: Cursor) -> None:
+        pin = torch.cuda.is_available()
+        try:
+            while not self.stopping.is_set():
+                ids, cursor = self.stream._step(cursor, self.LOOKAHEAD)
+                batch = self.stream.make_batch(ids)
+                if pin:
+                    batch = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+                self._put((cursor, batch))
+        except BaseException as err:  # noqa: BLE001 - handed to the training thread, which raises it
+            self._put((None, err))
+
+    def _put(self, item: tuple) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.queue.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def take(self) -> tuple[Cursor, dict]:
+        after, batch = self.queue.get()
+        if after is None:
+            self.stream._builder = None
+            raise batch
+        return after, batch
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()

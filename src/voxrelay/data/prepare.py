@@ -26,6 +26,7 @@ from voxrelay.codecs.base import AudioCodec, FittableCodec
 from voxrelay.codecs.registry import build_codec, codec_from_description
 from voxrelay.config import RunConfig
 from voxrelay.data import identity as ident
+from voxrelay.data import rowindex
 from voxrelay.data import shards as sh
 from voxrelay.data.audio import load_utterance_audio
 from voxrelay.data.needs import family_needs, missing_field
@@ -215,6 +216,7 @@ def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utteran
     files whose content would not change are left as they are."""
     prepared = cfg.prepared_uri
     shard_infos, rejects, counts, seconds, speakers, ids = [], [], Counter(), 0.0, set(), {}
+    metas: dict[str, list[dict]] = {}
     for name in plan:
         marker = storage.read_json(sh.marker_uri(prepared, name))
         ids[name] = marker["ids_sha1"]
@@ -224,6 +226,7 @@ def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utteran
         seconds += marker["seconds"]
         speakers.update(marker["speakers"])
         shard_infos.append({"name": name, "split": split, "rows": marker["rows"], "seconds": marker["seconds"]})
+        metas.setdefault(split, []).append(marker.get("rows_meta") or rowindex.meta_of_shard(prepared, name))
     rejects_uri, text = storage.join(prepared, sh.REJECTS_FILE), "".join(json.dumps(r) + "\n" for r in rejects)
     if not storage.exists(rejects_uri) or storage.read_text(rejects_uri) != text:
         storage.write_text(rejects_uri, text)
@@ -238,6 +241,7 @@ def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utteran
         "hours": seconds / 3600,
         "speakers": sorted(speakers),
         "identity": ident.identity(ids, params["codec.state_sha256"], params),
+        "row_index": {split: rowindex.write_row_index(prepared, split, m) for split, m in metas.items()},
     }
     index_uri = storage.join(prepared, sh.INDEX_FILE)
     old = storage.read_json(index_uri) if storage.exists(index_uri) else {}
@@ -342,6 +346,7 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
             "speakers": sorted({g.speaker for g in good if g.speaker}),
             "ids_sha1": ids_sha,
             "params": params,
+            "rows_meta": rowindex.row_meta(good),  # the row index's columns (rows-<split>.parquet)
         }
         storage.write_json(sh.marker_uri(prepared, name), marker)  # the shard's commit
         written += 1

@@ -74,6 +74,13 @@ class Row(Protocol):
     codes: np.ndarray  # int [K, T]
 
 
+def num_frames(row: Row) -> int:
+    """Frames of a row's codes: its ``num_frames`` when it has one (a row of the row index carries no codes,
+    see :class:`voxrelay.data.rowindex.RowMeta`), else the width of its codes. ``length`` uses this."""
+    n = getattr(row, "num_frames", None)
+    return int(n) if n is not None else int(np.asarray(row.codes).shape[1])
+
+
 @dataclass(frozen=True)
 class Request:
     """What to speak, for synthesis and evaluation alike: the ``text``; a ``speaker`` of the training data

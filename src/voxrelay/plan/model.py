@@ -109,14 +109,15 @@ def lengths(cfg: RunConfig, model: FamilyModel, index: dict | None, seq_len: int
     if index is None:
         raise PlanError(f"no prepared data at {cfg.prepared_uri} to read sequence lengths from: run `voxrelay "
                         "prepare` with this config first, or pass --seq-len N (tokens per GPU micro-batch)")
-    from voxrelay.data.loader import PreparedDataset
+    from voxrelay.data.rowindex import RowIndex, lengths_key, plan_lengths
 
-    rows = PreparedDataset.open(cfg.prepared_uri, "train", index, max_bytes=int(cfg.cache.max_gb * 2**30)).rows
-    sizes = [model.length(r) for r in rows]
-    kept = [(n, r.duration) for n, r in zip(sizes, rows, strict=True) if n <= model.max_length]
+    rows = RowIndex.load(cfg.prepared_uri, index, "train")  # no codes are read: the row index + cached lengths
+    sizes = plan_lengths(model.length, lengths_key(cfg.model.model_dump(mode="json"), index, "train"),
+                         cfg.prepared_uri, rows)
+    kept = [(int(n), float(d)) for n, d in zip(sizes, rows.duration, strict=True) if n <= model.max_length]
     if not kept:
         raise PlanError(f"no training example fits {model.max_length_key}={model.max_length} "
-                        f"(longest {max(sizes, default=0)} tokens); raise it")
+                        f"(longest {int(sizes.max(initial=0))} tokens); raise it")
     tokens = np.array([n for n, _ in kept])
     budget = cfg.train.batch_tokens
     if budget is None:  # batch_seconds: the data's tokens per second of audio turn seconds into tokens

@@ -296,6 +296,13 @@ def read_bytes(uri: str) -> bytes:
     return retry(lambda: fs.cat_file(_fresh(fs, path)), f"read {uri}")
 
 
+def open_read(uri: str):
+    """A seekable binary file on ``uri`` that reads by ranges (Parquet column projection of a remote shard);
+    opening is retried, reads are not (the caller retries the whole read)."""
+    fs, path = _fs_path(uri)
+    return retry(lambda: fs.open(_fresh(fs, path), "rb"), f"open {uri}")
+
+
 def read_text(uri: str) -> str:
     return read_bytes(uri).decode("utf-8")
 

@@ -22,7 +22,7 @@ from voxrelay.checkpoint.sharded import is_sharded
 from voxrelay.codecs.base import AudioCodec
 from voxrelay.config import RunConfig, TrainConfig
 from voxrelay.data.identity import fingerprint
-from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset
+from voxrelay.data.loader import BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.data.shards import PrepareError
 from voxrelay.errors import UserError
@@ -33,6 +33,7 @@ from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, cache_dir, u
 from voxrelay.plan.fit import check_fits, gpu_memory
 from voxrelay.quality.scorer import Scorer
 from voxrelay.train import state as st
+from voxrelay.train.data import build_stream, eval_split
 from voxrelay.train.evaluate import SAMPLES_DIR
 from voxrelay.train.launch_env import apply_accelerate_env
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available
@@ -126,24 +127,6 @@ def _example_lengths(model: FamilyModel, rows: list) -> tuple[list[int], list[in
     return keep, lengths
 
 
-def build_stream(model: FamilyModel, rows: list, cfg: RunConfig, rank: int, world: int) -> BatchStream:
-    keep, lengths = _example_lengths(model, rows)
-    if not keep:
-        raise ValueError(f"no training row fits {model.max_length_key}={model.max_length}; raise it")
-    plan = BatchPlan(
-        lengths, [rows[i].duration for i in keep], cfg.train.seed,
-        batch_tokens=cfg.train.batch_tokens, batch_seconds=cfg.train.batch_seconds,
-    )
-
-    def make_batch(ids: list[int]) -> dict:
-        picked = [rows[keep[i]] for i in ids]
-        batch = model.collate([model.example(r) for r in picked])
-        batch["audio_seconds"] = sum(r.duration for r in picked)
-        return batch
-
-    return BatchStream(plan, make_batch, rank, world)
-
-
 def local_run_dir(run_uri: str) -> Path:
     """Where metrics are written locally: the run folder itself for a local root."""
     if storage.is_local(run_uri):
@@ -215,12 +198,14 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     refusal = cfg.model.data_needs().refusal(cfg.model.family, index["codec"], where=f"data at {cfg.prepared_uri}")
     if refusal:
         raise PrepareError(refusal)
-    cap = int(cfg.cache.max_gb * 2**30)
-    train_rows = PreparedDataset.open(cfg.prepared_uri, "train", index, max_bytes=cap).rows
-    eval_rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval", index, max_bytes=cap).rows, key=lambda r: r.id)
+    eval_rows = eval_split(cfg, index)
     st.seed_everything(cfg.train.seed)
     model = build_model(cfg.model, DataSpec.from_prepared(index, codec), cfg.train.seed)
-    model.use_corpus(train_rows)  # e.g. voice prompts from other clips of a voice
+    train_rows = None  # streamed from the shards, unless the family's examples draw on other rows
+    if getattr(model, "uses_corpus", False):
+        cap = int(cfg.cache.max_gb * 2**30)
+        train_rows = PreparedDataset.open(cfg.prepared_uri, "train", index, max_bytes=cap).rows
+        model.use_corpus(train_rows)  # e.g. voice prompts from other clips of a voice
     st.seed_generators(model.generators(), cfg.train.seed, rank)  # the family's own (restored on resume)
     # frozen parts (a LoRA base, a frozen text encoder) are rebuilt from their source, never checkpointed
     base = base_hash(model.module) if cfg.train.lora is not None or has_frozen(model.module) else None
@@ -244,7 +229,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
     module, optimizer = wrap_model(model, cfg, accelerator)
     scheduler = build_scheduler(cfg.train, optimizer)
-    stream = build_stream(model, train_rows, cfg, rank, world)
+    stream = build_stream(model, cfg, index, rank, world, lambda fn: on_main(ranks, fn), train_rows)
     run_dir = local_run_dir(cfg.run_uri)
     run = Run(
         cfg, accelerator, model, module, optimizer, scheduler, stream, eval_rows, codec, checkpoints,

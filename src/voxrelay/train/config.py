@@ -61,6 +61,16 @@ class TrainConfig(Section):
     )
     precision: Literal["no", "bf16", "fp16"] = Field("no", description="Mixed precision (accelerate)")
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step")
+    shuffle_window: int = Field(
+        64, ge=0, description="Shards per shuffle window: each epoch shuffles the shard order, cuts it into windows "
+        "of this many shards and buckets and shuffles the rows of each window on their own, so a stretch of "
+        "batches reads a window's shards only (what streaming from a bucket caches); 0, or at least as many "
+        "shards as the split has, shuffles all rows together",
+    )
+    prefetch_batches: int = Field(
+        2, ge=0, description="Batches a background thread builds ahead of the loop (fetching shards, tokenising, "
+        "collating, pinning memory); 0 builds each on the training thread",
+    )
     clip_norm: float | None = Field(1.0, gt=0, description="Gradient clipping max norm (None = off)")
     eval_every: int = Field(100, gt=0, description="Steps between evaluations")
     eval_synth: int = Field(

@@ -131,6 +131,7 @@ def train(run: Run) -> TrainResult:
     try:
         return _train(run)
     finally:
+        run.stream.close()  # the threads building batches ahead and fetching shards
         if run.accelerator.is_main_process:
             run.checkpoints.close(run.cfg.checkpoint.final_upload_timeout)  # a no-op once _finish closed it
         if run.lease is not None:

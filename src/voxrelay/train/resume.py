@@ -96,6 +96,9 @@ def check_compatible(saved: dict, run_cfg, index: dict, step: int, num_checkpoin
     """Raise ConfigError naming what differs between the checkpoint of ``step`` (its config and the
     prepared data it was trained on) and this run (``run_cfg`` and the prepared ``index``)."""
     safe, bad = config_changes(saved[st.K_CONFIG], run_cfg.to_dict())
+    bad = [k for k in bad if k != "train.shuffle_window"]  # compared by the plans they give:
+    if not _same_windows(saved[st.K_CONFIG], run_cfg, index):
+        bad.append("train.shuffle_window")
     data = ident.describe_changes(saved.get(st.K_DATA_FINGERPRINT), index)
     fixes = []
     if bad:
@@ -114,6 +117,16 @@ def check_compatible(saved: dict, run_cfg, index: dict, step: int, num_checkpoin
         )
     if safe:
         log.info("resuming with changed settings: %s", ", ".join(safe))
+
+
+def _same_windows(saved_cfg: dict, run_cfg, index: dict) -> bool:
+    """Whether the saved and the new ``train.shuffle_window`` give the same batch plan on this data: a window of
+    at least the split's shard count (or 0) is the global shuffle. A run saved before windows existed had the
+    global shuffle (0), whatever the default is now."""
+    shards = sum(1 for s in index.get("shards", []) if s["split"] == "train")
+    old = saved_cfg.get("train", {}).get("shuffle_window", 0)
+    return {0 if w == 0 or w >= shards else w for w in (old, run_cfg.train.shuffle_window)} == {0} or \
+        old == run_cfg.train.shuffle_window
 
 
 def load_weights(model, found: tuple, run_cfg, base: str | None, num_checkpoints: int) -> None:

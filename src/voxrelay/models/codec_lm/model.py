@@ -33,6 +33,7 @@ from voxrelay.models.base import (
     Speech,
     decay_groups,
     module_classes,
+    num_frames,
     speak_codes,
     with_counts,
 )
@@ -183,7 +184,7 @@ class CodecLM(FamilyState):
 
     def length(self, row: Row) -> int:
         """Tokens of the training sequence of a prepared row (see :meth:`sequence_length`)."""
-        return self.sequence_length(row.text, row.codes.shape[1], row.speaker)
+        return self.sequence_length(row.text, num_frames(row), row.speaker)
 
     def example(self, row: Row) -> Example:
         """The training example of a prepared row; codec_lm has no use for ``row.description``."""

@@ -29,6 +29,7 @@ from voxrelay.models.base import (
     Speech,
     decay_groups,
     module_classes,
+    num_frames,
     speak_codes,
     with_counts,
 )
@@ -85,7 +86,7 @@ class Orpheus(FamilyState):
         return L.prompt_ids(self.tokenizer.encode(self.prompt_text(text, speaker), add_special_tokens=False))
 
     def length(self, row: Row) -> int:
-        return len(self.prompt_ids(row.text, row.speaker)) + L.CODES_PER_FRAME * row.codes.shape[1] + 2
+        return len(self.prompt_ids(row.text, row.speaker)) + L.CODES_PER_FRAME * num_frames(row) + 2
 
     def example(self, row: Row) -> Example:
         """``input_ids`` int64 [L] = prompt + audio ids + [128258, 128262]; ``labels`` int64 [L]: equal to

@@ -30,6 +30,7 @@ from voxrelay.models.base import (
     Speech,
     check_request,
     decay_groups,
+    num_frames,
     with_counts,
 )
 from voxrelay.models.parler import delay
@@ -99,7 +100,7 @@ class Parler(FamilyState):
 
     def length(self, row: Row) -> int:
         """Decoder positions: transcript tokens + frames + K (the delay pattern's tail)."""
-        return len(self._prompt_ids(row.text)) + int(row.codes.shape[1]) + self.num_codebooks
+        return len(self._prompt_ids(row.text)) + num_frames(row) + self.num_codebooks
 
     def example(self, row: Row) -> Example:
         codes = torch.as_tensor(np.asarray(row.codes, dtype=np.int64))

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from voxrelay.codecs.pcm import PCM_SCALE
-from voxrelay.models.base import with_counts
+from voxrelay.models.base import num_frames, with_counts
 from voxrelay.models.hf import ModelLoadError
 from voxrelay.models.vibevoice.script import Turn, parse_script, voices_of
 
@@ -179,7 +179,7 @@ def clip_key(row_id: str) -> int:
 
 
 def _samples_in(row) -> int:
-    return int(np.asarray(row.codes).size)
+    return num_frames(row)  # audio prepared with codec.type=pcm: int16 [1, N], a frame per sample
 
 
 def samples(row) -> np.ndarray:

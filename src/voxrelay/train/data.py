@@ -1,0 +1,76 @@
+"""The training data of a run: its batch plan and the stream of batches the loop takes.
+
+A family whose examples draw on other rows (``uses_corpus``: VibeVoice's voice prompts) gets the split in
+memory, as it needs every row at hand. Every other family streams: the plan comes from the row index and
+the cached example lengths (:mod:`voxrelay.data.rowindex`: no codes are read to start), and rows are
+fetched shard by shard as the plan needs them (:mod:`voxrelay.data.stream`), within ``cache.ram_gb`` of
+memory and ``cache.max_gb`` of disk.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from voxrelay.config import RunConfig
+from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset, ShardCache
+from voxrelay.data.rowindex import RowIndex, lengths_key, plan_lengths
+from voxrelay.data.stream import ShardSource, StreamBatches
+from voxrelay.models.base import FamilyModel
+from voxrelay.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+
+def build_stream(model: FamilyModel, cfg: RunConfig, index: dict, rank: int, world: int,
+                 on_main: Callable[[Callable[[], Any]], Any], rows: list | None = None) -> BatchStream:
+    """This process's stream of training batches. ``rows``: the split in memory (for a family that uses the
+    corpus); ``on_main(fn)``: ``fn()`` run by rank 0 and its result on every rank (the lengths are computed
+    and cached once, not once per process)."""
+    tc = cfg.train
+    if rows is not None:
+        lengths = np.asarray([model.length(r) for r in rows], dtype=np.int64)
+        keep = _kept(model, lengths)
+        plan = BatchPlan(lengths[keep], [rows[i].duration for i in keep], tc.seed,
+                         batch_tokens=tc.batch_tokens, batch_seconds=tc.batch_seconds)
+
+        def make_batch(ids: list[int]) -> dict:
+            picked = [rows[keep[i]] for i in ids]
+            batch = model.collate([model.example(r) for r in picked])
+            batch["audio_seconds"] = sum(r.duration for r in picked)
+            return batch
+
+        return BatchStream(plan, make_batch, rank, world, ahead=tc.prefetch_batches)
+    index_rows = RowIndex.load(cfg.prepared_uri, index, "train")
+    key = lengths_key(cfg.model.model_dump(mode="json"), index, "train")
+    lengths = on_main(lambda: plan_lengths(model.length, key, cfg.prepared_uri, index_rows))
+    keep = _kept(model, lengths)
+    plan = BatchPlan(lengths[keep], index_rows.duration[keep], tc.seed, batch_tokens=tc.batch_tokens,
+                     batch_seconds=tc.batch_seconds, shards=index_rows.shard[keep], window=tc.shuffle_window)
+    cc = cfg.cache
+    source = ShardSource(cfg.prepared_uri, index["num_codebooks"], index_rows,
+                         ShardCache(cache_dir("prepared"), int(cc.max_gb * 2**30)), int(cc.ram_gb * 2**30),
+                         int(cc.min_free_gb * 1e9))
+    batches = StreamBatches(source, keep, model.example, model.collate, cc.prefetch_shards)
+    return BatchStream(plan, batches, rank, world, ahead=tc.prefetch_batches)
+
+
+def _kept(model: FamilyModel, lengths: np.ndarray) -> np.ndarray:
+    """Positions of the rows whose example fits ``max_length`` (the others are left out, with a warning)."""
+    keep = np.flatnonzero(lengths <= model.max_length)
+    if len(keep) < len(lengths):
+        log.warning("%d of %d rows are longer than %s=%d and left out of training (raise it to keep them; the "
+                    "longest is %d tokens)", len(lengths) - len(keep), len(lengths), model.max_length_key,
+                    model.max_length, int(lengths.max()))
+    if not len(keep):
+        raise ValueError(f"no training row fits {model.max_length_key}={model.max_length}; raise it")
+    return keep
+
+
+def eval_split(cfg: RunConfig, index: dict) -> list:
+    """The eval split in memory (it is small: ``data.eval_size`` rows), sorted by id."""
+    cap = int(cfg.cache.max_gb * 2**30)
+    return sorted(PreparedDataset.open(cfg.prepared_uri, "eval", index, max_bytes=cap).rows, key=lambda r: r.id)
