@@ -6,13 +6,14 @@ of the data is just ``(epoch, batch index)``: :class:`BatchStream` has ``state_d
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import queue
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,7 +103,7 @@ class ShardCache:
         if self._lru is None:
             found = []
             for path in self.root.rglob("*"):
-                if ".part-" in path.name:
+                if ".part-" in path.name or path.name == ".lock":
                     continue  # a download in flight (another process)
                 try:
                     st = path.stat()
@@ -118,6 +119,33 @@ class ShardCache:
         lru = self._entries()
         self._bytes += size - lru.pop(path, 0)
         lru[path] = size
+
+    def reserve(self, path: Path, size: int) -> Path:
+        """Room for ``size`` bytes at ``path`` before it is downloaded: under a lock of the node's cache folder,
+        from a fresh scan of it, least recently used files are evicted and a sparse placeholder of ``size``
+        bytes (``<path>.reserved``, what the scans of the other processes count) is made; :meth:`settle` swaps
+        it for the downloaded file. Downloads in flight together, from any process of the node, stay under
+        the cap."""
+        hold = path.with_name(path.name + ".reserved")
+        with open(self.root / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._lru = None
+            self.make_room(size, set())
+            with open(hold, "wb") as f:
+                f.truncate(size)
+            self._touched(hold, size)
+        return hold
+
+    def settle(self, hold: Path, path: Path, size: int) -> None:
+        """The download that ``hold`` reserved room for is at ``path``."""
+        lru = self._entries()
+        self._bytes -= lru.pop(hold, 0)
+        hold.unlink(missing_ok=True)
+        self._touched(path, size)
+
+    def touch(self, path: Path, size: int) -> None:
+        """``path`` (``size`` bytes) was just used: the most recently used."""
+        self._touched(path, size)
 
     def make_room(self, incoming: int, in_use: set[Path]) -> None:
         """Delete least recently used files until ``incoming`` more bytes fit under the cap."""
@@ -163,48 +191,85 @@ class BatchPlan:
         shards: np.ndarray | None = None,
         window: int = 0,
     ):
-        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.lengths = np.asarray(lengths, dtype=np.int32)
         self.durations = np.asarray(durations, dtype=np.float64)
         self.seed = seed
         self.batch_tokens = batch_tokens
         self.batch_seconds = batch_seconds
-        self.shards = None if shards is None else np.asarray(shards, dtype=np.int64)
+        self.shards = None if shards is None else np.asarray(shards, dtype=np.int32)
         self.window = window
 
-    def _fits(self, count: int, max_len: int, seconds: float) -> bool:
-        if self.batch_tokens is not None:
-            return count * max_len <= self.batch_tokens
-        return seconds <= self.batch_seconds
+    def _cuts(self, order: np.ndarray) -> list[int]:
+        """Where the greedy cut of ``order`` (rows sorted by length) starts each batch after the first."""
+        cuts: list[int] = []
+        count, seconds, pos = 0, 0.0, 0
+        for start in range(0, len(order), CHUNK):  # a chunk at a time: no Python int per row of a big split
+            rows = order[start:start + CHUNK]
+            for n, d in zip(self.lengths[rows].tolist(), self.durations[rows].tolist(), strict=True):
+                fits = (count + 1) * n <= self.batch_tokens if self.batch_tokens is not None \
+                    else seconds + d <= self.batch_seconds
+                if count and not fits:
+                    cuts.append(pos)
+                    count, seconds = 0, 0.0
+                count += 1
+                seconds += d
+                pos += 1
+        return cuts
 
-    def _bucketed(self, rows: np.ndarray, rng: np.random.Generator) -> list[list[int]]:
-        """``rows`` sorted by length (random tie-break), cut greedily under the budget, batches shuffled."""
-        order = rows[np.lexsort((rng.random(len(rows)), self.lengths[rows]))]
-        out: list[list[int]] = []
-        cur: list[int] = []
-        seconds = 0.0
-        for i in order.tolist():
-            if cur and not self._fits(len(cur) + 1, int(self.lengths[i]), seconds + self.durations[i]):
-                out.append(cur)
-                cur, seconds = [], 0.0
-            cur.append(i)
-            seconds += float(self.durations[i])
-        if cur:
-            out.append(cur)
-        return [out[j] for j in rng.permutation(len(out))]
+    def _bucketed(self, rows: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``rows`` sorted by length (random tie-break), cut greedily under the budget, batches shuffled: the
+        rows in that order and each batch's (start, end) in it, in the shuffled batch order."""
+        order = rows[np.lexsort((rng.random(len(rows)), self.lengths[rows]))].astype(np.int32)
+        bounds = np.asarray([0, *self._cuts(order), len(order)], dtype=np.int64)
+        spans = np.stack([bounds[:-1], bounds[1:]], axis=1)
+        return order, spans[rng.permutation(len(spans))]
 
-    def batches(self, epoch: int) -> list[list[int]]:
+    def batches(self, epoch: int) -> Batches:
         rng = np.random.default_rng([self.seed, epoch])
         count = 0 if self.shards is None or not len(self.shards) else int(self.shards.max()) + 1
         if not self.window or count <= self.window:
-            return self._bucketed(np.arange(len(self.lengths)), rng)
-        by_shard = np.argsort(self.shards, kind="stable")
+            return Batches([self._bucketed(np.arange(len(self.lengths)), rng)])
+        by_shard = np.argsort(self.shards, kind="stable").astype(np.int32)
         starts = np.searchsorted(self.shards[by_shard], np.arange(count + 1))
         order = rng.permutation(count)
-        out: list[list[int]] = []
+        parts = []
         for w in range(0, count, self.window):
             rows = np.concatenate([by_shard[starts[s]:starts[s + 1]] for s in order[w:w + self.window]])
-            out += self._bucketed(rows, np.random.default_rng([self.seed, epoch, 1 + w // self.window]))
-        return out
+            parts.append(self._bucketed(rows, np.random.default_rng([self.seed, epoch, 1 + w // self.window])))
+        return Batches(parts)
+
+
+CHUNK = 65536  # rows per chunk of the greedy cut
+
+
+class Batches(Sequence):
+    """An epoch's batches, compactly: per part (the whole split, or a shuffle window) the rows in sorted order
+    (int32) and each batch's span in it; ``batches[j]`` is the list of row ids of batch ``j``. About 4 bytes a
+    row instead of a Python list of ints (~36)."""
+
+    def __init__(self, parts: list[tuple[np.ndarray, np.ndarray]]):
+        self.parts = parts
+        self.offsets = np.cumsum([0] + [len(spans) for _, spans in parts])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        if j < 0:
+            j += len(self)
+        if not 0 <= j < len(self):
+            raise IndexError(j)
+        p = int(np.searchsorted(self.offsets, j, side="right")) - 1
+        order, spans = self.parts[p]
+        start, end = spans[j - self.offsets[p]]
+        return order[start:end].tolist()
+
+    def __eq__(self, other) -> bool:
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None
 
 
 @dataclass

@@ -110,7 +110,7 @@ class ShardSource:
             if path.stat().st_size == size:
                 data = path.read_bytes()
                 with self._lock:
-                    self.cache._touched(path, size)
+                    self.cache.touch(path, size)
                     self.stats["cache_hits"] += 1
                 return data
         except FileNotFoundError:
@@ -123,11 +123,13 @@ class ShardSource:
                         "not cached", path.parent, self.min_free_bytes / 1e9, self.rows.shards[s])
             return storage.read_bytes(uri)
         with self._lock:
-            self.cache.make_room(size, set())
-        storage.get_file(uri, path)
-        with self._lock:
-            self.cache._touched(path, size)
+            hold = self.cache.reserve(path, size)
             self.stats["downloaded"] += 1
+        try:
+            storage.get_file(uri, path)
+        finally:
+            with self._lock:
+                self.cache.settle(hold, path, size)
         try:
             return path.read_bytes()
         except FileNotFoundError:  # evicted by another process at once

@@ -60,7 +60,7 @@ def build_stream(model: FamilyModel, cfg: RunConfig, index: dict, rank: int, wor
 
 def _kept(model: FamilyModel, lengths: np.ndarray) -> np.ndarray:
     """Positions of the rows whose example fits ``max_length`` (the others are left out, with a warning)."""
-    keep = np.flatnonzero(lengths <= model.max_length)
+    keep = np.flatnonzero(lengths <= model.max_length).astype(np.int32)
     if len(keep) < len(lengths):
         log.warning("%d of %d rows are longer than %s=%d and left out of training (raise it to keep them; the "
                     "longest is %d tokens)", len(lengths) - len(keep), len(lengths), model.max_length_key,
