@@ -118,7 +118,8 @@ def run_status(run_uri: str) -> RunStatus:
         writer=read_lease(run_uri),
     )
     size = sum(int(f.get("size", 0)) for f in committed[0].manifest.get("files", {}).values()) if committed else None
-    status.limits = what_limits(logged, size)
+    data = cfg.get("data", {}).get("name", "demo")
+    status.limits = what_limits(logged, size, storage.join(str(cfg.get("root", "./voxrelay-data")), "prepared", data))
     if logged:
         status.tokens_per_sec = logged[-1]["tokens_per_sec"]
         status.audio_sec_per_sec = logged[-1]["audio_sec_per_sec"]

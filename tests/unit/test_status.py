@@ -62,6 +62,12 @@ def test_what_limits_a_run_is_read_from_its_throughput_reports():
     assert found[1].startswith("upload-bound: 3 checkpoints staged, waiting for the bucket at 12.3 MB/s")
     assert found[2].startswith("staging disk nearly full: 1.5 GB free for checkpoints of 1.0 GB")
     assert len(what_limits(waiting, 10**8)) == 2  # 1.5 GB free is room for a 0.1 GB checkpoint
+    streaming = [{"tokens_per_sec": 100, "data_wait": 0.5, "shard_mb_s": 7.25, "shards_uncached": 3,
+                  "cache_free_gb": 4.5}]
+    found = what_limits(streaming, None, "gs://b/prepared/ljs")
+    assert found[0].startswith("data-bound: 50% of the time waiting for batches (shards from gs://b/prepared/ljs at "
+                               "7.2 MB/s a stream); raise train.prefetch_batches")
+    assert found[1].startswith("shard cache disk nearly full (4.5 GB free): 3 shards were read into memory")
 
 
 def test_status_says_what_limits_the_run(tmp_path, cache):

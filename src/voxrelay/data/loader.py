@@ -330,6 +330,11 @@ class BatchStream:
         if close is not None:
             close()
 
+    def io_stats(self) -> dict[str, float]:
+        """What ``make_batch`` reports of its reads (a streaming reader: shard MB/s, free cache disk), else {}."""
+        stats = getattr(self.make_batch, "io_stats", None)
+        return stats() if stats is not None else {}
+
     def _batches(self, epoch: int) -> list[list[int]]:
         if epoch not in self._plans:
             batches = self.plan.batches(epoch)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,6 +53,7 @@ class ShardSource:
         self._lock = threading.Lock()  # the disk cache's bookkeeping, shared by the download threads
         self._pool: ThreadPoolExecutor | None = None
         self.stats = {"downloaded": 0, "cache_hits": 0, "uncached": 0, "decoded": 0}
+        self.fetched = [0, 0.0]  # bytes downloaded (or read uncached) and the seconds it took, summed
 
     @property
     def ram_used(self) -> int:
@@ -67,6 +69,19 @@ class ShardSource:
             with self._lock:
                 if s not in self._decoded and s not in self._pending:
                     self._pending[s] = self._executor().submit(self._fetch, s)
+
+    def io_stats(self) -> dict[str, float]:
+        """``shard_mb_s`` (downloads' MB over their seconds, threads summed: the bucket's rate per stream),
+        ``cache_free_gb`` (free disk where shards are cached) and ``shards_uncached`` (read into memory because
+        that disk was nearly full)."""
+        out = {"shards_uncached": float(self.stats["uncached"])}
+        if self.fetched[1] > 0:
+            out["shard_mb_s"] = self.fetched[0] / 1e6 / self.fetched[1]
+        try:
+            out["cache_free_gb"] = shutil.disk_usage(self.cache.root).free / 1e9
+        except OSError:
+            pass
+        return out
 
     def close(self) -> None:
         if self._pool is not None:
@@ -121,12 +136,12 @@ class ShardSource:
                 self.stats["uncached"] += 1
             log.warning("the disk of %s has under cache.min_free_gb=%.1f free: shard %s is read into memory, "
                         "not cached", path.parent, self.min_free_bytes / 1e9, self.rows.shards[s])
-            return storage.read_bytes(uri)
+            return self._timed(lambda: storage.read_bytes(uri), size)
         with self._lock:
             hold = self.cache.reserve(path, size)
             self.stats["downloaded"] += 1
         try:
-            storage.get_file(uri, path)
+            self._timed(lambda: storage.get_file(uri, path), size)
         finally:
             with self._lock:
                 self.cache.settle(hold, path, size)
@@ -134,6 +149,15 @@ class ShardSource:
             return path.read_bytes()
         except FileNotFoundError:  # evicted by another process at once
             return storage.read_bytes(uri)
+
+
+    def _timed(self, fetch, size: int):
+        t0 = time.perf_counter()
+        out = fetch()
+        with self._lock:
+            self.fetched[0] += size
+            self.fetched[1] += time.perf_counter() - t0
+        return out
 
 
 class StreamBatches:
@@ -166,3 +190,10 @@ class StreamBatches:
 
     def close(self) -> None:
         self.source.close()
+
+    def io_stats(self) -> dict[str, float]:
+        return self.source.io_stats()
+
+    @property
+    def where(self) -> str:
+        return self.source.prepared_uri

@@ -14,6 +14,7 @@ import torch
 from voxrelay.checkpoint import preemption as pre
 from voxrelay.config import parse_duration
 from voxrelay.models.base import LossTerms, pop_counts, weighted_mean
+from voxrelay.monitor.gpu import gpu_stats
 from voxrelay.monitor.progress import ProgressLine, Throughput
 from voxrelay.plan.fit import gpu_memory, oom_advice
 from voxrelay.train.build import Run
@@ -236,6 +237,7 @@ def _log_step(run: Run, stats: StepStats, meter: Throughput, bar: ProgressLine) 
         metrics |= meter.report() | {"lr": run.scheduler.get_last_lr()[0], "grad_norm": stats.grad_norm,
                                      "epoch": run.stream.cursor.epoch, "bad_steps": loop.bad_steps}
         metrics |= run.checkpoints.io_stats()  # upload MB/s, staging backlog, free disk where checkpoints stage
+        metrics |= run.stream.io_stats() | gpu_stats()  # shard MB/s, free cache disk; GPU memory and utilisation
         run.monitor.log(loop.step, metrics)
     bar.update(loop.step, metrics, force_print=_due(loop.step, tc.log_every))
 

@@ -188,3 +188,17 @@ def test_an_error_building_a_batch_ahead_reaches_the_training_thread():
 
     with pytest.raises(ValueError, match="row r3"):
         next(iter(BatchStream(plan, bad, ahead=2)))
+
+
+def test_the_reader_reports_its_download_rate_and_the_free_disk_of_its_cache(memory_root, cache):
+    index = _prepared(memory_root)
+    source, _ = _source(memory_root, index)
+    batches = StreamBatches(source, np.arange(30), lambda r: r.id, lambda ex: {"ids": ex}, prefetch=2)
+    stream = BatchStream(BatchPlan([10] * 30, [1.0] * 30, 0, batch_tokens=40), batches)
+    assert "shard_mb_s" not in stream.io_stats()  # nothing downloaded yet
+    next(iter(stream))
+    stats = stream.io_stats()
+    assert stats["shard_mb_s"] > 0 and stats["shards_uncached"] == 0
+    assert 0 < stats["cache_free_gb"] < 1e6
+    assert BatchStream(BatchPlan([10], [1.0], 0, batch_tokens=40), lambda ids: ids).io_stats() == {}
+    stream.close()
