@@ -166,10 +166,12 @@ def plan_lengths(length: Callable[[RowMeta], int], key: str, prepared_uri: str, 
     out = np.empty(len(rows), dtype=np.int32)
     starts = np.searchsorted(rows.shard, np.arange(len(rows.shards)))
     with ThreadPoolExecutor(READ_THREADS) as pool:  # remote column reads overlap; lengths on this thread
-        metas = pool.map(lambda name: list(shard_meta(_open_shard(prepared_uri, name))), rows.shards)
-        for s, shard in enumerate(metas):
-            for j, meta in enumerate(shard):
-                out[starts[s] + j] = length(meta)
+        for first in range(0, len(rows.shards), 4 * READ_THREADS):  # a few shards' text in memory at a time
+            names = rows.shards[first:first + 4 * READ_THREADS]
+            metas = pool.map(lambda name: list(shard_meta(_open_shard(prepared_uri, name))), names)
+            for s, shard in enumerate(metas, start=first):
+                for j, meta in enumerate(shard):
+                    out[starts[s] + j] = length(meta)
     buf = io.BytesIO()
     np.save(buf, out, allow_pickle=False)
     storage.write_bytes(uri, buf.getvalue())
