@@ -174,6 +174,10 @@ def plan_lengths(length: Callable[[RowMeta], int], key: str, prepared_uri: str, 
                     out[starts[s] + j] = length(meta)
     buf = io.BytesIO()
     np.save(buf, out, allow_pickle=False)
-    storage.write_bytes(uri, buf.getvalue())
-    log.info("example lengths of %d rows computed from their text and cached at %s", len(rows), uri)
+    try:
+        storage.write_bytes(uri, buf.getvalue())
+        log.info("example lengths of %d rows computed from their text and cached at %s", len(rows), uri)
+    except (storage.StorageError, OSError) as err:  # e.g. prepared data in a bucket this account may only read
+        log.warning("the example lengths could not be cached at %s (%s): the next session computes them again",
+                    uri, str(err).split("\n")[0][:200])
     return out

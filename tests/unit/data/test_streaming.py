@@ -202,3 +202,13 @@ def test_the_reader_reports_its_download_rate_and_the_free_disk_of_its_cache(mem
     assert 0 < stats["cache_free_gb"] < 1e6
     assert BatchStream(BatchPlan([10], [1.0], 0, batch_tokens=40), lambda ids: ids).io_stats() == {}
     stream.close()
+
+
+def test_lengths_are_still_given_when_the_prepared_data_cannot_be_written(tmp_path, caplog):
+    uri = str(tmp_path / "prepared")
+    index = _prepared(uri)
+    idx = ri.RowIndex.load(uri, index, "train")
+    (tmp_path / "prepared" / "lengths").write_text("not a folder")  # the cache cannot be written there
+    got = ri.plan_lengths(_length, "k", uri, idx)
+    assert got.tolist() == [_length(r) for r in _rows(uri, index)]
+    assert "could not be cached" in caplog.text
