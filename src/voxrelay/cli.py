@@ -34,6 +34,9 @@ def _setup_logging() -> None:
     for noisy in ("httpx", "urllib3", "botocore", "s3fs", "gcsfs", "aiobotocore", "fsspec", "accelerate"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from voxrelay.models.hub_cache import use_local_hub_cache
+
+    use_local_hub_cache()  # not ~/.cache/huggingface on a small root disk
 
 
 def demo_config_path() -> Path:

@@ -195,6 +195,12 @@ class CacheConfig(Section):
         8, ge=1, description="Shards each training process downloads ahead of use, in the order the batch plan "
         "needs them (4 download threads)",
     )
+    models_uri: str | None = Field(
+        "{root}/hf-cache", description="Where pretrained models from the Hugging Face hub (T5, DAC, SNAC, base LMs, "
+        "tokenizers) are kept for later sessions: the first session downloads them from the hub and uploads them "
+        "here, later ones copy them from here to $VOXRELAY_CACHE/hf-hub, 8 files at a time ({root}: the run's root; "
+        "null: off, the hub every session)",
+    )
     min_free_gb: float = Field(
         5.0, ge=0, description="A prefetched shard is not cached when caching it would leave less than this free "
         "on the cache's disk (it is read into memory instead): prefetching never fills the disk checkpoints "
@@ -241,6 +247,12 @@ class RunConfig(Section):
             raise ValueError("model.audio_embedding=codec learns its audio inputs from scratch, which LoRA's frozen "
                              "model cannot; set model.audio_embedding=free to train with train.lora")
         return self
+
+    @property
+    def models_uri(self) -> str | None:
+        """``cache.models_uri`` with ``{root}`` filled in (None: off)."""
+        uri = self.cache.models_uri
+        return None if uri is None else uri.replace("{root}", self.root.rstrip("/"))
 
     @property
     def prepared_uri(self) -> str:

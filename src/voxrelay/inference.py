@@ -34,6 +34,7 @@ from voxrelay.config import ConfigError, RunConfig, build_config
 from voxrelay.data.audio import load_audio, resample
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.errors import UserError, one_line
+from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request
 from voxrelay.models.registry import build_model, load_model
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META
@@ -71,6 +72,7 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     """:func:`load_from_run`, plus for a LoRA run the note an adapter-only export keeps (else None)."""
     cfg = run_config(run_uri)
     index = load_index(cfg.prepared_uri)
+    hub_cache.from_bucket(cfg)  # the run's hub models, from cache.models_uri when a session put them there
     codec = load_prepared_codec(cfg.prepared_uri, index)
     data = DataSpec.from_prepared(index, codec)
     model = build_model(cfg.model, data, cfg.train.seed)

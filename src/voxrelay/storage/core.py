@@ -291,6 +291,23 @@ def file_sizes(uri: str) -> dict[str, int]:
     return retry(_ls, f"list {uri}")
 
 
+def tree_sizes(uri: str) -> dict[str, int]:
+    """Relative path (``/``-separated) -> size of every file under ``uri``, at any depth; {} when it does not
+    exist."""
+    fs, path = _fs_path(uri)
+    base = path.rstrip("/") + "/"
+
+    def _find() -> dict[str, int]:
+        try:
+            found = fs.find(_fresh(fs, path), detail=True)
+        except FileNotFoundError:
+            return {}
+        return {name[len(base):]: int(e.get("size") or 0) for name, e in found.items()
+                if e.get("type") == "file" and name.startswith(base)}
+
+    return retry(_find, f"list {uri}")
+
+
 def read_bytes(uri: str) -> bytes:
     fs, path = _fs_path(uri)
     return retry(lambda: fs.cat_file(_fresh(fs, path)), f"read {uri}")

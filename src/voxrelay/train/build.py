@@ -26,6 +26,7 @@ from voxrelay.data.loader import BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.data.shards import PrepareError
 from voxrelay.errors import UserError
+from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model
 from voxrelay.monitor.sinks import TB_DIR, Monitor, build_monitor
@@ -194,6 +195,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     check_available(cfg.train)  # a missing optional package, before data and weights are loaded
     index = load_index(cfg.prepared_uri)
     check_fits(cfg, index, world, gpu_memory())  # on a GPU: stop now, with the plan, if it will not fit
+    hub_cache.from_bucket(cfg, accelerator.is_local_main_process, accelerator.wait_for_everyone)
     codec = load_prepared_codec(cfg.prepared_uri, index)
     refusal = cfg.model.data_needs().refusal(cfg.model.family, index["codec"], where=f"data at {cfg.prepared_uri}")
     if refusal:
@@ -206,6 +208,8 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
         cap = int(cfg.cache.max_gb * 2**30)
         train_rows = PreparedDataset.open(cfg.prepared_uri, "train", index, max_bytes=cap).rows
         model.use_corpus(train_rows)  # e.g. voice prompts from other clips of a voice
+    if accelerator.is_main_process:
+        hub_cache.to_bucket(cfg)  # what this session fetched from the hub, for the next sessions
     st.seed_generators(model.generators(), cfg.train.seed, rank)  # the family's own (restored on resume)
     # frozen parts (a LoRA base, a frozen text encoder) are rebuilt from their source, never checkpointed
     base = base_hash(model.module) if cfg.train.lora is not None or has_frozen(model.module) else None
