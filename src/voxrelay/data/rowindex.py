@@ -76,7 +76,9 @@ def write_row_index(prepared_uri: str, split: str, shard_metas: list[dict[str, l
     """Write the split's sidecar from each of its shards' :func:`row_meta` (in shard order); its file name."""
     buf = io.BytesIO()
     pq.write_table(meta_table(shard_metas), buf, compression="zstd")
-    storage.write_bytes(storage.join(prepared_uri, rows_file(split)), buf.getvalue())
+    uri = storage.join(prepared_uri, rows_file(split))
+    if not storage.exists(uri) or storage.read_bytes(uri) != buf.getvalue():  # an unchanged prepare rewrites nothing
+        storage.write_bytes(uri, buf.getvalue())
     return rows_file(split)
 
 

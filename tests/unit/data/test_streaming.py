@@ -164,11 +164,11 @@ def test_batches_built_ahead_on_a_thread_are_those_built_inline_and_the_cursor_i
 
     inline = iter(BatchStream(plan, make(source)))
     straight = [next(inline)["ids"] for _ in range(25)]  # crosses an epoch
-    threads = {t.name for t in threading.enumerate()}
+    threads = set(threading.enumerate())  # (another test's stream may have left a builder of its own)
     ahead = BatchStream(plan, make(_source(memory_root, index)[0]), ahead=3)
     it = iter(ahead)
     head = [next(it)["ids"] for _ in range(9)]
-    assert "voxrelay-batches" in {t.name for t in threading.enumerate()} - threads
+    assert "voxrelay-batches" in {t.name for t in set(threading.enumerate()) - threads}
     state = ahead.state_dict()  # the builder is ahead of the loop; the cursor is not
     ahead.close()
     resumed = BatchStream(plan, make(_source(memory_root, index)[0]), ahead=2)
@@ -177,7 +177,7 @@ def test_batches_built_ahead_on_a_thread_are_those_built_inline_and_the_cursor_i
     tail = [next(it)["ids"] for _ in range(16)]
     resumed.close()
     assert head + tail == straight
-    assert "voxrelay-batches" not in {t.name for t in threading.enumerate()} - threads
+    assert "voxrelay-batches" not in {t.name for t in set(threading.enumerate()) - threads}
 
 
 def test_an_error_building_a_batch_ahead_reaches_the_training_thread():
