@@ -101,7 +101,8 @@ def parler_collate(examples: list[dict]):
 
 def open_stream(uri: str, cache_gb: float, ram_gb: float, window: int = 64, ahead: int = 2, seed: int = 0):
     """The stream ``voxrelay train`` builds for a codes family (no model: Parler-like examples)."""
-    from voxrelay.data.loader import BatchPlan, BatchStream, ShardCache
+    from voxrelay.data.loader import BatchPlan, BatchStream
+    from voxrelay.data.shard_cache import ShardCache
     from voxrelay.data.stream import ShardSource, StreamBatches
     from voxrelay.paths import cache_dir
 
@@ -110,8 +111,7 @@ def open_stream(uri: str, cache_gb: float, ram_gb: float, window: int = 64, ahea
     lengths = rows.num_frames.astype(np.int64) + rows.text_chars // 4 + K  # Parler: prompt + frames + delay tail
     keep = np.arange(len(rows))
     plan = BatchPlan(lengths, rows.duration, seed, batch_tokens=BATCH_TOKENS, shards=rows.shard, window=window)
-    source = ShardSource(uri, K, rows, ShardCache(cache_dir("prepared"), int(cache_gb * 2**30)), int(ram_gb * 2**30),
-                         0)
+    source = ShardSource(uri, K, rows, ShardCache(cache_dir("prepared"), int(cache_gb * 2**30)), int(ram_gb * 2**30))
     return BatchStream(plan, StreamBatches(source, keep, parler_example, parler_collate, 8), ahead=ahead), rows
 
 

@@ -6,22 +6,18 @@ of the data is just ``(epoch, batch index)``: :class:`BatchStream` has ``state_d
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
 import queue
-import stat
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from voxrelay import storage
 from voxrelay.data import shards as sh
+from voxrelay.data.shard_cache import ShardCache
 from voxrelay.paths import cache_dir, uri_key
 
 log = logging.getLogger(__name__)
@@ -63,108 +59,6 @@ class PreparedDataset:
 
     def __len__(self) -> int:
         return len(self.rows)
-
-
-class ShardCache:
-    """Local copies of remote shards under ``root`` (all prepared datasets), at most ``max_bytes``.
-
-    A use touches the file's times; room is made by deleting the least recently used files. The
-    files of the split being opened are never evicted (a split larger than the cap is still loaded,
-    with a warning). The folder is scanned once per instance (one ``open()``), not per shard.
-    Another process may evict a file between our check and our read: then it is downloaded again.
-    """
-
-    def __init__(self, root: Path, max_bytes: int):
-        self.root = root
-        self.max_bytes = max_bytes
-        self._lru: OrderedDict[Path, int] | None = None  # path -> bytes, least recently used first
-        self._bytes = 0
-        self._warned = False
-
-    def read(self, uri: str, path: Path, in_use: set[Path]) -> bytes:
-        size = storage.size(uri)
-        try:
-            if path.stat().st_size == size:
-                os.utime(path)  # the LRU clock, for later open() calls: mtime = last use
-                data = path.read_bytes()
-                self._touched(path, size)
-                return data
-        except FileNotFoundError:
-            pass  # not cached, or evicted by another process just now
-        self.make_room(size, in_use)
-        storage.get_file(uri, path)
-        self._touched(path, size)
-        try:
-            return path.read_bytes()
-        except FileNotFoundError:  # evicted by another process at once: read it from storage
-            return storage.read_bytes(uri)
-
-    def _entries(self) -> OrderedDict[Path, int]:
-        if self._lru is None:
-            found = []
-            for path in self.root.rglob("*"):
-                if ".part-" in path.name or path.name == ".lock":
-                    continue  # a download in flight (another process)
-                try:
-                    st = path.stat()
-                except FileNotFoundError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    found.append((max(st.st_mtime, st.st_atime), path, st.st_size))
-            self._lru = OrderedDict((path, size) for _, path, size in sorted(found))
-            self._bytes = sum(self._lru.values())
-        return self._lru
-
-    def _touched(self, path: Path, size: int) -> None:
-        lru = self._entries()
-        self._bytes += size - lru.pop(path, 0)
-        lru[path] = size
-
-    def reserve(self, path: Path, size: int) -> Path:
-        """Room for ``size`` bytes at ``path`` before it is downloaded: under a lock of the node's cache folder,
-        from a fresh scan of it, least recently used files are evicted and a sparse placeholder of ``size``
-        bytes (``<path>.reserved``, what the scans of the other processes count) is made; :meth:`settle` swaps
-        it for the downloaded file. Downloads in flight together, from any process of the node, stay under
-        the cap."""
-        hold = path.with_name(path.name + ".reserved")
-        with open(self.root / ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            self._lru = None
-            self.make_room(size, set())
-            with open(hold, "wb") as f:
-                f.truncate(size)
-            self._touched(hold, size)
-        return hold
-
-    def settle(self, hold: Path, path: Path, size: int) -> None:
-        """The download that ``hold`` reserved room for is at ``path``."""
-        lru = self._entries()
-        self._bytes -= lru.pop(hold, 0)
-        hold.unlink(missing_ok=True)
-        self._touched(path, size)
-
-    def touch(self, path: Path, size: int) -> None:
-        """``path`` (``size`` bytes) was just used: the most recently used."""
-        self._touched(path, size)
-
-    def make_room(self, incoming: int, in_use: set[Path]) -> None:
-        """Delete least recently used files until ``incoming`` more bytes fit under the cap."""
-        lru = self._entries()
-        if self._bytes + incoming <= self.max_bytes:
-            return
-        for path in [p for p in lru if p not in in_use]:
-            if self._bytes + incoming <= self.max_bytes:
-                return
-            path.unlink(missing_ok=True)
-            self._bytes -= lru.pop(path)
-            log.info("prepared cache: evicted %s (least recently used; cache.max_gb)", path)
-        if self._bytes + incoming > self.max_bytes and not self._warned:
-            self._warned = True
-            log.warning(
-                "the prepared split being loaded needs more local cache than cache.max_gb=%.2f allows "
-                "(%.2f GiB in %s); it is loaded anyway: raise cache.max_gb if this disk has room",
-                self.max_bytes / 2**30, (self._bytes + incoming) / 2**30, self.root,
-            )
 
 
 class BatchPlan:
@@ -254,9 +148,7 @@ class Batches(Sequence):
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
-    def __getitem__(self, j):
-        if isinstance(j, slice):
-            return [self[i] for i in range(*j.indices(len(self)))]
+    def __getitem__(self, j: int) -> list[int]:
         if j < 0:
             j += len(self)
         if not 0 <= j < len(self):
@@ -311,7 +203,7 @@ class BatchStream:
         self.world = world
         self.cursor = cursor or Cursor()
         self.ahead = ahead
-        self._plans: dict[int, list[list[int]]] = {}  # epoch -> batches, from the cursor's epoch on
+        self._plans: dict[int, Batches] = {}  # epoch -> batches, from the cursor's epoch on
         self._builder: _Builder | None = None
 
     def state_dict(self) -> dict:
@@ -335,7 +227,7 @@ class BatchStream:
         stats = getattr(self.make_batch, "io_stats", None)
         return stats() if stats is not None else {}
 
-    def _batches(self, epoch: int) -> list[list[int]]:
+    def _batches(self, epoch: int) -> Batches:
         if epoch not in self._plans:
             batches = self.plan.batches(epoch)
             if not batches:

@@ -18,18 +18,16 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
 from voxrelay import storage
 from voxrelay.data import shards as sh
-from voxrelay.data.loader import ShardCache
 from voxrelay.data.rowindex import RowIndex
+from voxrelay.data.shard_cache import ShardCache
 from voxrelay.paths import uri_key
 
 log = logging.getLogger(__name__)
@@ -39,21 +37,24 @@ class ShardSource:
     """Rows of one split, fetched and decoded shard by shard (see the module's docstring)."""
 
     def __init__(self, prepared_uri: str, num_codebooks: int, rows: RowIndex, cache: ShardCache, ram_bytes: int,
-                 min_free_bytes: int, workers: int = 4):
+                 workers: int = 4):
         self.prepared_uri = prepared_uri
         self.num_codebooks = num_codebooks
         self.rows = rows
         self.cache = cache
         self.ram_bytes = ram_bytes
-        self.min_free_bytes = min_free_bytes
         self.workers = workers
         self._decoded: OrderedDict[int, list[sh.EncodedUtterance]] = OrderedDict()
         self._decoded_bytes: dict[int, int] = {}
         self._pending: dict[int, Future] = {}
-        self._lock = threading.Lock()  # the disk cache's bookkeeping, shared by the download threads
+        self._lock = threading.Lock()  # ``_pending``, shared with the download threads
         self._pool: ThreadPoolExecutor | None = None
-        self.stats = {"downloaded": 0, "cache_hits": 0, "uncached": 0, "decoded": 0}
-        self.fetched = [0, 0.0]  # bytes downloaded (or read uncached) and the seconds it took, summed
+        self._decodes = 0
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Shards downloaded, found in the cache, read uncached (the disk nearly full), decoded."""
+        return self.cache.stats | {"decoded": self._decodes}
 
     @property
     def ram_used(self) -> int:
@@ -74,9 +75,10 @@ class ShardSource:
         """``shard_mb_s`` (downloads' MB over their seconds, threads summed: the bucket's rate per stream),
         ``cache_free_gb`` (free disk where shards are cached) and ``shards_uncached`` (read into memory because
         that disk was nearly full)."""
-        out = {"shards_uncached": float(self.stats["uncached"])}
-        if self.fetched[1] > 0:
-            out["shard_mb_s"] = self.fetched[0] / 1e6 / self.fetched[1]
+        out = {"shards_uncached": float(self.cache.stats["uncached"])}
+        fetched = self.cache.fetched
+        if fetched[1] > 0:
+            out["shard_mb_s"] = fetched[0] / 1e6 / fetched[1]
         try:
             out["cache_free_gb"] = shutil.disk_usage(self.cache.root).free / 1e9
         except OSError:
@@ -102,7 +104,7 @@ class ShardSource:
             future = self._pending.pop(s, None)
         data = future.result() if future is not None else self._fetch(s)
         rows = sh.decode_table(data, self.num_codebooks)
-        self.stats["decoded"] += 1
+        self._decodes += 1
         self._decoded[s] = rows
         self._decoded_bytes[s] = sum(r.codes.nbytes + len(r.text) for r in rows)
         while len(self._decoded) > 1 and self.ram_used > self.ram_bytes:
@@ -110,54 +112,12 @@ class ShardSource:
             del self._decoded_bytes[old]
         return rows
 
-    def _local_path(self, s: int) -> Path:
-        return self.cache.root / uri_key(self.prepared_uri) / f"{self.rows.shards[s]}.parquet"
-
     def _fetch(self, s: int) -> bytes:
-        """The shard's bytes, from the disk cache (downloaded into it if needed), or straight from storage
-        when caching it would leave less than ``min_free_bytes`` on the disk. Bytes, not a path: another
-        process may evict the file before it is decoded."""
+        """The shard's bytes: a local one read in place, a remote one through the node's cache."""
         uri = sh.shard_uri(self.prepared_uri, self.rows.shards[s])
         if storage.is_local(uri):
             return storage.read_bytes(uri)
-        path, size = self._local_path(s), storage.size(uri)
-        try:
-            if path.stat().st_size == size:
-                data = path.read_bytes()
-                with self._lock:
-                    self.cache.touch(path, size)
-                    self.stats["cache_hits"] += 1
-                return data
-        except FileNotFoundError:
-            pass  # not cached, or evicted by another process just now
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if shutil.disk_usage(path.parent).free - size < self.min_free_bytes:
-            with self._lock:
-                self.stats["uncached"] += 1
-            log.warning("the disk of %s has under cache.min_free_gb=%.1f free: shard %s is read into memory, "
-                        "not cached", path.parent, self.min_free_bytes / 1e9, self.rows.shards[s])
-            return self._timed(lambda: storage.read_bytes(uri), size)
-        with self._lock:
-            hold = self.cache.reserve(path, size)
-            self.stats["downloaded"] += 1
-        try:
-            self._timed(lambda: storage.get_file(uri, path), size)
-        finally:
-            with self._lock:
-                self.cache.settle(hold, path, size)
-        try:
-            return path.read_bytes()
-        except FileNotFoundError:  # evicted by another process at once
-            return storage.read_bytes(uri)
-
-
-    def _timed(self, fetch, size: int):
-        t0 = time.perf_counter()
-        out = fetch()
-        with self._lock:
-            self.fetched[0] += size
-            self.fetched[1] += time.perf_counter() - t0
-        return out
+        return self.cache.read(uri, self.cache.root / uri_key(self.prepared_uri) / f"{self.rows.shards[s]}.parquet")
 
 
 class StreamBatches:
@@ -193,7 +153,3 @@ class StreamBatches:
 
     def io_stats(self) -> dict[str, float]:
         return self.source.io_stats()
-
-    @property
-    def where(self) -> str:
-        return self.source.prepared_uri

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from voxrelay.config import RunConfig
-from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset, ShardCache
+from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset
 from voxrelay.data.rowindex import RowIndex, lengths_key, plan_lengths
+from voxrelay.data.shard_cache import ShardCache
 from voxrelay.data.stream import ShardSource, StreamBatches
 from voxrelay.models.base import FamilyModel
 from voxrelay.paths import cache_dir
@@ -51,9 +52,8 @@ def build_stream(model: FamilyModel, cfg: RunConfig, index: dict, rank: int, wor
     plan = BatchPlan(lengths[keep], index_rows.duration[keep], tc.seed, batch_tokens=tc.batch_tokens,
                      batch_seconds=tc.batch_seconds, shards=index_rows.shard[keep], window=tc.shuffle_window)
     cc = cfg.cache
-    source = ShardSource(cfg.prepared_uri, index["num_codebooks"], index_rows,
-                         ShardCache(cache_dir("prepared"), int(cc.max_gb * 2**30)), int(cc.ram_gb * 2**30),
-                         int(cc.min_free_gb * 1e9))
+    cache = ShardCache(cache_dir("prepared"), int(cc.max_gb * 2**30), int(cc.min_free_gb * 1e9))
+    source = ShardSource(cfg.prepared_uri, index["num_codebooks"], index_rows, cache, int(cc.ram_gb * 2**30))
     batches = StreamBatches(source, keep, model.example, model.collate, cc.prefetch_shards)
     return BatchStream(plan, batches, rank, world, ahead=tc.prefetch_batches)
 

@@ -9,7 +9,8 @@ import pytest
 from voxrelay import storage
 from voxrelay.data import rowindex as ri
 from voxrelay.data import shards as sh
-from voxrelay.data.loader import BatchPlan, BatchStream, ShardCache
+from voxrelay.data.loader import BatchPlan, BatchStream
+from voxrelay.data.shard_cache import ShardCache
 from voxrelay.data.stream import ShardSource, StreamBatches
 from voxrelay.paths import uri_key
 
@@ -111,7 +112,7 @@ def test_a_shuffle_window_reads_only_its_shards_and_covers_every_row_once():
 
 def _source(uri: str, index: dict, ram_bytes: int = 2**30, min_free: int = 0, max_bytes: int = 2**30):
     idx = ri.RowIndex.load(uri, index, "train")
-    return ShardSource(uri, K, idx, ShardCache(storage_cache(), max_bytes), ram_bytes, min_free), idx
+    return ShardSource(uri, K, idx, ShardCache(storage_cache(), max_bytes, min_free), ram_bytes), idx
 
 
 def storage_cache():
