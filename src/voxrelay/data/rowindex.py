@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from voxrelay import storage
 from voxrelay.data import shards as sh
+from voxrelay.models.base import num_frames
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,9 @@ class RowMeta:
     num_frames: int
 
 
-def row_meta(rows: list[sh.EncodedUtterance]) -> dict[str, list]:
-    """The sidecar columns of a shard's rows (stored in its ``.done`` marker)."""
-    return {"num_frames": [int(r.codes.shape[1]) for r in rows], "duration": [float(r.duration) for r in rows],
+def row_meta(rows: list) -> dict[str, list]:
+    """The sidecar columns of a shard's rows (encoded ones, stored in its ``.done`` marker, or :class:`RowMeta`)."""
+    return {"num_frames": [num_frames(r) for r in rows], "duration": [float(r.duration) for r in rows],
             "text_chars": [len(r.text) for r in rows], "speaker": [r.speaker for r in rows]}
 
 
@@ -102,9 +103,7 @@ def meta_table(shard_metas: list[dict[str, list]]) -> pa.Table:
 
 def meta_of_shard(prepared_uri: str, name: str) -> dict[str, list]:
     """:func:`row_meta` of a committed shard, read from its metadata columns (data prepared before the sidecar)."""
-    rows = list(shard_meta(_open_shard(prepared_uri, name)))
-    return {"num_frames": [r.num_frames for r in rows], "duration": [r.duration for r in rows],
-            "text_chars": [len(r.text) for r in rows], "speaker": [r.speaker for r in rows]}
+    return row_meta(list(shard_meta(_open_shard(prepared_uri, name))))
 
 
 @dataclass
