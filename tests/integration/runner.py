@@ -40,17 +40,52 @@ def torchrun(nproc: int, *args: str, env: dict, timeout: float = 600) -> subproc
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def node_launcher(node: int, nodes: int, port: int, nproc: int = 1, hide: list[Path] = ()) -> list[str]:
+    """The command (up to ``-m voxrelay``) of node ``node`` of a job over ``nodes`` machines, simulated on 127.0.0.1:
+    torchrun with a static rendezvous at ``port``. ``hide``: folders this node must not see (the other nodes'
+    local disks): in a mount namespace of its own each is covered by an empty tmpfs, so a file this node writes
+    there never reaches the other node (needs ``unshare``: see :func:`can_hide_folders`)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--node-rank={node}",
+           f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={port}"]
+    if not hide:
+        return cmd
+    mounts = " && ".join(f"mkdir -p '{p}' && mount -t tmpfs tmpfs '{p}'" for p in hide)
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "sh", *cmd]
+
+
+def can_hide_folders() -> bool:
+    """True where :func:`node_launcher` can hide folders (root, or user namespaces, and util-linux's unshare)."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs tmpfs /mnt"], capture_output=True)
+    return probe.returncode == 0
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Trainer:
     """A `voxrelay train` child process (with ``nproc`` > 1 a torchrun job) in a session of its
     own, whose output lines (stdout and stderr) are collected as they come."""
 
     def __init__(self, root: str, env: dict, *overrides: str, nproc: int = 1, config: str = CONFIG,
-                 settings=tiny):  # noqa: ANN001 (settings: (root, *overrides) -> the command line's overrides)
-        args = ["-m", "voxrelay", "train", config, *settings(root, *overrides)]
-        if nproc > 1:
-            args = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+                 settings=tiny, launcher: list[str] | None = None):  # noqa: ANN001 (settings: (root, *overrides) -> overrides)
+        args = [sys.executable, "-m", "voxrelay", "train", config, *settings(root, *overrides)]
+        if launcher is not None:  # e.g. node_launcher(): one node of a job over several
+            args = [*launcher, *args[1:]]
+        elif nproc > 1:
+            args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                    *args[1:]]
         self.proc = subprocess.Popen(
-            [sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,
         )
         self.lines: list[str] = []

@@ -29,11 +29,13 @@ from voxrelay import storage
 from voxrelay.checkpoint.sharded import is_sharded, read_model
 from voxrelay.checkpoint.staging import Staging, Uploader, Writer
 from voxrelay.checkpoint.store import (
+    ELSEWHERE,
     FORMAT_VERSION,
     Checkpoint,
     CheckpointError,
     CheckpointVanished,
     CommittedStore,
+    PartsMissing,
     check_manifest,
     step_name,
     verify_folder,
@@ -148,6 +150,25 @@ class CheckpointManager:
         self.uploader.submit(ckpt)
         return ckpt
 
+    def upload_part(self, step: int, folder: Path, names: list[str]) -> None:
+        """On a machine other than rank 0's (a job over several machines, each staging on its own disk): upload this
+        process's files of the checkpoint of ``step`` (its DCP shards) from ``folder``, then remove them there
+        (and the folder once the last process of the machine is done). Rank 0 commits the manifest once every
+        machine's files are in the bucket (:meth:`CommittedStore.upload`)."""
+        self.store.upload_files(folder, step, names)
+        for name in names:
+            (folder / name).unlink(missing_ok=True)
+        try:
+            folder.rmdir()
+        except OSError:  # another process of this machine still has its files there (it removes the folder)
+            pass
+
+    def tidy_local(self) -> None:
+        """On a machine other than rank 0's, once every process loaded: remove leftovers of saves killed midway
+        and the fetched copy of the checkpoint resumed from (rank 0's :meth:`start` does it on its machine)."""
+        self.staging.clean()
+        shutil.rmtree(self.fetched_dir, ignore_errors=True)
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every staged checkpoint is committed; False if ``timeout`` ran out."""
         return self.uploader.wait(timeout)
@@ -215,9 +236,13 @@ class CheckpointManager:
     def _first_valid(self, found: list[Checkpoint], damaged: list[str]) -> tuple[Checkpoint, Path] | None:
         for ckpt in found:
             try:
-                return ckpt, self._local_copy(ckpt)
+                return self._local_copy(ckpt)
             except CheckpointVanished:
                 raise
+            except CheckpointIncomplete as err:  # never whole: not damaged, not worth keeping
+                log.warning("the staged checkpoint %s cannot be completed (%s); it is removed, falling back to the "
+                            "previous one", ckpt.uri, err)
+                self.staging.remove(ckpt.step)
             except CheckpointError as err:
                 where = "committed" if ckpt.durable else "staged"
                 damaged.append(f"{where} {ckpt.uri} ({err})")
@@ -229,20 +254,37 @@ class CheckpointManager:
     def fetched_dir(self) -> Path:
         return self.staging.folder / FETCHED_DIR
 
-    def _local_copy(self, ckpt: Checkpoint) -> Path:
+    def _local_copy(self, ckpt: Checkpoint) -> tuple[Checkpoint, Path]:
+        """(the checkpoint, a local folder with its verified files)."""
         if not ckpt.durable:
-            verify_folder(Path(ckpt.uri), ckpt.manifest)
-            return Path(ckpt.uri)
+            folder = Path(ckpt.uri)
+            if any(not (folder / name).exists() for name in ckpt.manifest.get(ELSEWHERE, ())):
+                return self._complete(ckpt, folder)
+            verify_folder(folder, ckpt.manifest)
+            return ckpt, folder
         dest = self.fetched_dir / step_name(ckpt.step)
         if self.fetched_dir.exists():  # copies of other steps left by an earlier multi-process session
             for old in self.fetched_dir.iterdir():
                 if old != dest:
                     shutil.rmtree(old, ignore_errors=True)
         try:
-            return self.store.fetch(ckpt, dest)
+            return ckpt, self.store.fetch(ckpt, dest)
         except CheckpointError:
             shutil.rmtree(dest, ignore_errors=True)
             raise
+
+    def _complete(self, ckpt: Checkpoint, folder: Path) -> tuple[Checkpoint, Path]:
+        """A staged checkpoint of a job over several machines, killed before rank 0 committed it: the shards of
+        the other machines' ranks are not here. If they reached the bucket it is committed now and they are
+        fetched beside this machine's files; else it can never be whole (CheckpointIncomplete)."""
+        verify_folder(folder, ckpt.manifest, skip=set(ckpt.manifest[ELSEWHERE]))
+        try:
+            committed = self.store.upload(folder, ckpt.manifest, parts_wait_s=0)
+        except PartsMissing as err:
+            raise CheckpointIncomplete(f"the shards the other machines staged did not all reach the bucket: {err}"
+                                       ) from None
+        log.info("committed the checkpoint of step %d, staged here and on the job's other machines", ckpt.step)
+        return committed, self.store.fetch(committed, folder)
 
     def open(self, step: int | None = None, mmap: bool = False) -> tuple[Checkpoint, Path, dict] | None:
         """(checkpoint, verified local folder, train state) of the newest valid checkpoint (or ``step``), or None;
@@ -283,6 +325,10 @@ class CheckpointManager:
         one not yet uploaded). With several processes it stays for the others (see start())."""
         if folder.parent == self.fetched_dir and rank_world()[1] == 1:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+class CheckpointIncomplete(CheckpointError):
+    """A staged checkpoint whose other machines' shards never reached the bucket: it cannot be loaded anywhere."""
 
 
 def load_state(path: Path, mmap: bool = False) -> dict:

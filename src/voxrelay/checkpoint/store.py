@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
+ELSEWHERE = "elsewhere"  # manifest key: files of the checkpoint staged (and uploaded) by other machines of the job
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -31,6 +32,10 @@ class CheckpointError(UserError, RuntimeError):
 
 class CheckpointVanished(CheckpointError):
     """A committed checkpoint's file was deleted while it was read (retention of a run training beside us)."""
+
+
+class PartsMissing(OSError):
+    """Files of a checkpoint that other machines of the job upload are not (yet) in the bucket: its commit waits."""
 
 
 @dataclass
@@ -105,6 +110,7 @@ class CommittedStore:
         self.keep_every = keep_every
         self.keep_best = keep_best
         self.guard = guard
+        self.parts_wait_s = 600.0  # how long a commit waits for the files other machines upload (then retried)
         self.protected: set[int] = set()
         self.unreadable: dict[str, str] = {}  # folder name -> why its manifest.json cannot be read (last list())
         self._problems: dict[int, str | None] = {}  # step -> what is wrong with its files (None: whole)
@@ -129,17 +135,19 @@ class CommittedStore:
             out.append(Checkpoint(step, uri, manifest, durable=True))
         return sorted(out, key=lambda c: c.step, reverse=True)
 
-    def upload(self, folder: Path, manifest: dict) -> Checkpoint:
+    def upload(self, folder: Path, manifest: dict, parts_wait_s: float | None = None) -> Checkpoint:
         """Copy a staged checkpoint folder's files, check their sizes in storage, then write its
-        manifest (the commit)."""
+        manifest (the commit). The files the manifest lists as ``elsewhere`` (shards staged on other machines
+        of the job) are uploaded by those machines: the commit waits up to ``parts_wait_s`` (default
+        ``self.parts_wait_s``) for them, else raises :class:`PartsMissing`."""
         check_manifest(manifest)
         uri = storage.join(self.root_uri, step_name(manifest["step"]))
-        for name in manifest["files"]:
-            if self.guard is not None:  # taken over meanwhile: not one more file
-                self.guard()
-            storage.put_file(folder / name, storage.join(uri, name))
+        elsewhere = set(manifest.get(ELSEWHERE, ()))
+        self.upload_files(folder, manifest["step"], [n for n in manifest["files"] if n not in elsewhere])
         ckpt = Checkpoint(manifest["step"], uri, manifest, durable=True)
         problem = self._check_sizes(ckpt)
+        if problem and elsewhere:
+            problem = self._wait_for_parts(ckpt, elsewhere, self.parts_wait_s if parts_wait_s is None else parts_wait_s)
         if problem:  # e.g. a copy cut short: retried, never committed as it is
             raise OSError(errno.EIO, f"the upload of {uri} is incomplete: {problem}")
         if self.guard is not None:
@@ -148,14 +156,38 @@ class CommittedStore:
         self._problems[ckpt.step] = None
         return ckpt
 
+    def upload_files(self, folder: Path, step: int, names: list[str]) -> None:
+        """Copy files of ``folder`` into the checkpoint folder of ``step`` in storage (no manifest: not a commit)."""
+        uri = storage.join(self.root_uri, step_name(step))
+        for name in names:
+            if self.guard is not None:  # taken over meanwhile: not one more file
+                self.guard()
+            storage.put_file(folder / name, storage.join(uri, name))
+
+    def _wait_for_parts(self, ckpt: Checkpoint, elsewhere: set[str], wait_s: float) -> str | None:
+        """Poll the listing until the files other machines upload are there (size checked); what is still wrong
+        after ``wait_s``: PartsMissing when only their files are missing, a message for a problem of our own."""
+        deadline, pause = time.monotonic() + wait_s, 0.1
+        while True:
+            problems = self._size_problems(ckpt)
+            ours = [why for name, why in problems.items() if name not in elsewhere]
+            if not problems or ours:
+                return ours[0] if ours else None
+            if time.monotonic() >= deadline:
+                raise PartsMissing(errno.ETIMEDOUT, f"the upload of {ckpt.uri} waits for the shards staged on the "
+                                   f"job's other machines: {next(iter(problems.values()))} after {wait_s:.0f} s")
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 5.0)
+
     def _check_sizes(self, ckpt: Checkpoint) -> str | None:
+        return next(iter(self._size_problems(ckpt).values()), None)
+
+    def _size_problems(self, ckpt: Checkpoint) -> dict[str, str]:
+        """File name -> what is wrong with it in storage (missing, or another size than the manifest says)."""
         sizes = storage.file_sizes(ckpt.uri)
-        for name, meta in ckpt.manifest["files"].items():
-            if name not in sizes:
-                return f"{name} is missing"
-            if sizes[name] != meta["size"]:
-                return f"{name} has {sizes[name]} bytes, the manifest says {meta['size']}"
-        return None
+        return {name: f"{name} is missing" if name not in sizes else
+                f"{name} has {sizes[name]} bytes, the manifest says {meta['size']}"
+                for name, meta in ckpt.manifest["files"].items() if sizes.get(name) != meta["size"]}
 
     def problem(self, ckpt: Checkpoint) -> str | None:
         """What is wrong with a committed checkpoint's files (missing, or another size than its manifest
@@ -222,10 +254,13 @@ class CommittedStore:
             storage.delete(storage.join(self.root_uri, name), recursive=True)
 
 
-def verify_folder(folder: Path, manifest: dict) -> None:
-    """Raise CheckpointError naming the first file whose size or sha256 differs from the manifest."""
+def verify_folder(folder: Path, manifest: dict, skip: frozenset[str] | set[str] = frozenset()) -> None:
+    """Raise CheckpointError naming the first file whose size or sha256 differs from the manifest (the files
+    in ``skip`` are not looked at: another machine's shards)."""
     check_manifest(manifest)
     for name, meta in manifest["files"].items():
+        if name in skip:
+            continue
         path = folder / name
         if not path.exists():
             raise CheckpointError(f"{name} is missing")

@@ -252,6 +252,8 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
         lease.check()
         storage.write_text(storage.join(cfg.run_uri, CONFIG_SNAPSHOT), cfg.to_yaml())
         checkpoints.start()
+    elif accelerator.is_local_main_process:  # another machine of the job: its own staging disk
+        checkpoints.tidy_local()
     return run
 
 
@@ -282,9 +284,29 @@ def _load_latest(checkpoints: CheckpointManager, accelerator: Accelerator, ranks
         return found[0].step if found else None
 
     step = on_main(ranks, pick)
-    if step is None or ranks.main:
+    if step is None:
         return found
-    return checkpoints.open(step, mmap=torch.cuda.is_available())
+    # the first process of each machine fetches (one download per machine), then the others read its copy
+    first = accelerator.is_local_main_process and not ranks.main
+    found = _each_rank(ranks, lambda: checkpoints.open(step, mmap=torch.cuda.is_available()), first) or found
+    return _each_rank(ranks, lambda: checkpoints.open(step, mmap=torch.cuda.is_available()),
+                      not (ranks.main or first)) or found
+
+
+def _each_rank(ranks: Ranks, fn, here: bool):
+    """``fn()`` where ``here``, then every rank waits for all (a collective); an error on any stops every rank."""
+    result, error = None, None
+    if here:
+        try:
+            result = fn()
+        except Exception as err:
+            error = err
+    failed = [(r, e) for r, e in enumerate(ranks.gather(None if error is None else str(error))) if e is not None]
+    if error is not None:
+        raise error
+    if failed:
+        raise UserError(f"rank {failed[0][0]} could not load the checkpoint: {failed[0][1]}")
+    return result
 
 
 def spans_machines(world: int) -> bool:

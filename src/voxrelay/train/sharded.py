@@ -12,6 +12,10 @@ to the uploader, so the checkpoint is staged as soon as every rank has written, 
 training thread in between. Until then the folder has no manifest: a kill leaves a ``.tmp-*`` folder that
 loading ignores and the next session removes. A new save, and a final or emergency save (which writes
 synchronously), first wait for the previous one.
+
+A job over several machines needs no shared disk: each machine writes the folder on its own staging disk, the
+ranks whose shards rank 0 cannot see upload them themselves (then remove them), and rank 0's manifest lists
+them as ``elsewhere``: its upload commits once they are all in the bucket (see ``CommittedStore.upload``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from voxrelay import storage
 from voxrelay.checkpoint.manager import STATE_FILE
 from voxrelay.checkpoint.sharded import DCP, DCP_METADATA, MODEL_KEY, OPTIM_KEY, SHARDED, rank_files
-from voxrelay.checkpoint.store import CheckpointError, sha256_file
+from voxrelay.checkpoint.store import ELSEWHERE, CheckpointError, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +79,25 @@ class ShardSaver:
         write on any rank) is reported and counted on rank 0 (``checkpoint.max_failed_saves``), not raised."""
         self.wait()
         main, step = run.accelerator.is_main_process, run.loop.step
-        folder = None
+        folder = made = None
         if main:
             try:
                 run.checkpoints.staging.check_space(step, expected_bytes)
-                # ranks of one machine share the staging disk (the same VOXRELAY_CACHE): rank 0 names the folder
-                folder = str(run.checkpoints.new_folder(step))
-                torch.save(state, Path(folder) / STATE_FILE)  # small: written now, before the live objects change
+                # rank 0 names the folder; each machine has it on its own staging disk (VOXRELAY_CACHE), which
+                # the processes of a machine share
+                made = run.checkpoints.new_folder(step)
+                folder = made.name
+                torch.save(state, made / STATE_FILE)  # small: written now, before the live objects change
             except Exception as err:  # no room, an unwritable staging disk: reported and counted
                 run.checkpoints.uploader.save_failed(step, err)
-                if folder is not None:
-                    shutil.rmtree(folder, ignore_errors=True)
+                if made is not None:
+                    shutil.rmtree(made, ignore_errors=True)
                 folder = None
-        folder = run.ranks.broadcast(folder)
-        if folder is None:
+        name = run.ranks.broadcast(folder)
+        if name is None:
             return
+        folder = str(run.checkpoints.staging.folder / name)
+        Path(folder).mkdir(parents=True, exist_ok=True)  # on another machine's disk: not made yet
         model_sd, optim_sd = _state_dicts(run, _options(run.base_hash is not None))
         shards = {MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}
         if not background:  # last or emergency save: no copy in memory, the write is what we wait for
@@ -98,8 +106,7 @@ class ShardSaver:
                 _stage(run, step, Path(folder), extra, run.ranks.group)
             except Exception as err:  # DCP and _stage raise on every rank alike: all go on in step
                 _report_failure(run, step, err)
-                if main:
-                    shutil.rmtree(folder, ignore_errors=True)  # no partial folder left behind
+                shutil.rmtree(folder, ignore_errors=True)  # no partial folder left behind (on each machine's disk)
             return
         if self.group is None:
             self.group = dist.new_group(backend="gloo")
@@ -150,21 +157,25 @@ def _stage(run, step: int, folder: Path, extra: dict, group, error: str | None =
     dist.all_gather_object(reports, mine, group=group)
     failed = {r: report for r, report in enumerate(reports) if isinstance(report, str)}
     if failed:
-        if run.accelerator.is_main_process:
-            shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)  # every rank: some may be alone on their machine's disk
         raise CheckpointError(f"the sharded checkpoint of step {step} was not written: {failed} (rank: error)")
-    if not run.accelerator.is_main_process:
-        return
     files = {name: meta for report in reports for name, meta in report.items()}
-    missing = [r for r, report in enumerate(reports) if not report or any(not (folder / n).exists() for n in report)]
-    if missing:
-        raise CheckpointError(
-            f"the shards of ranks {missing} are not in {folder} on this machine: their processes run on other "
-            "machines. A train.strategy=fsdp run over several machines needs VOXRELAY_CACHE on a filesystem "
-            "every machine shares"
-        )
+    # the shards rank 0 cannot see were written on other machines' disks: each of their ranks uploads its own
+    elsewhere = sorted(n for n in files if not (folder / n).exists()) if run.accelerator.is_main_process else None
+    elsewhere = _broadcast(elsewhere, group)
+    if not run.accelerator.is_main_process:
+        if set(mine) & set(elsewhere):
+            run.checkpoints.upload_part(step, folder, sorted(mine))
+        return
     files |= {name: _file_meta(folder / name) for name in (DCP_METADATA, STATE_FILE)}
-    run.checkpoints.save_folder(step, folder, files, extra | {SHARDED: DCP})
+    run.checkpoints.save_folder(step, folder, files, extra | {SHARDED: DCP} | ({ELSEWHERE: elsewhere} if elsewhere
+                                                                               else {}))
+
+
+def _broadcast(obj, group):
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
 
 
 def load_sharded(run, folder: Path) -> None:

@@ -1,14 +1,19 @@
 """A job over several machines resuming from a checkpoint staged on rank 0's disk only (its upload did not
 finish before the last session died): rank 0 commits it before the others look, since they cannot read
-rank 0's disk; if the bucket refuses it, every rank resumes from the newest committed checkpoint instead."""
+rank 0's disk; if the bucket refuses it, every rank resumes from the newest committed checkpoint instead.
+A sharded checkpoint staged on two machines' disks commits once the other machine's shards are in the bucket;
+at resume, one whose shards got there is committed, one whose shards never did gives way to the previous one."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+import pytest
 import torch
 
 from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, CheckpointManager, model_writer, state_writer
+from voxrelay.checkpoint.store import ELSEWHERE, PartsMissing, sha256_file
 from voxrelay.train.build import commit_before_others_look, spans_machines
 
 
@@ -48,3 +53,70 @@ def test_spans_machines(monkeypatch) -> None:
     assert not spans_machines(8) and spans_machines(16)
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert not spans_machines(4)  # not under torchrun: one machine
+
+
+# ---------------------------------------------------------------- no shared disk: shards staged on two machines
+
+def _stage_on_two_machines(tmp_path: Path, run: Path, step: int) -> tuple[CheckpointManager, CheckpointManager]:
+    """What a save of a 2-machine sharded job leaves: machine 0 staged its shard, the state and a manifest naming
+    machine 1's shard as ``elsewhere``; machine 1 holds its shard in a folder of its own staging disk."""
+    main = CheckpointManager(str(run), staging_dir=tmp_path / "m0")
+    other = CheckpointManager(str(run), staging_dir=tmp_path / "m1")
+    name = main.staging.new_folder(step).name
+    here, there = main.staging.folder / name, other.staging.folder / name
+    there.mkdir(parents=True)
+    (here / "__0_0.distcp").write_bytes(bytes([step]) * 100)
+    torch.save({"step": step}, here / STATE_FILE)
+    (there / "__1_0.distcp").write_bytes(bytes([step + 1]) * 70)
+    files = {n: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+             for p in (here / "__0_0.distcp", here / STATE_FILE, there / "__1_0.distcp") for n in [p.name]}
+    main.staging.commit(step, here, {"format_version": 1, "step": step, "time": 0.0, "files": files,
+                                     ELSEWHERE: ["__1_0.distcp"]})
+    return main, other
+
+
+def test_a_commit_waits_for_the_shards_another_machine_uploads(tmp_path: Path) -> None:
+    run = tmp_path / "bucket/runs/r"
+    main, other = _stage_on_two_machines(tmp_path, run, 4)
+    staged = main.staging.list()[0]
+    with pytest.raises(PartsMissing):  # machine 1 has not uploaded yet: no commit, no manifest in the bucket
+        main.store.upload(Path(staged.uri), staged.manifest, parts_wait_s=0)
+    assert main.store.list() == []
+    there = other.staging.folder / next(other.staging.folder.iterdir()).name
+    uploading = threading.Timer(0.3, other.upload_part, (4, there, ["__1_0.distcp"]))
+    uploading.start()
+    committed = main.store.upload(Path(staged.uri), staged.manifest, parts_wait_s=60)  # polls until it is there
+    uploading.join()
+    assert committed.step == 4 and [c.step for c in main.store.list()] == [4]
+    assert not there.exists()  # machine 1 removed what it uploaded (and the folder, once empty)
+    _, folder, _ = CheckpointManager(str(run), staging_dir=tmp_path / "m2").open()  # a third machine reads it whole
+    assert (folder / "__1_0.distcp").read_bytes() == bytes([5]) * 70
+
+
+def test_a_killed_jobs_staged_checkpoint_is_committed_at_resume_when_its_parts_reached_the_bucket(tmp_path: Path):
+    run = tmp_path / "bucket/runs/r"
+    main, other = _stage_on_two_machines(tmp_path, run, 4)
+    there = next(other.staging.folder.iterdir())
+    other.upload_part(4, there, ["__1_0.distcp"])  # machine 1 uploaded its shard; the job died before the commit
+    ckpt, folder, _ = main.open()
+    assert ckpt.step == 4 and ckpt.durable and [c.step for c in main.store.list()] == [4]
+    assert (folder / "__1_0.distcp").read_bytes() == bytes([5]) * 70  # fetched beside machine 0's own files
+    found = commit_before_others_look(main, main.open())  # nothing left to upload: the same checkpoint
+    assert found[0].step == 4
+
+
+def test_a_staged_checkpoint_whose_parts_never_arrived_gives_way_to_the_newest_committed(tmp_path: Path) -> None:
+    run = tmp_path / "bucket/runs/r"
+    mgr = CheckpointManager(str(run), staging_dir=tmp_path / "m0")
+    _stage(mgr, 2)
+    mgr.store.upload(Path(mgr.staging.list()[0].uri), mgr.staging.list()[0].manifest)
+    main, _ = _stage_on_two_machines(tmp_path, run, 4)  # machine 1 died before uploading its shard of step 4
+    ckpt, _, state = main.open()
+    assert ckpt.step == 2 and state["step"] == 2  # not an error ("damaged"): the run goes on from step 2
+    assert [c.step for c in main.staging.list()] == [2]  # step 4 can never be whole: removed
+    assert [c.step for c in main.store.list()] == [2]
+
+
+def test_the_first_checkpoint_never_completed_means_starting_over(tmp_path: Path) -> None:
+    main, _ = _stage_on_two_machines(tmp_path, tmp_path / "bucket/runs/r", 2)
+    assert main.open() is None and main.staging.list() == []
