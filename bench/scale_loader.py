@@ -208,7 +208,7 @@ def report(results: dict, args) -> None:
               f"{start_per_row * 1e6:.2f} us x {more:.0f} more rows = {big['first_s'] + start_per_row * more:.1f} s; "
               f"RSS ~ {big['rss_mb']:.0f} MB + {per_row:.0f} B x {more:.0f} = "
               f"{big['rss_mb'] + per_row * more / 2**20:.0f} MB; a first session's "
-              f"lengths ~ {big['lengths_s'] / big['rows'] * rows_10k:.0f} s")
+              f"lengths ~ {big['lengths_s'] / big['rows'] * rows_10k:.0f} s on one process (shared by shard: / N)")
         print(f"  reader alone (full-length codes): {rate['batches_per_s']:.1f} batches/s, "
               f"{rate['audio_s_per_s']:.0f} audio-s/s = {rate['audio_s_per_s'] / need:.1f}x the need")
         worst = min(worst or 1e9, rate["audio_s_per_s"] / need)

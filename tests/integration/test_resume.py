@@ -155,10 +155,11 @@ def _stream(base: Path, world: int):
     from voxrelay.models.base import DataSpec
     from voxrelay.models.registry import build_model
     from voxrelay.train.build import build_stream
+    from voxrelay.train.ranks import Ranks
 
     cfg = load_config(CONFIG, tiny(str(base / "root")))
     model = build_model(cfg.model, DataSpec(cfg.codec.num_codebooks, cfg.codec.codebook_size), 0)
-    stream = build_stream(model, cfg, load_index(cfg.prepared_uri), 0, world, lambda fn: fn())
+    stream = build_stream(model, cfg, load_index(cfg.prepared_uri), 0, world, Ranks(None, 0, 1))
     stream.make_batch = lambda ids: tuple(ids)  # batch identity instead of tensors
     return stream
 

@@ -158,27 +158,51 @@ def lengths_key(model_config: dict, index: dict, split: str) -> str:
 
 def plan_lengths(length: Callable[[RowMeta], int], key: str, prepared_uri: str, rows: RowIndex) -> np.ndarray:
     """Every row's example length (int32, row-index order), from ``lengths/<key>.npy`` when an earlier session
-    computed it, else from the shards' text columns (then written there for the next session)."""
-    uri = storage.join(prepared_uri, LENGTHS_DIR, f"{key}.npy")
+    computed it, else from the shards' text columns (then written there for the next session). A job of several
+    processes shares the work instead: :func:`cached_lengths`, :func:`shard_lengths` on each, :func:`store_lengths`."""
+    cached = cached_lengths(key, prepared_uri, len(rows))
+    if cached is not None:
+        return cached
+    out = np.concatenate(shard_lengths(length, prepared_uri, rows, range(len(rows.shards)))).astype(np.int32)
+    store_lengths(key, prepared_uri, out)
+    return out
+
+
+def _lengths_uri(prepared_uri: str, key: str) -> str:
+    return storage.join(prepared_uri, LENGTHS_DIR, f"{key}.npy")
+
+
+def cached_lengths(key: str, prepared_uri: str, count: int) -> np.ndarray | None:
+    """The lengths an earlier session computed for ``key`` (None when there are none, or not ``count`` of them)."""
+    uri = _lengths_uri(prepared_uri, key)
     if storage.exists(uri):
         cached = np.load(io.BytesIO(storage.read_bytes(uri)), allow_pickle=False)
-        if cached.shape == (len(rows),):
+        if cached.shape == (count,):
             return cached
-    out = np.empty(len(rows), dtype=np.int32)
-    starts = np.searchsorted(rows.shard, np.arange(len(rows.shards)))
+    return None
+
+
+def shard_lengths(length: Callable[[RowMeta], int], prepared_uri: str, rows: RowIndex,
+                  shards: range) -> list[np.ndarray]:
+    """The example lengths of the rows of ``shards`` (positions in the split's shard list), one array a shard in
+    row order, from the shards' text columns (a few shards read at once)."""
+    out = []
     with ThreadPoolExecutor(READ_THREADS) as pool:  # remote column reads overlap; lengths on this thread
-        for first in range(0, len(rows.shards), 4 * READ_THREADS):  # a few shards' text in memory at a time
-            names = rows.shards[first:first + 4 * READ_THREADS]
+        for first in range(0, len(shards), 4 * READ_THREADS):  # a few shards' text in memory at a time
+            names = [rows.shards[s] for s in shards[first:first + 4 * READ_THREADS]]
             metas = pool.map(lambda name: list(shard_meta(_open_shard(prepared_uri, name))), names)
-            for s, shard in enumerate(metas, start=first):
-                for j, meta in enumerate(shard):
-                    out[starts[s] + j] = length(meta)
+            out += [np.fromiter((length(m) for m in shard), dtype=np.int32, count=len(shard)) for shard in metas]
+    return out
+
+
+def store_lengths(key: str, prepared_uri: str, lengths: np.ndarray) -> None:
+    """Cache ``lengths`` in the bucket for the next sessions; a bucket that refuses only costs computing them again."""
+    uri = _lengths_uri(prepared_uri, key)
     buf = io.BytesIO()
-    np.save(buf, out, allow_pickle=False)
+    np.save(buf, lengths, allow_pickle=False)
     try:
         storage.write_bytes(uri, buf.getvalue())
-        log.info("example lengths of %d rows computed from their text and cached at %s", len(rows), uri)
+        log.info("example lengths of %d rows computed from their text and cached at %s", len(lengths), uri)
     except (storage.StorageError, OSError) as err:  # e.g. prepared data in a bucket this account may only read
         log.warning("the example lengths could not be cached at %s (%s): the next session computes them again",
                     uri, str(err).split("\n")[0][:200])
-    return out

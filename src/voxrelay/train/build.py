@@ -25,7 +25,6 @@ from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.data.shards import PrepareError
-from voxrelay.errors import UserError
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model
@@ -173,21 +172,8 @@ def take_lease(cfg: RunConfig, ranks: Ranks, take_over: bool) -> RunLease | None
 
 
 def on_main(ranks: Ranks, fn):
-    """``fn()`` on rank 0 and its result on every rank; its error stops every rank (the others would
-    otherwise wait in the next exchange): rank 0 raises it, the others a UserError that names it."""
-    result, error = None, None
-    if ranks.main:
-        try:
-            result = fn()
-        except Exception as err:
-            error = err
-    summary = ranks.broadcast(None if error is None else error if isinstance(error, UserError) else
-                              f"{type(error).__name__}: {error}")
-    if error is not None:
-        raise error
-    if summary is not None:
-        raise summary if isinstance(summary, UserError) else UserError(f"the main process (rank 0) failed: {summary}")
-    return ranks.broadcast(result)
+    """``fn()`` on rank 0 and its result on every rank (see :meth:`Ranks.on_main`)."""
+    return ranks.on_main(fn)
 
 
 def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLease | None, fresh: bool) -> Run:
@@ -233,7 +219,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
     module, optimizer = wrap_model(model, cfg, accelerator)
     scheduler = build_scheduler(cfg.train, optimizer)
-    stream = build_stream(model, cfg, index, rank, world, lambda fn: on_main(ranks, fn), train_rows)
+    stream = build_stream(model, cfg, index, rank, world, ranks, train_rows)
     run_dir = local_run_dir(cfg.run_uri)
     run = Run(
         cfg, accelerator, model, module, optimizer, scheduler, stream, eval_rows, codec, checkpoints,
@@ -288,25 +274,9 @@ def _load_latest(checkpoints: CheckpointManager, accelerator: Accelerator, ranks
         return found
     # the first process of each machine fetches (one download per machine), then the others read its copy
     first = accelerator.is_local_main_process and not ranks.main
-    found = _each_rank(ranks, lambda: checkpoints.open(step, mmap=torch.cuda.is_available()), first) or found
-    return _each_rank(ranks, lambda: checkpoints.open(step, mmap=torch.cuda.is_available()),
-                      not (ranks.main or first)) or found
-
-
-def _each_rank(ranks: Ranks, fn, here: bool):
-    """``fn()`` where ``here``, then every rank waits for all (a collective); an error on any stops every rank."""
-    result, error = None, None
-    if here:
-        try:
-            result = fn()
-        except Exception as err:
-            error = err
-    failed = [(r, e) for r, e in enumerate(ranks.gather(None if error is None else str(error))) if e is not None]
-    if error is not None:
-        raise error
-    if failed:
-        raise UserError(f"rank {failed[0][0]} could not load the checkpoint: {failed[0][1]}")
-    return result
+    for here in (first, not (ranks.main or first)):
+        found = ranks.each(lambda: checkpoints.open(step, mmap=torch.cuda.is_available()), here) or found
+    return found
 
 
 def spans_machines(world: int) -> bool:

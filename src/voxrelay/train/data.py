@@ -10,27 +10,26 @@ memory and ``cache.max_gb`` of disk.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from voxrelay.config import RunConfig
 from voxrelay.data.loader import BatchPlan, BatchStream, PreparedDataset
-from voxrelay.data.rowindex import RowIndex, lengths_key, plan_lengths
+from voxrelay.data.rowindex import RowIndex, cached_lengths, lengths_key, shard_lengths, store_lengths
 from voxrelay.data.shard_cache import ShardCache
 from voxrelay.data.stream import ShardSource, StreamBatches
+from voxrelay.errors import UserError
 from voxrelay.models.base import FamilyModel
 from voxrelay.paths import cache_dir
+from voxrelay.train.ranks import Ranks
 
 log = logging.getLogger(__name__)
 
 
-def build_stream(model: FamilyModel, cfg: RunConfig, index: dict, rank: int, world: int,
-                 on_main: Callable[[Callable[[], Any]], Any], rows: list | None = None) -> BatchStream:
+def build_stream(model: FamilyModel, cfg: RunConfig, index: dict, rank: int, world: int, ranks: Ranks,
+                 rows: list | None = None) -> BatchStream:
     """This process's stream of training batches. ``rows``: the split in memory (for a family that uses the
-    corpus); ``on_main(fn)``: ``fn()`` run by rank 0 and its result on every rank (the lengths are computed
-    and cached once, not once per process)."""
+    corpus); ``ranks``: the job's processes (the lengths are computed once, shared among them, and cached)."""
     tc = cfg.train
     if rows is not None:
         lengths = np.asarray([model.length(r) for r in rows], dtype=np.int64)
@@ -46,8 +45,7 @@ def build_stream(model: FamilyModel, cfg: RunConfig, index: dict, rank: int, wor
 
         return BatchStream(plan, make_batch, rank, world, ahead=tc.prefetch_batches)
     index_rows = RowIndex.load(cfg.prepared_uri, index, "train")
-    key = lengths_key(cfg.model.model_dump(mode="json"), index, "train")
-    lengths = on_main(lambda: plan_lengths(model.length, key, cfg.prepared_uri, index_rows))
+    lengths = example_lengths(model, cfg, index, index_rows, ranks)
     keep = _kept(model, lengths)
     plan = BatchPlan(lengths[keep], index_rows.duration[keep], tc.seed, batch_tokens=tc.batch_tokens,
                      batch_seconds=tc.batch_seconds, shards=index_rows.shard[keep], window=tc.shuffle_window)
@@ -56,6 +54,26 @@ def build_stream(model: FamilyModel, cfg: RunConfig, index: dict, rank: int, wor
     source = ShardSource(cfg.prepared_uri, index["num_codebooks"], index_rows, cache, int(cc.ram_gb * 2**30))
     batches = StreamBatches(source, keep, model.example, model.collate, cc.prefetch_shards)
     return BatchStream(plan, batches, rank, world, ahead=tc.prefetch_batches)
+
+
+def example_lengths(model: FamilyModel, cfg: RunConfig, index: dict, rows: RowIndex, ranks: Ranks) -> np.ndarray:
+    """Every training row's example length: cached in the bucket by an earlier session (rank 0 reads it), else
+    computed from the shards' text columns by every process for its share of the shards (rank 0 caches them)."""
+    key = lengths_key(cfg.model.model_dump(mode="json"), index, "train")
+    cached = ranks.on_main(lambda: cached_lengths(key, cfg.prepared_uri, len(rows)))
+    if cached is not None:
+        return cached
+    mine = ranks.each(lambda: shard_lengths(model.length, cfg.prepared_uri, rows,
+                                            range(ranks.rank, len(rows.shards), ranks.world)))
+    parts = ranks.gather(mine)  # parts[r][i]: shard r + i * world
+    by_shard = [parts[s % ranks.world][s // ranks.world] for s in range(len(rows.shards))]
+    lengths = np.concatenate(by_shard).astype(np.int32) if by_shard else np.zeros(0, np.int32)
+    if len(lengths) != len(rows):
+        raise UserError(f"the shards of {cfg.prepared_uri} hold {len(lengths)} training rows, its row index "
+                        f"{len(rows)}: the prepared data changed while it was read; run `voxrelay prepare` again")
+    if ranks.main:
+        store_lengths(key, cfg.prepared_uri, lengths)
+    return lengths
 
 
 def _kept(model: FamilyModel, lengths: np.ndarray) -> np.ndarray:

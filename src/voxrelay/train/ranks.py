@@ -10,10 +10,13 @@ Training's own tensors (losses, token counts, gradients) stay on the device and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+
+from voxrelay.errors import UserError
 
 
 class Ranks:
@@ -56,3 +59,37 @@ class Ranks:
     def any(self, flag: bool) -> bool:
         """True on every process if it is True on any."""
         return any(self.gather(bool(flag)))
+
+    def on_main(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on rank 0 and its result on every rank; its error stops every rank (the others would
+        otherwise wait in the next exchange): rank 0 raises it, the others a UserError that names it."""
+        result, error = None, None
+        if self.main:
+            try:
+                result = fn()
+            except Exception as err:
+                error = err
+        summary = self.broadcast(None if error is None else error if isinstance(error, UserError) else
+                                 f"{type(error).__name__}: {error}")
+        if error is not None:
+            raise error
+        if summary is not None:
+            raise summary if isinstance(summary, UserError) else UserError(
+                f"the main process (rank 0) failed: {summary}")
+        return self.broadcast(result)
+
+    def each(self, fn: Callable[[], Any], here: bool = True) -> Any:
+        """``fn()`` on every rank where ``here`` (None elsewhere), then all wait for all (a collective); an error
+        on any rank stops every rank (raised where it happened, a UserError naming it on the others)."""
+        result, error = None, None
+        if here:
+            try:
+                result = fn()
+            except Exception as err:
+                error = err
+        failed = [(r, why) for r, why in enumerate(self.gather(error and f"{type(error).__name__}: {error}")) if why]
+        if error is not None:
+            raise error
+        if failed:
+            raise UserError(f"rank {failed[0][0]} failed: {failed[0][1]}")
+        return result

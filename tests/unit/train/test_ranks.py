@@ -69,7 +69,71 @@ def test_a_signal_on_one_rank_stops_every_rank_with_its_reason_and_time(tmp_path
     assert results[0]["exit_code"] == 75
 
 
+def test_example_lengths_are_computed_by_every_rank_for_its_share_of_the_shards(tmp_path):
+    """A first session's example lengths (the tokenizer over every row's text: minutes at 10k hours) are split
+    among the job's processes by shard; gathered, they are those one process computes, in row-index order, and
+    cached in the bucket for the next session (which computes nothing)."""
+    from voxrelay.data import rowindex as ri
+
+    index = _prepared(tmp_path / "prepared")
+    results = _launch(tmp_path, "lengths")
+    expected = ri.plan_lengths(_length, "single", str(tmp_path / "prepared"),
+                               ri.RowIndex.load(str(tmp_path / "prepared"), index, "train"))
+    assert results[0]["lengths"] == results[1]["lengths"] == expected.tolist()
+    assert results[0]["read"] == [0, 2, 4] and results[1]["read"] == [1, 3]  # each its own shards, none twice
+    assert results[0]["again"] == results[1]["again"] == 0  # the second session read them from the bucket
+
+
+def _prepared(uri: Path) -> dict:
+    """A train split of 5 shards of 4 rows each (text of varied length) with its row index."""
+    import numpy as np
+
+    from voxrelay import storage
+    from voxrelay.data import rowindex as ri
+    from voxrelay.data import shards as sh
+
+    index, metas = {"num_codebooks": 1, "shards": [], "identity": {"x": 1}}, []
+    for n in range(5):
+        utts = [sh.EncodedUtterance(f"s{n}-r{i}", "word " * (1 + (7 * n + 3 * i) % 9), None, None, 1.0,
+                                    np.zeros((1, 10 + n + i), dtype=np.int16)) for i in range(4)]
+        storage.write_bytes(sh.shard_uri(str(uri), f"train-{n:05d}"), sh.encode_table(utts))
+        index["shards"].append({"name": f"train-{n:05d}", "split": "train"})
+        metas.append(ri.row_meta(utts))
+    index["row_index"] = {"train": ri.write_row_index(str(uri), "train", metas)}
+    storage.write_json(storage.join(str(uri), sh.INDEX_FILE), index)
+    return index
+
+
+def _length(meta) -> int:
+    return len(meta.text) + meta.num_frames
+
+
 # ---------------------------------------------------------------------------------------------- the workers
+
+
+def _lengths(rank: int, tmp: Path) -> dict:
+    from voxrelay import storage
+    from voxrelay.data import rowindex as ri
+    from voxrelay.train.data import example_lengths
+    from voxrelay.train.ranks import Ranks
+
+    ranks, uri = Ranks.of_job(), str(tmp / "prepared")
+    index = storage.read_json(storage.join(uri, "index.json"))
+    rows = ri.RowIndex.load(uri, index, "train")
+    read: list[int] = []
+
+    def length(meta) -> int:
+        shard = int(meta.id.split("-")[0][1:])
+        if not read or read[-1] != shard:
+            read.append(shard)
+        return _length(meta)
+
+    cfg = SimpleNamespace(model=SimpleNamespace(model_dump=lambda mode: {"model": 1}), prepared_uri=uri)
+    first = example_lengths(SimpleNamespace(length=length), cfg, index, rows, ranks)
+    seen = len(read)
+    again = example_lengths(SimpleNamespace(length=length), cfg, index, rows, ranks)
+    assert again.tolist() == first.tolist()
+    return {"lengths": first.tolist(), "read": read[:seen], "again": len(read) - seen}
 
 
 class FakeClock:
@@ -159,11 +223,13 @@ def _decisions(rank: int, tmp: Path, clock: FakeClock, signal_at: int | None) ->
 
 def main(scenario: str, rank: int, port: int, out: Path, tmp: Path) -> None:
     clock = FakeClock(offset=20.0, rate=3.0) if rank == 1 and scenario == "skewed" else FakeClock()
-    if scenario != "collectives":
+    if scenario not in ("collectives", "lengths"):
         clock.install()
     _init(rank, port)
     if scenario == "collectives":
         result = _collectives(rank)
+    elif scenario == "lengths":
+        result = _lengths(rank, tmp)
     else:
         result = _decisions(rank, tmp, clock, 3 if scenario == "signal" else None)
     out.write_text(json.dumps(result))
