@@ -114,6 +114,16 @@ def test_default_is_the_adamw_runs_had_before_the_option():
         1e-3, (0.9, 0.95), 1e-8, 0.01, False)
 
 
+def test_adamw_is_fused_where_its_parameters_live_on_a_gpu(monkeypatch):
+    """The fused kernel on a GPU host (as a HF Trainer's default), not with CPU offload, not on a CPU host (where
+    the default implementation keeps the demo's numbers); exact resume holds for it (the test above, on CPU)."""
+    assert _built(TrainConfig(), _module())[0].param_groups[0]["fused"] is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _built(TrainConfig(), _module())[0].param_groups[0]["fused"] is True
+    offload = _tc("train.strategy=fsdp", "train.cpu_offload=true")
+    assert _built(offload, _module())[0].param_groups[0]["fused"] is None
+
+
 @pytest.mark.parametrize("name", ["adamw", "adamw_8bit"])
 def test_betas_and_eps_reach_adam(name):
     optimizer, _ = _built(_tc(f"train.optimizer={name}", "train.betas=[0.8, 0.99]", "train.eps=1e-6"), _module())
