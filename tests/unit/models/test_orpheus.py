@@ -66,6 +66,38 @@ def test_decode_of_encode_round_trips_and_drops_what_upstream_drops() -> None:
     assert np.array_equal(L.ids_to_codes(bad), np.delete(codes, 1, axis=1))
 
 
+def test_a_frame_repeating_the_previous_frames_first_code_is_dropped_as_upstream(parts: SimpleNamespace) -> None:
+    """Upstream's preparation (Unsloth notebook, remove_duplicate_frames) over the flat ids: keep frame 0, then a
+    frame only if its first id differs from the last KEPT frame's first id. Written out by hand for 7 frames."""
+    c0 = [5, 5, 9, 9, 9, 5, 7]  # frames 1, 3 and 4 repeat the c0 before them; frame 5's 5 differs from 9: kept
+    codes = np.stack([c0] + [[10 * f + r for f in range(7)] for r in range(1, 7)])  # rows 1-6 all distinct
+    assert L.drop_duplicate_frames(codes).tolist() == codes[:, [0, 2, 5, 6]].tolist()
+    ids = L.codes_to_ids(codes).tolist()
+    upstream = ids[:7]  # the notebook's loop, literally: compare with result[-7], the last kept frame's first id
+    for i in range(7, len(ids), 7):
+        if ids[i] != upstream[-7]:
+            upstream += ids[i:i + 7]
+    assert L.codes_to_ids(L.drop_duplicate_frames(codes)).tolist() == upstream
+    assert L.drop_duplicate_frames(codes[:, :1]).tolist() == codes[:, :1].tolist()  # one frame, and none
+    assert L.drop_duplicate_frames(codes[:, :0]).shape == (7, 0)
+    on = build_model(OrpheusConfig(init_from=str(parts.orpheus)), DATA, 0)  # the default: as upstream
+    off = build_model(OrpheusConfig(init_from=str(parts.orpheus), drop_duplicate_frames=False), DATA, 0)
+    prompt = len(on.prompt_ids("hello there", "tara"))
+    assert on.example(row(codes))["input_ids"][prompt:-2].tolist() == upstream
+    assert off.example(row(codes))["input_ids"][prompt:-2].tolist() == ids
+    assert on.length(row(codes)) == off.length(row(codes)) == prompt + 7 * 7 + 2  # planned before: a bound
+
+
+def test_an_orpheus_run_saved_before_duplicate_frames_were_dropped_resumes_only_as_it_trained() -> None:
+    from voxrelay.config import config_changes, load_config
+
+    new = load_config(None, ["model.family=orpheus"]).to_dict()
+    old = {**new, "model": {k: v for k, v in new["model"].items() if k != "drop_duplicate_frames"}}
+    assert config_changes(old, new)[1] == ["model.drop_duplicate_frames"]  # it trained without: refused
+    kept = load_config(None, ["model.family=orpheus", "model.drop_duplicate_frames=false"]).to_dict()
+    assert config_changes(old, kept) == ([], [])
+
+
 def test_snac_codes_round_trip_through_orpheus_ids(parts: SimpleNamespace) -> None:
     from voxrelay.codecs.snac import SnacCodec
 

@@ -38,6 +38,11 @@ class OrpheusConfig(BaseModel):
         "all", description="all: loss on the whole sequence, prompt included (upstream Orpheus); speech: on the "
         "audio codes, end_of_speech and end_of_ai only",
     )
+    drop_duplicate_frames: bool = Field(
+        True, description="Leave out of each training example a SNAC frame whose first code repeats the previous "
+        "frame's, as upstream's data preparation (remove_duplicate_frames); batch lengths are planned before "
+        "(an upper bound). Runs saved before this key existed trained without it (false)",
+    )
     max_seq_len: int = Field(4096, gt=0, description="Longest training sequence in tokens (text + 7 per SNAC frame)")
     dropout: float = Field(0.0, ge=0, lt=1, description="Attention dropout (upstream: 0)")
     weights_dtype: Literal["float32", "bfloat16"] = Field(

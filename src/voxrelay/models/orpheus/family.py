@@ -29,7 +29,7 @@ class OrpheusFamily:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 module = build_module(cfg)
-        return Orpheus(module, tokenizer, list(data.speakers), cfg.max_seq_len, cfg.loss_on)
+        return Orpheus(module, tokenizer, list(data.speakers), cfg.max_seq_len, cfg.loss_on, cfg.drop_duplicate_frames)
 
     def load(self, folder: str | os.PathLike[str]) -> Orpheus:
         return Orpheus.from_pretrained(folder)

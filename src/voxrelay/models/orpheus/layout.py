@@ -62,6 +62,17 @@ def codes_to_ids(codes: np.ndarray) -> np.ndarray:
     return (codes[FRAME_ROWS].T + OFFSETS).reshape(-1)  # [T, 7] frame-major, position k offset by k * 4096
 
 
+def drop_duplicate_frames(codes: np.ndarray) -> np.ndarray:
+    """SNAC grid [7, T] without the frames whose first code (c0) equals the previous kept frame's, as upstream's
+    data preparation (the Unsloth notebook's ``remove_duplicate_frames``). A dropped frame's c0 equals the kept
+    one before it, so "the previous kept frame's c0" is the previous frame's: a run of equal c0 keeps its first."""
+    codes = np.asarray(codes)
+    if codes.shape[-1] < 2:
+        return codes
+    keep = np.concatenate([[True], codes[0, 1:] != codes[0, :-1]])
+    return codes[:, keep]
+
+
 def ids_to_codes(ids: np.ndarray | list[int]) -> np.ndarray:
     """Generated ids -> SNAC grid int64 [7, T], as upstream decodes: crop after the last start_of_speech, drop
     end_of_speech (and anything that is not an audio id), keep whole frames, subtract each position's offset,

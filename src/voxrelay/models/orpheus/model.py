@@ -60,12 +60,14 @@ class Orpheus(FamilyState):
     family = "orpheus"
     max_length_key = "model.max_seq_len"
 
-    def __init__(self, module: Any, tokenizer: Any, speakers: list[str], max_seq_len: int, loss_on: str) -> None:
+    def __init__(self, module: Any, tokenizer: Any, speakers: list[str], max_seq_len: int, loss_on: str,
+                 drop_duplicates: bool = True) -> None:
         self.module = module
         self.tokenizer = tokenizer
         self.speakers = speakers
         self.max_length = max_seq_len
         self.loss_on = loss_on
+        self.drop_duplicates = drop_duplicates  # model.drop_duplicate_frames (training examples only)
 
     # ---------------------------------------------------------------- sequences
 
@@ -86,13 +88,16 @@ class Orpheus(FamilyState):
         return L.prompt_ids(self.tokenizer.encode(self.prompt_text(text, speaker), add_special_tokens=False))
 
     def length(self, row: Row) -> int:
+        """Tokens of the row's example, before duplicate frames are dropped (the plan reads no codes: a bound)."""
         return len(self.prompt_ids(row.text, row.speaker)) + L.CODES_PER_FRAME * num_frames(row) + 2
 
     def example(self, row: Row) -> Example:
         """``input_ids`` int64 [L] = prompt + audio ids + [128258, 128262]; ``labels`` int64 [L]: equal to
-        ``input_ids`` (loss_on=all) or -100 outside the audio ids and the two end ids (loss_on=speech)."""
+        ``input_ids`` (loss_on=all) or -100 outside the audio ids and the two end ids (loss_on=speech). With
+        ``drop_duplicates`` a frame whose c0 repeats the previous frame's is left out (upstream's preparation)."""
         prompt = self.prompt_ids(row.text, row.speaker)
-        ids = np.concatenate([np.asarray(prompt, dtype=np.int64), L.codes_to_ids(row.codes),
+        codes = L.drop_duplicate_frames(row.codes) if self.drop_duplicates else row.codes
+        ids = np.concatenate([np.asarray(prompt, dtype=np.int64), L.codes_to_ids(codes),
                               np.asarray([L.END_OF_SPEECH, L.END_OF_AI], dtype=np.int64)])
         labels = ids.copy()
         if self.loss_on == "speech":
