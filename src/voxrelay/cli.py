@@ -27,16 +27,48 @@ err = Console(stderr=True, soft_wrap=True)
 OVERRIDES = typer.Argument(None, help="key.sub=value overrides, e.g. root=/tmp/vr train.max_steps=100")
 
 
+class OwnLines(logging.Filter):
+    """What reaches the terminal: voxrelay's log lines, and other libraries' errors; with ``--verbose`` (or
+    VOXRELAY_VERBOSE=1, which torchrun's workers inherit) everything (matplotlib's font cache, transformers,
+    faster-whisper, Python warnings)."""
+
+    def __init__(self):
+        super().__init__()
+        self.verbose = os.environ.get("VOXRELAY_VERBOSE", "") not in ("", "0")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.verbose or record.levelno >= logging.ERROR or record.name.split(".")[0] == "voxrelay"
+
+
+OWN_LINES = OwnLines()
+
+
 def _setup_logging() -> None:
     from rich.logging import RichHandler
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=err, show_path=False)])
+    handler = RichHandler(console=err, show_path=False)
+    handler.addFilter(OWN_LINES)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[handler])
     for noisy in ("httpx", "urllib3", "botocore", "s3fs", "gcsfs", "aiobotocore", "fsspec", "accelerate"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.captureWarnings(True)  # FutureWarnings and the like: through the filter above
+    if not OWN_LINES.verbose:  # transformers and the hub print through handlers of their own
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from voxrelay.models.hub_cache import use_local_hub_cache
 
     use_local_hub_cache()  # not ~/.cache/huggingface on a small root disk
+
+
+@app.callback()
+def _global_options(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show other libraries' log lines "
+                                 "(transformers, matplotlib, faster-whisper, warnings); same as VOXRELAY_VERBOSE=1"),
+) -> None:
+    if verbose:
+        OWN_LINES.verbose = True
+        os.environ["VOXRELAY_VERBOSE"] = "1"  # torchrun's workers, child processes
 
 
 def demo_config_path() -> Path:
@@ -105,13 +137,17 @@ def train_cmd(
     from voxrelay.train.loop import train
 
     run = build_run(cfg, fresh=fresh, take_over=take_over)
-    if run.resumed_from is not None:
-        err.print(f"resuming {run.cfg.run_uri} from step {run.resumed_from}")
+    _say_resumed(run)
     result = train(run)
     if run.accelerator.is_main_process:
         out.print(f"trained to step {result.step}; run folder {run.cfg.run_uri}", highlight=False)
     run.exit(result.exit_code)
     raise typer.Exit(result.exit_code)
+
+
+def _say_resumed(run) -> None:
+    if run.resumed_from is not None:
+        err.print(f"resuming {run.cfg.run_uri} from step {run.resumed_from}", highlight=False)
 
 
 @app.command("plan")
@@ -292,7 +328,9 @@ def demo_cmd(
     overrides = [f"root={root}"] + ([f"train.max_steps={steps}"] if steps is not None else [])
     cfg = load_config(demo_config_path(), overrides)
     print_prepare_report(prepare(cfg))
-    result = train(build_run(cfg))
+    run = build_run(cfg)
+    _say_resumed(run)  # a second `voxrelay demo` continues the first
+    result = train(run)
     if result.exit_code:
         raise typer.Exit(result.exit_code)
     _demo_scores(cfg.run_uri)
