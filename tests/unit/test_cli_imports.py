@@ -32,7 +32,7 @@ def _imports(*args: str) -> dict:
 @pytest.mark.parametrize("args", [
     ["--help"], ["config", "--help"], ["prepare", "--help"], ["train", "--help"], ["status", "--help"],
     ["synthesize", "--help"], ["export", "--help"], ["voices", "--help"], ["demo", "--help"], ["plan", "--help"],
-    ["config", "show", str(demo_config_path())],
+    ["eval", "--help"], ["import", "--help"], ["config", "show", str(demo_config_path())],
 ])
 def test_help_and_config_show_import_nothing_heavy(args):
     got = _imports(*args)

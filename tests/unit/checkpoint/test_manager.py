@@ -158,7 +158,7 @@ def test_unreachable_bucket_keeps_a_bounded_number_of_staged_checkpoints(tmp_pat
     uploader.start()
     for step in (1, 2, 3, 4):
         uploader.submit(staging.stage(step, _writers(step), {}))
-    time.sleep(0.3)
+    assert _wait_until(lambda: uploader.last_error is not None, 60)  # its first try failed
     assert uploader.durable_step is None and "connection refused" in uploader.last_error
     kept = [c.step for c in staging.list()]
     assert 4 in kept and len(kept) <= 3  # the newest is kept; at most max_staged (+ the one in flight)
