@@ -44,6 +44,7 @@ class StepStats:
     audio_seconds: float
     grad_norm: float
     finite: bool = True  # False: NaN/inf loss or gradient norm, the optimizer step was skipped
+    scaler_skipped: bool = False  # fp16: the GradScaler skipped the step (inf gradients) and lowered its scale
     terms: dict[str, float] = field(default_factory=dict)  # each term's mean, logged as loss/<term>
 
 
@@ -81,13 +82,17 @@ def train_step(run: Run, micro_batches: list[dict]) -> StepStats:
     grads_ok = math.isfinite(grad_norm) or acc.scaler is not None
     loss = weighted_mean(sums, local, weights)
     finite = not any_rank(not (all(map(math.isfinite, sums.values())) and grads_ok), acc.device)
+    skipped = False
     if finite:
         run.optimizer.step()
-        run.model.after_optimizer_step()  # e.g. a family's EMA
-        run.scheduler.step()
+        skipped = acc.optimizer_step_was_skipped  # the scaler's skip: no update, so no EMA and schedule step
+        if not skipped:
+            run.model.after_optimizer_step()  # e.g. a family's EMA
+            run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     tokens = sum(local[name] for name, w in weights.items() if w)
-    return StepStats(loss, tokens, seconds, grad_norm, finite, {n: sums[n] / max(local[n], 1) for n in sums})
+    return StepStats(loss, tokens, seconds, grad_norm, finite, skipped,
+                     {n: sums[n] / max(local[n], 1) for n in sums})
 
 
 def _step_counts(per_batch: list[dict[str, int]]) -> dict[str, int]:
@@ -160,7 +165,8 @@ def _train(run: Run) -> TrainResult:
                 stats = train_step(run, micro)
             except torch.OutOfMemoryError as e:
                 return _out_of_memory(run, e, cursor, stops, bar)
-            loop.advance(stats.tokens, stats.audio_seconds, wall0 + time.time() - t0, stats.finite)
+            loop.advance(stats.tokens, stats.audio_seconds, wall0 + time.time() - t0, stats.finite,
+                         stats.scaler_skipped)
             meter.add(stats.tokens, stats.audio_seconds, waited)
             _log_step(run, stats, meter, bar)
             results = _evaluate(run, stops, bar, time.time() - started)
@@ -236,6 +242,7 @@ def _log_step(run: Run, stats: StepStats, meter: Throughput, bar: ProgressLine) 
     if _due(loop.step, tc.log_every) or loop.step == tc.max_steps or not stats.finite:
         metrics |= meter.report() | {"lr": run.scheduler.get_last_lr()[0], "grad_norm": stats.grad_norm,
                                      "epoch": run.stream.cursor.epoch, "bad_steps": loop.bad_steps}
+        metrics |= {"scaler_skips": loop.scaler_skips} if run.accelerator.scaler is not None else {}
         metrics |= run.checkpoints.io_stats()  # upload MB/s, staging backlog, free disk where checkpoints stage
         metrics |= run.stream.io_stats() | gpu_stats()  # shard MB/s, free cache disk; GPU memory and utilisation
         run.monitor.log(loop.step, metrics)

@@ -38,14 +38,17 @@ class LoopState:
     evals_since_best: int = 0
     bad_steps: int = 0  # steps skipped for a non-finite loss or gradient norm, in all
     bad_in_a_row: int = 0
+    scaler_skips: int = 0  # fp16: steps the GradScaler skipped (inf gradients: it lowers its scale), not bad steps
 
-    def advance(self, tokens: int, audio_seconds: float, wall_time: float, finite: bool = True) -> None:
+    def advance(self, tokens: int, audio_seconds: float, wall_time: float, finite: bool = True,
+                scaler_skipped: bool = False) -> None:
         self.step += 1
         self.tokens_seen += tokens
         self.audio_seconds_seen += audio_seconds
         self.wall_time = wall_time
         self.bad_steps += not finite
         self.bad_in_a_row = 0 if finite else self.bad_in_a_row + 1
+        self.scaler_skips += scaler_skipped
 
     def record_eval(self, loss: float) -> None:
         """Early-stopping bookkeeping: best eval loss and evaluations since it improved."""
