@@ -11,6 +11,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -279,6 +280,38 @@ def test_plan_without_data_or_seq_len_exits_2_naming_the_fix(tmp_path: Path) -> 
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr
     assert "--seq-len" in res.stderr and "voxrelay prepare" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_plan_works_from_a_folder_holding_only_config_json(tmp_path: Path, orpheus_3b) -> None:
+    """A model's sizes are all in its config.json: `plan` needs no tokenizer and no weights to price it (with
+    --seq-len; sizing examples from prepared data is what needs the tokenizer, and the error says so)."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+                intermediate_size=8192, vocab_size=156_940, rope_theta=500000.0,
+                tie_word_embeddings=True).save_pretrained(tmp_path / "orpheus-3b")
+    assert sorted(p.name for p in (tmp_path / "orpheus-3b").iterdir()) == ["config.json"]
+    (tmp_path / "run.yaml").write_text(f"model: {{family: orpheus, init_from: {tmp_path / 'orpheus-3b'}}}\n"
+                                       "codec: {type: snac, path: hubertsiuzdak/snac_24khz}\n")
+    args = ["plan", str(tmp_path / "run.yaml"), f"root={tmp_path}", "train.precision=bf16", "--seq-len", "2048",
+            "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rows = {(r["strategy"], r["gpus"], r["lora"], r["optimizer"], r["gradient_checkpointing"], r["cpu_offload"]):
+            r["per_gpu_bytes"]["total"] for r in json.loads(res.output)}
+    cfg, facts = orpheus_3b["float32"]  # the same sizes built with a tokenizer: the same prices
+    expected = make_plan(cfg, facts, Lengths(2048, "test"), 1, parse_gpu_memory("80GB", None)).rows
+    for row in expected:
+        s = row.strategy
+        assert rows[(s.strategy, s.gpus, s.lora, s.optimizer, s.gradient_checkpointing, s.cpu_offload)] == \
+            row.per_gpu_bytes["total"], s
+    from voxrelay.models.hf import ModelLoadError
+    from voxrelay.plan.model import model_facts
+
+    cfg = load_config(None, ["model.family=orpheus", f"model.init_from={tmp_path / 'orpheus-3b'}"])
+    _, model = model_facts(cfg, None)
+    with pytest.raises(ModelLoadError, match="--seq-len"):  # sizing an example: the tokenizer's absence, named
+        model.length(SimpleNamespace(text="hi", speaker=None, num_frames=3))
 
 
 def test_plan_json_prices_every_strategy(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import torch
 
 from voxrelay.config import ConfigError
 from voxrelay.models.base import DataSpec
+from voxrelay.models.hf import ModelLoadError
 from voxrelay.models.orpheus import layout as L
 from voxrelay.models.orpheus.config import OrpheusConfig
 from voxrelay.models.orpheus.loading import build_module, load_tokenizer, meta_module, tokenizer_source
@@ -22,10 +23,15 @@ class OrpheusFamily:
     def build(self, cfg: OrpheusConfig, data: DataSpec, seed: int, meta: bool = False) -> Orpheus:
         check_data(data)
         source = tokenizer_source(cfg)
-        tokenizer = load_tokenizer(source, "model.tokenizer" if cfg.tokenizer else "model.init_from")
-        if meta:
+        what = "model.tokenizer" if cfg.tokenizer else "model.init_from"
+        if meta:  # `plan`: the shapes come from config.json; a tokenizer only sizes examples (--seq-len needs none)
+            try:
+                tokenizer = load_tokenizer(source, what)
+            except ModelLoadError as err:
+                tokenizer = MissingTokenizer(f"{err}; or give `voxrelay plan` --seq-len N (tokens per GPU micro-batch)")
             module = meta_module(cfg)
         else:
+            tokenizer = load_tokenizer(source, what)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 module = build_module(cfg)
@@ -33,6 +39,17 @@ class OrpheusFamily:
 
     def load(self, folder: str | os.PathLike[str]) -> Orpheus:
         return Orpheus.from_pretrained(folder)
+
+
+class MissingTokenizer:
+    """Stands in for a tokenizer that could not be loaded where none is needed (a model built on meta to price its
+    memory); anything that tokenizes raises the load's error."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __getattr__(self, name: str):
+        raise ModelLoadError(self.why)
 
 
 def check_data(data: DataSpec) -> None:
