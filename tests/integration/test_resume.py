@@ -72,9 +72,12 @@ def _cursor(base: Path, name: str, step: int) -> dict:
     return load_state(folder / STATE_FILE)["data"]
 
 
-@pytest.mark.parametrize("extra", [(), LORA], ids=["full", "lora"])
+EIGHT_BIT = ("train.optimizer=adamw_8bit",)
+
+
+@pytest.mark.parametrize("extra", [(), LORA, EIGHT_BIT], ids=["full", "lora", "8bit"])
 def test_kill_and_resume_is_bit_exact(prepared, extra):
-    tag = "-lora" if extra else ""
+    tag = {(): "", LORA: "-lora", EIGHT_BIT: "-8bit"}[extra]
     _train(prepared, f"straight{tag}", *extra)
     # the same run, killed with SIGKILL right after the checkpoint of step 4 is committed
     trainer = Trainer(str(prepared / "root"), env_for(prepared / "cache"), f"name=killed{tag}",
@@ -93,7 +96,20 @@ def test_kill_and_resume_is_bit_exact(prepared, extra):
     assert step_a == step_b == STEPS
     assert_same_weights(a, b)
     # with LoRA the checkpoint holds the adapters and the modules trained in full, nothing of the frozen base
-    assert all(".lora_" in k or ".modules_to_save." in k for k in a) == bool(extra)
+    assert all(".lora_" in k or ".modules_to_save." in k for k in a) == (extra == LORA)
+    if extra == EIGHT_BIT:  # bitsandbytes' 8-bit states (uint8 moments of the tensors over 4096 elements) resumed
+        optim = load_state(_folder(prepared, f"killed{tag}") / STATE_FILE)["optimizer"]["state"]
+        dtypes = Counter(str(v.dtype) for state in optim.values() for v in _tensors(state))
+        assert dtypes["torch.uint8"] >= 2, dtypes  # state1, state2 (bitsandbytes nests them in its quant state)
+
+
+def _tensors(state):
+    for value in state.values() if isinstance(state, dict) else ():
+        yield from _tensors(value) if isinstance(value, dict) else [value] if hasattr(value, "dtype") else []
+
+
+def _folder(base: Path, name: str) -> Path:
+    return CheckpointManager(str(base / "root" / "runs" / name), staging_dir=base / "cache" / "fetch").latest_valid()[1]
 
 
 def _resumed_step(stderr: str) -> int:
