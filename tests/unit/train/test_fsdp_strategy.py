@@ -108,3 +108,30 @@ def test_memory_settings_may_change_on_resume_but_not_the_strategy():
     old = {k: v for k, v in saved.items()}  # a checkpoint from before these keys existed counts as ddp
     old["train"] = {k: v for k, v in saved["train"].items() if k not in ("strategy", "fsdp_sharding")}
     assert config_changes(old, load_config(None, []).to_dict()) == ([], [])
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_cpu_offload_is_applied_to_every_unit_and_states_live_on_the_cpu(offload):
+    """train.cpu_offload=true gives every FSDP unit and the root CPUOffloadPolicy (on this CPU host it moves
+    nothing, so the policy itself is what can be checked), and after a step the parameters, their gradients and
+    AdamW's states are all on the CPU; without it no unit has the policy."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from voxrelay.train.strategies import apply_fsdp
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    apply_fsdp(module, (torch.nn.Linear,), "full_shard", "no", offload, init_device_mesh("cpu", (1,)))
+    units = [m for m in module.modules() if hasattr(m, "_get_fsdp_state")]
+    assert len(units) == 3  # two layers and the root
+    policies = [u._get_fsdp_state()._fsdp_param_group for u in units]
+    assert [isinstance(g.offload_policy, CPUOffloadPolicy) for g in policies if g is not None] == [offload] * 2
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
+    module(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    tensors = [p for p in module.parameters()] + [p.grad for p in module.parameters()] + \
+        [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    assert {t.device.type for t in tensors} == {"cpu"}
