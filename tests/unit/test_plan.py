@@ -179,6 +179,32 @@ def test_activation_bytes_equal_saved_tensor_bytes_of_the_decoder(compute: str) 
         assert predicted == pytest.approx(measured, rel=0.01), (h, i, nh, kv)
 
 
+HELD_OUT = [  # shapes the formula was not fitted on: other widths, head counts, depths, and a Qwen2 (q/k/v biases)
+    ("llama", 640, 1792, 10, 5, 3), ("llama", 192, 1536, 3, 1, 4), ("qwen2", 448, 1216, 7, 1, 3)]
+
+
+def _held_out(kind: str, h: int, i: int, nh: int, kv: int, layers: int, dtype: torch.dtype):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if kind == "llama":
+        return _llama(h, i, nh, kv, layers, dtype, False)
+    config = Qwen2Config(vocab_size=1000, hidden_size=h, intermediate_size=i, num_hidden_layers=layers,
+                         num_attention_heads=nh, num_key_value_heads=kv, tie_word_embeddings=True)
+    return Qwen2ForCausalLM._from_config(config, attn_implementation="sdpa", dtype=dtype)
+
+
+@pytest.mark.parametrize("compute", ["bf16", "fp32"])
+@pytest.mark.parametrize("shape", HELD_OUT, ids=lambda s: f"{s[0]}-{s[1]}x{s[5]}")
+def test_activation_bytes_hold_on_shapes_they_were_not_fitted_on(compute: str, shape: tuple) -> None:
+    """The whole decoder's saved bytes at 80 tokens, predicted from the config alone, within 1%: widths, head
+    counts and depths outside the fitted set, and another architecture (Qwen2)."""
+    dtype, ctx = COMPUTE[compute]
+    torch.manual_seed(0)
+    module = _held_out(*shape, dtype)
+    measured = _decoder_saved(module, False, 80, ctx)
+    assert activation_bytes(shape_of(module), 80, compute, False) == pytest.approx(measured, rel=0.01), shape
+
+
 def test_activation_formula_gives_facts_figure_for_llama_3b() -> None:
     llama_3b = Shape(3072, 8192, 24, 1024, 128, 28, 156_940)
     assert layer_activation_bytes(llama_3b, "bf16") == pytest.approx(131_000, rel=0.01)
