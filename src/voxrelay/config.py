@@ -297,21 +297,18 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): data}
 
 
-# keys added with a default other than the behaviour runs had before them: (section, family or None, key) -> the
-# value a saved config without the key stands for (resuming such a run with the new default is a change)
-ADDED_WITH_NEW_BEHAVIOUR = {("model", "orpheus", "drop_duplicate_frames"): False}
-
-
 def _with_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """A saved config with the keys added since it was written set to their defaults: a new key's
     default keeps the behaviour runs had before it existed (train.optimizer: adamw), so a run saved
-    by an older voxrelay still resumes; where it does not (ADDED_WITH_NEW_BEHAVIOUR) the key gets the value
-    that was the behaviour then. A config that no longer validates is compared as it is."""
+    by an older voxrelay still resumes; where it does not (a family config's ADDED_WITH_NEW_BEHAVIOUR:
+    key -> the value a saved config without it stands for) the key gets the value that was the behaviour
+    then. A config that no longer validates is compared as it is."""
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-    for (section, family, key), before in ADDED_WITH_NEW_BEHAVIOUR.items():
-        part = data.get(section)
-        if isinstance(part, dict) and key not in part and family in (None, part.get("family")):
-            part[key] = before
+    model = data.get("model")
+    if isinstance(model, dict):
+        family = FAMILY_CONFIGS.get(model.get("family", DEFAULT_FAMILY))
+        for key, before in getattr(family, "ADDED_WITH_NEW_BEHAVIOUR", {}).items():
+            model.setdefault(key, before)
     try:
         return RunConfig.model_validate(data).to_dict()
     except ValidationError:

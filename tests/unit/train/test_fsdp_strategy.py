@@ -116,13 +116,23 @@ def test_cpu_offload_is_applied_to_every_unit_and_states_live_on_the_cpu(offload
     nothing, so the policy itself is what can be checked), and after a step the parameters, their gradients and
     AdamW's states are all on the CPU; without it no unit has the policy."""
     import torch.distributed as dist
+
+    own = not dist.is_initialized()  # a world of one, gone again after the test (others in this worker make theirs)
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        _offloaded_step(offload)
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
+def _offloaded_step(offload: bool) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     from voxrelay.train.strategies import apply_fsdp
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     apply_fsdp(module, (torch.nn.Linear,), "full_shard", "no", offload, init_device_mesh("cpu", (1,)))
     units = [m for m in module.modules() if hasattr(m, "_get_fsdp_state")]

@@ -6,7 +6,7 @@ Imported by :mod:`voxrelay.config`, so it must stay free of torch/transformers (
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,6 +23,9 @@ class OrpheusConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # keys added with a default other than what runs did before them: the value a saved config without the key
+    # stands for (so resuming such a run with the new default is a change the resume check names)
+    ADDED_WITH_NEW_BEHAVIOUR: ClassVar[dict[str, object]] = {"drop_duplicate_frames": False}
 
     family: Literal["orpheus"] = Field(
         "orpheus", description="Model family (src/voxrelay/models/<family>/); the other model.* keys depend on it"
