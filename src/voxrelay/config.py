@@ -300,15 +300,11 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 def _with_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """A saved config with the keys added since it was written set to their defaults: a new key's
     default keeps the behaviour runs had before it existed (train.optimizer: adamw), so a run saved
-    by an older voxrelay still resumes; where it does not (a family config's ADDED_WITH_NEW_BEHAVIOUR:
-    key -> the value a saved config without it stands for) the key gets the value that was the behaviour
-    then. A config that no longer validates is compared as it is."""
-    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-    model = data.get("model")
-    if isinstance(model, dict):
+    by an older voxrelay still resumes; a family config's ADDED_WITH_NEW_BEHAVIOUR gives the values its keys
+    stand for where that is not so. A config that no longer validates is compared as it is."""
+    if isinstance(model := data.get("model"), dict):
         family = FAMILY_CONFIGS.get(model.get("family", DEFAULT_FAMILY))
-        for key, before in getattr(family, "ADDED_WITH_NEW_BEHAVIOUR", {}).items():
-            model.setdefault(key, before)
+        data = {**data, "model": {**getattr(family, "ADDED_WITH_NEW_BEHAVIOUR", {}), **model}}
     try:
         return RunConfig.model_validate(data).to_dict()
     except ValidationError:

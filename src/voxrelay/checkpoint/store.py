@@ -145,9 +145,8 @@ class CommittedStore:
         elsewhere = set(manifest.get(ELSEWHERE, ()))
         self.upload_files(folder, manifest["step"], [n for n in manifest["files"] if n not in elsewhere])
         ckpt = Checkpoint(manifest["step"], uri, manifest, durable=True)
-        problem = self._check_sizes(ckpt)
-        if problem and elsewhere:
-            problem = self._wait_for_parts(ckpt, elsewhere, self.parts_wait_s if parts_wait_s is None else parts_wait_s)
+        wait_s = self.parts_wait_s if parts_wait_s is None else parts_wait_s
+        problem = self._wait_for_parts(ckpt, elsewhere, wait_s) if elsewhere else self._check_sizes(ckpt)
         if problem:  # e.g. a copy cut short: retried, never committed as it is
             raise OSError(errno.EIO, f"the upload of {uri} is incomplete: {problem}")
         if self.guard is not None:

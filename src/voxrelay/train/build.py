@@ -167,13 +167,8 @@ def take_lease(cfg: RunConfig, ranks: Ranks, take_over: bool) -> RunLease | None
             log.warning(taken)
         lease.start_renewing()
 
-    on_main(ranks, acquire)
+    ranks.on_main(acquire)
     return lease
-
-
-def on_main(ranks: Ranks, fn):
-    """``fn()`` on rank 0 and its result on every rank (see :meth:`Ranks.on_main`)."""
-    return ranks.on_main(fn)
 
 
 def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLease | None, fresh: bool) -> Run:
@@ -269,7 +264,7 @@ def _load_latest(checkpoints: CheckpointManager, accelerator: Accelerator, ranks
             found = commit_before_others_look(checkpoints, found)
         return found[0].step if found else None
 
-    step = on_main(ranks, pick)
+    step = ranks.on_main(pick)
     if step is None:
         return found
     # the first process of each machine fetches (one download per machine), then the others read its copy

@@ -35,6 +35,7 @@ from voxrelay import storage
 from voxrelay.checkpoint.manager import STATE_FILE
 from voxrelay.checkpoint.sharded import DCP, DCP_METADATA, MODEL_KEY, OPTIM_KEY, SHARDED, rank_files
 from voxrelay.checkpoint.store import ELSEWHERE, CheckpointError, sha256_file
+from voxrelay.train.ranks import Ranks
 
 log = logging.getLogger(__name__)
 
@@ -147,14 +148,13 @@ def _finish(written: Future, run, step: int, folder: Path, extra: dict, group) -
 def _stage(run, step: int, folder: Path, extra: dict, group, error: str | None = None) -> None:
     """Every rank hashes its own files (in parallel) and gathers the lists on ``group``; rank 0 stages the
     folder with its manifest. Raises on every rank if any rank's write failed."""
-    rank = dist.get_rank()
+    ranks = Ranks(group, dist.get_rank(), dist.get_world_size(group))
     mine: dict | str
     try:
-        mine = error or {p.name: _file_meta(p) for p in rank_files(folder, rank)}
+        mine = error or {p.name: _file_meta(p) for p in rank_files(folder, ranks.rank)}
     except OSError as err:
         mine = f"{type(err).__name__}: {err}"
-    reports: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(reports, mine, group=group)
+    reports = ranks.gather(mine)
     failed = {r: report for r, report in enumerate(reports) if isinstance(report, str)}
     if failed:
         shutil.rmtree(folder, ignore_errors=True)  # every rank: some may be alone on their machine's disk
@@ -162,7 +162,7 @@ def _stage(run, step: int, folder: Path, extra: dict, group, error: str | None =
     files = {name: meta for report in reports for name, meta in report.items()}
     # the shards rank 0 cannot see were written on other machines' disks: each of their ranks uploads its own
     elsewhere = sorted(n for n in files if not (folder / n).exists()) if run.accelerator.is_main_process else None
-    elsewhere = _broadcast(elsewhere, group)
+    elsewhere = ranks.broadcast(elsewhere)
     if not run.accelerator.is_main_process:
         if set(mine) & set(elsewhere):
             run.checkpoints.upload_part(step, folder, sorted(mine))
@@ -170,12 +170,6 @@ def _stage(run, step: int, folder: Path, extra: dict, group, error: str | None =
     files |= {name: _file_meta(folder / name) for name in (DCP_METADATA, STATE_FILE)}
     run.checkpoints.save_folder(step, folder, files, extra | {SHARDED: DCP} | ({ELSEWHERE: elsewhere} if elsewhere
                                                                                else {}))
-
-
-def _broadcast(obj, group):
-    box = [obj]
-    dist.broadcast_object_list(box, src=0, group=group)
-    return box[0]
 
 
 def load_sharded(run, folder: Path) -> None:
