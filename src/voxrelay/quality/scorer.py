@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from voxrelay.quality.asr import AsrMissing, AsrModelError, Transcriber
 from voxrelay.quality.config import EvalConfig
-from voxrelay.quality.text import errors
+from voxrelay.quality.text import errors, use_spelling_map
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,9 @@ class Scorer:
             try:
                 if kind == "asr":
                     asr = self.cfg.asr
-                    self._models[kind] = Transcriber.load(asr.model, asr.device, self.threads, asr.beam_size,
-                                                            asr.batch_size)
+                    model = Transcriber.load(asr.model, asr.device, self.threads, asr.beam_size, asr.batch_size)
+                    use_spelling_map(model.name if Path(model.name).is_dir() else None)
+                    self._models[kind] = model
                 else:
                     from voxrelay.quality.speaker import SpeakerEncoder
 

@@ -1,49 +1,56 @@
-"""Text normalisation and error rates for intelligibility scoring (WER and CER).
+"""Text normalisation and error rates for intelligibility scoring (WER and CER), as the field computes them.
 
-The normaliser (keep it fixed: WERs are only comparable under one definition) applies, in order:
-Unicode NFKC; lower case; curly apostrophes to ``'``; whole numbers 0-999 written in digits
-spelled out the way the demo corpus writes them (``342`` -> ``three hundred and forty two``);
-hyphens, slashes and every other character that is not a letter, a digit, an apostrophe or a
-space become spaces; apostrophes not between two letters are dropped; runs of spaces collapse.
-There is no spelling map: ``neighbour`` and ``neighbor`` differ.
+Both texts go through Whisper's English text normaliser (``EnglishTextNormalizer``, which transformers
+ships; parler-tts' evaluation and most published TTS WERs use it): lower case, brackets and fillers
+removed, contractions and abbreviations expanded (``didn't`` -> ``did not``, ``Mr`` -> ``mister``),
+spelled-out numbers to digits (``three hundred and forty two`` -> ``342``), punctuation to spaces,
+runs of spaces collapsed. Its British-to-American spelling map is used when ``normalizer.json`` (as the
+``openai/whisper-*`` repositories ship it) is in the Whisper model's folder, else none (``neighbour`` and
+``neighbor`` then differ); :func:`spelling_map` says which.
 
-WER = word-level edit distance (substitutions + deletions + insertions) / reference words, over a
-whole set of utterances (the sums, not a mean of per-utterance rates); CER the same over the
-characters of the normalised text without spaces. Both can exceed 1 (insertions).
+The edit counts come from jiwer (rapidfuzz underneath). WER = word-level edits (substitutions, deletions,
+insertions) / reference words, over a whole set of utterances (the sums, not a mean of per-utterance
+rates); CER the same over characters, spaces included (jiwer's convention). Both can exceed 1.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
+import json
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
-from voxrelay.data.demo_text import spell_number
+import jiwer
 
-_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
-_NUMBER = re.compile(r"\b\d{1,3}\b")
-_NOT_WORDISH = re.compile(r"[^\w' ]|_")
-_LOOSE_APOSTROPHE = re.compile(r"(?<![^\W\d_])'|'(?![^\W\d_])")
+_SPELLING: dict[str, str] = {}
+
+
+def use_spelling_map(model_folder: str | Path | None) -> bool:
+    """Use the spelling map in ``<model_folder>/normalizer.json`` when there is one; True when it is used."""
+    path = Path(model_folder) / "normalizer.json" if model_folder else None
+    mapping = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    if mapping != _SPELLING:
+        _SPELLING.clear()
+        _SPELLING.update(mapping)
+        _normalizer.cache_clear()
+    return bool(mapping)
+
+
+def spelling_map() -> bool:
+    """Whether a British-to-American spelling map is in use."""
+    return bool(_SPELLING)
+
+
+@cache
+def _normalizer():
+    from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
+
+    return EnglishTextNormalizer(dict(_SPELLING))
 
 
 def normalize(text: str) -> str:
     """The normalised form of ``text`` (see the module docstring)."""
-    text = unicodedata.normalize("NFKC", text).lower().translate(_APOSTROPHES)
-    text = _NUMBER.sub(lambda m: " " + spell_number(int(m.group())) + " ", text)
-    text = _NOT_WORDISH.sub(" ", text)
-    text = _LOOSE_APOSTROPHE.sub("", text)
-    return " ".join(text.split())
-
-
-def edit_distance(ref: list, hyp: list) -> int:
-    """Levenshtein distance between two sequences (unit costs)."""
-    prev = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        cur = [i] + [0] * len(hyp)
-        for j, h in enumerate(hyp, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
-        prev = cur
-    return prev[-1]
+    return " ".join(_normalizer()(text).split())
 
 
 @dataclass(frozen=True)
@@ -68,12 +75,15 @@ class Errors:
         return self.char_edits / max(self.ref_chars, 1)
 
 
+def _edits(out) -> int:
+    return out.substitutions + out.deletions + out.insertions
+
+
 def errors(reference: str, hypothesis: str) -> Errors:
     """Word and character edits of ``hypothesis`` against ``reference`` (both normalised here)."""
     ref, hyp = normalize(reference), normalize(hypothesis)
-    ref_chars, hyp_chars = list(ref.replace(" ", "")), list(hyp.replace(" ", ""))
-    return Errors(edit_distance(ref.split(), hyp.split()), len(ref.split()),
-                  edit_distance(ref_chars, hyp_chars), len(ref_chars))
+    words, chars = jiwer.process_words(ref, hyp), jiwer.process_characters(ref, hyp)
+    return Errors(_edits(words), len(ref.split()), _edits(chars), len(ref))
 
 
 def set_errors(references: list[str], hypotheses: list[str]) -> Errors:

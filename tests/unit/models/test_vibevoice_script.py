@@ -51,5 +51,5 @@ def test_wer_is_scored_against_what_a_script_says_aloud():
     script = "[SPEAKER_A] Hello there.\n[speaker_b] Hi, how are you?"
     assert spoken(script) == "Hello there. Hi, how are you?"
     assert errors(spoken(script), "hello there hi how are you").wer == 0.0
-    assert errors(script, "hello there hi how are you").wer > 0.3  # what scoring the raw script gave
+    # (Whisper's normaliser drops bracketed text too; a label without brackets would be scored as words)
     assert spoken("Just one voice.") == "Just one voice."
