@@ -297,7 +297,11 @@ def import_cmd(
 ):
     """Turn an upstream training config into a voxrelay config; prints every field dropped and why."""
     from voxrelay.models.registry import get_importer
+    from voxrelay.paths import output_problem
 
+    if output.is_dir() or (problem := output_problem(output)) is not None:
+        raise UserError(f"-o {str(output)!r} cannot be written: {'it is a folder' if output.is_dir() else problem}; "
+                        "pass the path of a .yaml file to write")
     text, notes = get_importer(kind)(file)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)

@@ -37,7 +37,7 @@ from voxrelay.errors import UserError, one_line
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request
 from voxrelay.models.registry import build_model, load_model
-from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META
+from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem
 from voxrelay.train.resume import BASE_HASH
 from voxrelay.train.strategies import (
     apply_lora,
@@ -104,7 +104,7 @@ def run_config(run_uri: str) -> RunConfig:
     if not storage.exists(snapshot):
         raise InferenceError(f"{run_uri} is not a run folder (no {CONFIG_SNAPSHOT}); pass <root>/runs/<name>")
     try:
-        return build_config(yaml.safe_load(storage.read_text(snapshot)), snapshot)
+        return build_config(located(yaml.safe_load(storage.read_text(snapshot)) or {}, run_uri), snapshot)
     except ConfigError as err:
         raise InferenceError(str(err)) from None
 
@@ -215,6 +215,9 @@ def build_request(model: FamilyModel, codec: AudioCodec, text: str | None, scrip
             text = Path(script).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise InferenceError(f"--script {str(script)!r} cannot be read ({e}); pass a UTF-8 text file") from None
+    if not text.strip():
+        raise InferenceError(f"--script {str(script)!r} is empty; write the text to speak in it" if script is not None
+                             else "the text to speak is empty; pass some words (or --script FILE)")
     voices = list(voices or [])
     if "voice_prompts" not in model.request_fields:
         if len(voices) > 1:
@@ -250,6 +253,8 @@ def check_synthesis_args(out: str | Path, temperature: float, top_k: int = 50, m
     out = Path(out)
     if out.suffix.lower() != ".wav" or out.is_dir():
         raise InferenceError(f"output {str(out)!r} is not a .wav file path; pass e.g. -o speech.wav")
+    if (problem := output_problem(out)) is not None:
+        raise InferenceError(f"output {str(out)!r} cannot be written: {problem}; pass another -o")
     if not math.isfinite(temperature):
         raise InferenceError(f"--temperature must be a finite number (0 = greedy), got {temperature}")
     if top_k < 0 or not max_seconds > 0:
@@ -262,6 +267,8 @@ def check_export_output(out_dir: str | Path, adapter_only: bool | None = None) -
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InferenceError(f"export output {str(out)!r} is a file; pass a new or empty folder with -o")
+    if (problem := output_problem(out / "x")) is not None:
+        raise InferenceError(f"export output {str(out)!r} cannot be written: {problem}; pass another -o")
     if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_META).is_file():
         # never mix model files into a folder of the user's that is not a previous export
         raise InferenceError(

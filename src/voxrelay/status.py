@@ -18,7 +18,7 @@ from voxrelay.checkpoint.store import CommittedStore
 from voxrelay.errors import UserError
 from voxrelay.monitor.limits import what_limits
 from voxrelay.monitor.sinks import read_jsonl
-from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, EXPORT_META, METRICS_FILE, cache_dir, uri_key
+from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, EXPORT_META, METRICS_FILE, cache_dir, located, uri_key
 
 
 class StatusError(UserError):
@@ -99,7 +99,7 @@ def run_status(run_uri: str) -> RunStatus:
             f"{run_uri} {what}; pass the run folder <root>/runs/<name> with the `root` and `name` of the "
             "run's config (it exists once `voxrelay train` has started)"
         )
-    cfg = yaml.safe_load(storage.read_text(snapshot))
+    cfg = located(yaml.safe_load(storage.read_text(snapshot)) or {}, run_uri)
     # the store and staging alone: status must not import torch (it answers in well under 2 s)
     committed = CommittedStore(storage.join(run_uri, CKPT_DIR)).list()
     staging = Staging(cache_dir("staging", uri_key(run_uri)))
@@ -181,7 +181,7 @@ def run_voices(source: str) -> list[str]:
     if not storage.exists(snapshot):
         raise StatusError(f"{source} is neither a run folder (no {CONFIG_SNAPSHOT}) nor an export folder (no "
                           f"{EXPORT_META}); pass <root>/runs/<name> or a folder written by `voxrelay export`")
-    cfg = yaml.safe_load(storage.read_text(snapshot)) or {}
+    cfg = located(yaml.safe_load(storage.read_text(snapshot)) or {}, source)
     root, data = cfg.get("root", "."), (cfg.get("data") or {}).get("name", "demo")
     index_uri = storage.join(root, "prepared", data, "index.json")
     if not storage.exists(index_uri):

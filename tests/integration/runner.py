@@ -29,9 +29,9 @@ def env_for(cache: Path, extra: dict | None = None) -> dict:
     return dict(os.environ, VOXRELAY_CACHE=str(cache), OMP_NUM_THREADS="1", **(extra or {}))
 
 
-def voxrelay(*args: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+def voxrelay(*args: str, env: dict, timeout: float = 600, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "voxrelay", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, cwd=cwd)
 
 
 def torchrun(nproc: int, *args: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -8,6 +8,7 @@ One tiny prepared root and a 2-step run are made once for the module; each case 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     meta = json.loads((tmp / "future" / "voxrelay.json").read_text())  # an export of a family we do not know
     (tmp / "future" / "voxrelay.json").write_text(json.dumps({**meta, "family": "future_tts"}))
     (tmp / "empty").mkdir()
+    (tmp / "empty.txt").write_text("\n  \n")
     (tmp / "notyaml.yaml").write_text("name: [unclosed\n")
     (tmp / "bad.jsonl").write_text('{"text": "Hello."}\n{"text": "Hi.", "voice": "x"}\n')
     _plain_lm(tmp / "lm-wrong-shapes", hidden_size=64)
@@ -139,6 +141,35 @@ CASES: dict[str, Case] = {
     "export-missing-step": lambda w: (
         ["export", w.run, "-o", f"{w.tmp}/exp", "--step", "99"], ["no checkpoint at step 99"], {}),
     "demo-zero-steps": lambda w: (["demo", "--steps", "0", "--root", f"{w.tmp}/demo"], ["--steps"], {}),
+    # every path and text argument: outputs under a file, inputs missing or empty (checked before any work)
+    "demo-root-is-a-file": lambda w: (
+        ["demo", "--steps", "1", "--root", f"{w.tmp}/notyaml.yaml"], ["notyaml.yaml is a file, not a folder"], {}),
+    "train-root-under-a-file": lambda w: (
+        w.train(f"root={w.tmp}/notyaml.yaml/root"), ["notyaml.yaml is a file, not a folder", "set `root`"], {}),
+    "plan-config-missing": lambda w: (["plan", f"{w.tmp}/absent.yaml"], ["absent.yaml' does not exist"], {}),
+    "synthesize-output-under-a-file": lambda w: (
+        ["synthesize", w.run, "Hello.", "-o", f"{w.tmp}/notyaml.yaml/a.wav"],
+        ["notyaml.yaml is a file, not a folder", "pass another -o"], {}),
+    "synthesize-empty-text": lambda w: (
+        ["synthesize", w.run, "  ", "-o", f"{w.tmp}/a.wav"], ["the text to speak is empty"], {}),
+    "synthesize-empty-script": lambda w: (
+        ["synthesize", w.run, "--script", str(w.tmp / "empty.txt"), "-o", f"{w.tmp}/a.wav"],
+        ["empty.txt' is empty"], {}),
+    "synthesize-script-missing": lambda w: (
+        ["synthesize", w.run, "--script", str(w.tmp / "absent.txt"), "-o", f"{w.tmp}/a.wav"],
+        ["absent.txt' cannot be read"], {}),
+    "eval-texts-missing": lambda w: (["eval", w.run, "--texts", str(w.tmp / "absent.txt")], ["absent.txt"], {}),
+    "eval-texts-empty": lambda w: (["eval", w.run, "--texts", str(w.tmp / "empty.txt")], ["no texts in it"], {}),
+    "export-output-is-a-file": lambda w: (
+        ["export", w.run, "-o", f"{w.tmp}/notyaml.yaml"], ["notyaml.yaml' is a file"], {}),
+    "export-output-under-a-file": lambda w: (
+        ["export", w.run, "-o", f"{w.tmp}/notyaml.yaml/exp"], ["notyaml.yaml is a file, not a folder"], {}),
+    "import-file-missing": lambda w: (
+        ["import", "parler-config", str(w.tmp / "absent.json"), "-o", f"{w.tmp}/imported.yaml"], ["absent.json"], {}),
+    "import-output-under-a-file": lambda w: (
+        ["import", "parler-config", str(w.tmp / "bad.jsonl"), "-o", f"{w.tmp}/notyaml.yaml/c.yaml"],
+        ["notyaml.yaml is a file, not a folder"], {}),
+    "voices-not-a-run": lambda w: (["voices", str(w.tmp / "empty")], ["empty is neither a run folder"], {}),
 }
 
 
@@ -177,5 +208,30 @@ def test_the_world_is_not_broken(world: World) -> None:
                    env=world.env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert Path(res.stdout.strip().splitlines()[-1]) == world.tmp / "ok.wav"
+
+
+def test_a_copied_root_works_from_any_working_directory(world: World, tmp_path: Path) -> None:
+    """A run folder finds its prepared data from where it is, not from the root (or the directory) it was trained
+    with: the root copied elsewhere, the original moved away, commands run from an unrelated directory."""
+    copy = tmp_path / "copied-root"
+    shutil.copytree(world.root, copy)
+    away = Path(world.root).with_name("moved-away")
+    Path(world.root).rename(away)
+    try:
+        run, cwd = "../copied-root/runs/demo", tmp_path / "elsewhere"
+        cwd.mkdir()
+        voices = voxrelay("voices", run, env=world.env, cwd=cwd)
+        assert voices.returncode == 0 and voices.stdout.split() == ["en-gb+f3", "en-us"], voices.stdout + voices.stderr
+        outs = {}
+        for args in (["synthesize", run, "Hello.", "-o", "hello.wav"], ["eval", run, "--num", "1", "--json"],
+                     ["export", run, "-o", "exported"]):
+            res = voxrelay(*args, env=world.env, cwd=cwd)
+            assert res.returncode == 0, res.stdout + res.stderr
+            outs[args[0]] = res.stdout
+        assert (cwd / "hello.wav").stat().st_size > 44 and (cwd / "exported" / "model.safetensors").exists()
+        assert json.loads(outs["eval"].splitlines()[0])["step"] == 2  # the held-out text came from the copy
+        assert (copy / "runs" / "demo" / "eval" / "results.jsonl").exists()  # and its results went there
+    finally:
+        away.rename(world.root)
 
 

@@ -233,7 +233,9 @@ def check_root(uri: str) -> None:
     """Fail fast, naming the bucket and the fix, when a remote root's bucket does not exist or is
     not accessible (a local root is created as needed)."""
     proto, path = _split(uri)
-    if proto in ("file", "memory"):
+    if proto == "file":
+        return _check_local_root(uri, Path(path))
+    if proto == "memory":
         return
     fs, bucket = _fs(proto), path.split("/", 1)[0]
     if not retry(lambda: fs.exists(_fresh(fs, bucket)), f"check {uri}"):
@@ -243,6 +245,20 @@ def check_root(uri: str) -> None:
             f"the bucket {scheme}://{bucket} (of root {uri}) does not exist or is not visible to these credentials; "
             f"create it (`{make}`) or fix `root`; if it exists, {_CREDENTIALS_FIX}"
         )
+
+
+def _check_local_root(uri: str, path: Path) -> None:
+    """A local root is a folder, or can be made one (before minutes of work that could not be written)."""
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise StorageError(f"root {uri!r}: {blocker} is a file, not a folder; set `root` to a folder (or a new path)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise StorageError(f"root {uri!r} cannot be created ({err.strerror or err}); set `root` to a folder "
+                           "you can write") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StorageError(f"root {uri!r} is not writable by this user; set `root` to a folder you can write")
 
 
 def join(base: str, *parts: str) -> str:
