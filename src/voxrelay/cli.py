@@ -281,6 +281,10 @@ def export_cmd(
     """Write model.safetensors + config (+ codec) that synthesize and transformers can load (LoRA: merged)."""
     from voxrelay.inference import export_run
 
+    if not OWN_LINES.verbose:  # transformers' "Writing model shards" bar
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     at = export_run(run, output, step, adapter_only, fmt)
     out.print(f"exported step {at} to {output}", highlight=False)
 
