@@ -40,6 +40,33 @@ class _Metadata(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def _until(condition, timeout: float = 30.0) -> bool:
+    """Wait for ``condition`` (generous timeout: a loaded host is slow, never wrong)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _count_polls(monkeypatch, cloud: str) -> list:
+    """Record each poll of ``cloud``'s probe: its answer, or the exception it raised."""
+    name = f"{cloud}_preempted"
+    probe, polls = getattr(pre, name), []
+
+    def counted(base):
+        try:
+            polls.append(probe(base))
+        except Exception as err:
+            polls.append(err)
+            raise
+        return polls[-1]
+
+    monkeypatch.setattr(pre, name, counted)
+    return polls
+
+
 @pytest.fixture
 def metadata():
     _Metadata.preempted = False
@@ -57,21 +84,22 @@ def test_gcp_and_aws_probes(metadata):
 
 
 @pytest.mark.parametrize("cloud", ["gcp", "aws"])
-def test_watcher_polls_metadata(metadata, cloud):
+def test_watcher_polls_metadata(metadata, cloud, monkeypatch):
     url, handler = metadata
+    polls = _count_polls(monkeypatch, cloud)
     with pre.PreemptionWatcher(cloud, poll_every=0.05, metadata_url=url) as watcher:
-        time.sleep(0.2)
+        assert _until(lambda: len(polls) >= 3)  # answered "not preempted" three times
         assert watcher.stop_reason is None
         handler.preempted = True
-        deadline = time.time() + 5
-        while watcher.stop_reason is None and time.time() < deadline:
-            time.sleep(0.02)
+        assert _until(lambda: watcher.stop_reason is not None)
         assert watcher.stop_reason == "preemption notice from the metadata server"
 
 
-def test_unreachable_metadata_server_is_not_a_preemption():
+def test_unreachable_metadata_server_is_not_a_preemption(monkeypatch):
+    polls = _count_polls(monkeypatch, "gcp")
     with pre.PreemptionWatcher("gcp", poll_every=0.05, metadata_url="http://127.0.0.1:9") as watcher:
-        time.sleep(0.3)
+        assert _until(lambda: len(polls) >= 3)  # three refused connections
+        assert all(isinstance(p, OSError) for p in polls[:3]), polls
         assert watcher.stop_reason is None
 
 
@@ -80,7 +108,7 @@ def test_signals_request_a_stop_and_handlers_are_restored(sig):
     before = signal.getsignal(sig)
     with pre.PreemptionWatcher("off") as watcher:
         os.kill(os.getpid(), sig)
-        time.sleep(0.05)
+        assert _until(lambda: watcher.stop_reason is not None)
         assert watcher.stop_reason == signal.Signals(sig).name
     assert signal.getsignal(sig) == before
 
@@ -135,9 +163,7 @@ def test_the_poller_survives_a_malformed_answer_and_sees_the_notice_after_it():
     try:
         with pre.PreemptionWatcher("gcp", poll_every=0.05, metadata_url=f"http://127.0.0.1:{server.server_address[1]}"
                                    ) as watcher:
-            deadline = time.time() + 10
-            while watcher.stop_reason is None and time.time() < deadline:
-                time.sleep(0.02)
+            _until(lambda: watcher.stop_reason is not None)
         assert _Flaky.garbage_left == 0  # the malformed answers were really given
         assert watcher.stop_reason == "preemption notice from the metadata server"
     finally:
@@ -148,7 +174,7 @@ def test_a_notice_records_its_time_for_the_grace_period():
     with pre.PreemptionWatcher("off") as watcher:
         before = time.time()
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.05)
+        assert _until(lambda: watcher.noticed_at is not None)
         assert before <= watcher.noticed_at <= time.time()
 
 
