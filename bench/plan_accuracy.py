@@ -2,7 +2,8 @@
 
 CPU (always): small Llama decoders (the families' architecture) in pure bf16, autocast and fp32; predicted
 activation bytes vs the bytes of the tensors autograd saves (``saved_tensors_hooks``, distinct storages,
-parameters excluded), plus the family loss (logits' fp32 log-softmax) of a small codec_lm.
+parameters excluded), plus the family loss (logits' fp32 log-softmax) of a small codec_lm, and Parler-TTS
+decoders (T5 cross-attention, GELU MLP, K codebooks) priced through the family's plan_shape.
 CUDA (when available), one process per row, through voxrelay's own build, strategies (DDP/FSDP2, LoRA,
 gradient checkpointing, 8-bit Adam, CPU offload) and train_step: Orpheus' family at Llama-3.2-3B's width
 (hidden 3072, MLP 8192, 24/8 heads, vocab 156,940) with ``--layers`` layers, bf16, one micro-batch of
@@ -88,6 +89,41 @@ def cpu_loss_row(tokens: int = 256) -> tuple[int, int]:
     print(f"cpu codec_lm loss (vocab {shape.vocab}) tokens={tokens}: predicted {predicted / 1e6:.2f} MB measured "
           f"{measured / 1e6:.2f} MB  ratio {predicted / measured:.3f}")
     return predicted, measured
+
+
+def cpu_parler_rows(tokens: int = 256, description: int = 32) -> tuple[int, int]:
+    """Parler-TTS decoders (T5/Musicgen-like: cross-attention, GELU MLP, K codebooks), 4 layers, through the
+    family's own plan_shape; shapes other than the four its cross layer was counted on."""
+    from types import SimpleNamespace
+
+    from voxrelay.models.parler.model import Parler
+    from voxrelay.models.parler.modeling import build_parler
+    from voxrelay.models.parler.shapes import ParlerConfig, ParlerDecoderConfig
+    from voxrelay.plan.formulas import cross_description_bytes
+
+    t5 = dict(model_type="t5", vocab_size=64, d_model=48, d_kv=16, d_ff=64, num_layers=1, num_heads=2,
+              feed_forward_proj="gated-gelu", dropout_rate=0.0)
+    total_pred = total_meas = 0
+    for compute in ("bf16", "fp32"):
+        dtype, ctx = COMPUTE[compute]
+        for h, ffn, nh, kv, k in [(448, 1792, 7, 7, 4), (512, 1024, 8, 4, 9)]:
+            dec = ParlerDecoderConfig(vocab_size=72, num_codebooks=k, hidden_size=h, num_hidden_layers=4,
+                                      num_attention_heads=nh, num_key_value_heads=kv, ffn_dim=ffn, dropout=0.0,
+                                      num_cross_attention_key_value_heads=kv, max_position_embeddings=tokens + 8,
+                                      eos_token_id=64, bos_token_id=65)
+            module = build_parler(ParlerConfig(t5, dec, 40)).to(dtype)
+            decoder = module.decoder.model["decoder"]
+            ids, desc = torch.randint(0, 64, (1, tokens, k)), torch.randn(1, description, h, dtype=dtype)
+            with ctx():
+                measured = saved_bytes(module, lambda d=decoder, i=ids, e=desc: d(i, None, None, e, None))
+            shape = Parler.plan_shape(SimpleNamespace(config=SimpleNamespace(decoder=dec), module=module))
+            predicted = activation_bytes(shape, tokens, compute, False)
+            with_desc = predicted + cross_description_bytes(shape, description, compute)
+            print(f"cpu parler {compute:8s} h={h:4d} F={ffn:5d} kv={kv} K={k} tokens={tokens}: predicted "
+                  f"{predicted / 1e6:8.2f} MB (+description {with_desc / 1e6:8.2f}) measured {measured / 1e6:8.2f} MB"
+                  f"  ratio {predicted / measured:.3f} ({with_desc / measured:.3f})")
+            total_pred, total_meas = total_pred + predicted, total_meas + measured
+    return total_pred, total_meas
 
 
 # CUDA rows: name -> (config overrides, what plan calls the strategy); each runs in its own process (its own
@@ -226,7 +262,8 @@ def main() -> None:
         return
     pred, meas = cpu_rows()
     loss_pred, loss_meas = cpu_loss_row()
-    ratio = (pred + loss_pred) / (meas + loss_meas)
+    parler_pred, parler_meas = cpu_parler_rows()
+    ratio = (pred + loss_pred + parler_pred) / (meas + loss_meas + parler_meas)
     print(f"cpu total: predicted/measured {ratio:.3f}")
     if torch.cuda.is_available():
         ratio = cuda_rows(args.tokens, args.layers, [n for n in args.only.split(",") if n])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import warnings
@@ -27,6 +28,7 @@ from voxrelay.plan.formulas import (
     GB,
     Shape,
     activation_bytes,
+    cross_description_bytes,
     grad_bytes,
     layer_activation_bytes,
     logits_bytes,
@@ -203,6 +205,44 @@ def test_activation_bytes_hold_on_shapes_they_were_not_fitted_on(compute: str, s
     module = _held_out(*shape, dtype)
     measured = _decoder_saved(module, False, 80, ctx)
     assert activation_bytes(shape_of(module), 80, compute, False) == pytest.approx(measured, rel=0.01), shape
+
+
+T5_SMALL = dict(model_type="t5", vocab_size=64, d_model=48, d_kv=16, d_ff=64, num_layers=1, num_heads=2,
+                feed_forward_proj="gated-gelu", dropout_rate=0.0)
+# Parler decoders (T5 cross-attention, Musicgen-style GELU layers, K codebooks) outside the four widths the cross
+# layer was counted on (256/4, 384/6 GQA, 192/3, 320/5): hidden, ffn, heads, kv heads, cross kv heads, codebooks
+PARLER_HELD_OUT = [(448, 1792, 7, 7, 7, 4), (512, 1024, 8, 4, 2, 9), (160, 640, 5, 1, 1, 3)]
+
+
+@pytest.mark.parametrize("compute", ["bf16", "autocast", "fp32"])
+@pytest.mark.parametrize("dims", PARLER_HELD_OUT, ids=lambda d: f"parler-{d[0]}-kv{d[3]}-k{d[5]}")
+def test_parler_decoder_activation_bytes_hold_on_shapes_they_were_not_fitted_on(compute: str, dims: tuple) -> None:
+    """A T5/Musicgen-like shape: the whole Parler decoder's saved bytes (3 layers, 80 positions, a 16-token
+    description), predicted by the family's plan_shape, within 1%."""
+    from voxrelay.models.parler.model import Parler
+    from voxrelay.models.parler.modeling import build_parler
+    from voxrelay.models.parler.shapes import ParlerConfig, ParlerDecoderConfig
+
+    h, ffn, heads, kv, cross_kv, codebooks = dims
+    dec = ParlerDecoderConfig(vocab_size=72, num_codebooks=codebooks, hidden_size=h, num_hidden_layers=3,
+                              num_attention_heads=heads, num_key_value_heads=kv, ffn_dim=ffn, dropout=0.0,
+                              num_cross_attention_key_value_heads=cross_kv, max_position_embeddings=256,
+                              eos_token_id=64, bos_token_id=65)
+    dtype, ctx = COMPUTE[compute]
+    module = build_parler(ParlerConfig(T5_SMALL, dec, 40)).to(dtype)
+    decoder = module.decoder.model["decoder"]
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    ids, description = torch.randint(0, 64, (1, 80, codebooks)), torch.randn(1, 16, h, dtype=dtype)
+    with ctx():
+        seen = saved_bytes(lambda: decoder(ids, None, None, description, None))
+    measured = sum(n for ptr, n in seen.items() if ptr not in params)
+    shape = Parler.plan_shape(SimpleNamespace(config=SimpleNamespace(decoder=dec), module=module))
+    # autocast keeps a bf16 copy of a weight whose input needs a gradient: not the cross-attention's K/V
+    # projections of the description here (a frozen T5's output)
+    copies = sum(2 * m.weight.numel() for name, m in decoder.named_modules() if isinstance(m, torch.nn.Linear)
+                 and not re.search(r"encoder_attn\.[kv]_proj", name)) if compute == "autocast" else 0
+    predicted = activation_bytes(shape, 80, compute, False, copies) + cross_description_bytes(shape, 16, compute)
+    assert predicted == pytest.approx(measured, rel=0.01), dims
 
 
 def test_activation_formula_gives_facts_figure_for_llama_3b() -> None:

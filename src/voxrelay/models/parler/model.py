@@ -155,9 +155,9 @@ class Parler(FamilyState):
 
     def plan_shape(self, lora_rank: int = 0):
         """The decoder mapped onto ``voxrelay plan``'s Llama-style layer: the GELU MLP (fc1 output and its GELU
-        saved, 2 tensors of F) as ``intermediate`` F / 2; cross-attention over the description adds its query,
-        output, layer norm and log-sum-exp (~8h + 4 heads bytes per token in bf16); logits are K heads of V.
-        The frozen T5 runs under no_grad (nothing saved); its weights count as parameters."""
+        saved, 2 tensors of F) as ``intermediate`` F / 2, the rest of the layer (cross-attention, LayerNorms,
+        repeated K/V) priced as ``layer="cross"``; logits are K heads of V. The frozen T5 runs under no_grad
+        (nothing saved); its weights count as parameters."""
         from voxrelay.plan.formulas import Shape
 
         dec = self.config.decoder
@@ -166,7 +166,7 @@ class Parler(FamilyState):
         per_layer = -(-adapted // dec.num_hidden_layers) if adapted else 0
         return Shape(dec.hidden_size, dec.ffn_dim // 2, dec.num_attention_heads, dec.num_key_value_heads * head_dim,
                      head_dim, dec.num_hidden_layers, dec.num_codebooks * dec.vocab_size, lora_rank * per_layer,
-                     extra_per_layer=8 * dec.hidden_size + 4 * dec.num_attention_heads)
+                     layer="cross", codebooks=dec.num_codebooks)
 
     fsdp_forward_methods = ("encode", "decode")  # generation calls these instead of forward
 
