@@ -212,13 +212,21 @@ def synthesize_cmd(
     temperature: float = typer.Option(0.8, "--temperature", help="Sampling temperature (0 = greedy)"),
 ):
     """Speak TEXT (or a --script) with a trained model into a wav file."""
-    from voxrelay.inference import InferenceError, build_request, check_synthesis_args, load_any, synthesize
+    from voxrelay.inference import (
+        InferenceError,
+        build_request,
+        check_synthesis_args,
+        load_any,
+        read_text_or_script,
+        synthesize,
+    )
 
     check_synthesis_args(output, temperature, max_seconds=max_seconds)  # before the model loads
     if (text is None) == (script is None):
         raise InferenceError("give the text to speak or --script FILE (one of them)")
+    text = read_text_or_script(text, script)  # before the model loads
     model, codec, what = load_any(run, step)
-    request = build_request(model, codec, text, script, voice, description)
+    request = build_request(model, codec, text, None, voice, description)
     seconds = synthesize(model, codec, request, output, temperature=temperature, seed=seed, max_seconds=max_seconds)
     err.print(f"{what}: {seconds:.2f} s of audio")
     out.print(str(output), highlight=False)

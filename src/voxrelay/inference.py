@@ -203,11 +203,8 @@ def synthesize(
     return len(speech.wav) / speech.sample_rate
 
 
-def build_request(model: FamilyModel, codec: AudioCodec, text: str | None, script: str | Path | None,
-                  voices: list[str] | None, description: str | None = None) -> Request:
-    """The request of ``synthesize``: ``text`` or the text of the ``script`` file (one of them); ``voices``: for
-    a family that clones voices from prompts, ``N=clip.wav`` per speaker (or one ``clip.wav`` for speaker 0),
-    each clip read and resampled to the codec's rate; otherwise at most one speaker name."""
+def read_text_or_script(text: str | None, script: str | Path | None) -> str:
+    """``text``, or the text of the ``script`` file (one of them); refused when empty."""
     if (text is None) == (script is None):
         raise InferenceError("give the text to speak or --script FILE (one of them)")
     if script is not None:
@@ -218,6 +215,15 @@ def build_request(model: FamilyModel, codec: AudioCodec, text: str | None, scrip
     if not text.strip():
         raise InferenceError(f"--script {str(script)!r} is empty; write the text to speak in it" if script is not None
                              else "the text to speak is empty; pass some words (or --script FILE)")
+    return text
+
+
+def build_request(model: FamilyModel, codec: AudioCodec, text: str | None, script: str | Path | None,
+                  voices: list[str] | None, description: str | None = None) -> Request:
+    """The request of ``synthesize``: ``text`` or the text of the ``script`` file (one of them); ``voices``: for
+    a family that clones voices from prompts, ``N=clip.wav`` per speaker (or one ``clip.wav`` for speaker 0),
+    each clip read and resampled to the codec's rate; otherwise at most one speaker name."""
+    text = read_text_or_script(text, script)
     voices = list(voices or [])
     if "voice_prompts" not in model.request_fields:
         if len(voices) > 1:

