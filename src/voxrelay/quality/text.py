@@ -1,7 +1,7 @@
 """Text normalisation and error rates for intelligibility scoring (WER and CER), as the field computes them.
 
 Both texts go through Whisper's English text normaliser (``EnglishTextNormalizer``, which transformers
-ships; parler-tts' evaluation and most published TTS WERs use it): lower case, brackets and fillers
+ships; most published TTS evaluations use it): lower case, brackets and fillers
 removed, contractions and abbreviations expanded (``didn't`` -> ``did not``, ``Mr`` -> ``mister``),
 spelled-out numbers to digits (``three hundred and forty two`` -> ``342``), punctuation to spaces,
 runs of spaces collapsed. Its British-to-American spelling map is used when ``normalizer.json`` (as the
