@@ -98,7 +98,7 @@ def test_meta_prediction_equals_real_parameters_gradients_and_optimizer_states(f
     logits.float().square().mean().backward()
     assert grad_bytes(params) == sum(p.grad.numel() * p.grad.element_size() for p in module.parameters()
                                      if p.grad is not None)
-    for name in ("adamw", "adamw_8bit", "adafactor"):
+    for name in ("adamw", "adamw_8bit", "lion", "lion_8bit", "adafactor"):
         cfg.train.optimizer = name
         optimizer = build_optimizer(cfg.train, model.param_groups(0.01))
         with warnings.catch_warnings():

@@ -85,7 +85,7 @@ class Strategy:
 
     @property
     def exotic(self) -> int:
-        flags = {"gradient_checkpointing": self.gradient_checkpointing, "adamw_8bit": self.optimizer == "adamw_8bit",
+        flags = {"gradient_checkpointing": self.gradient_checkpointing, "adamw_8bit": self.optimizer.endswith("_8bit"),
                  "fsdp": self.strategy == "fsdp", "lora": self.lora, "cpu_offload": self.cpu_offload}
         return sum(_EXOTIC[k] for k, on in flags.items() if on)
 
@@ -182,9 +182,9 @@ def max_tokens(facts: ModelFacts, st: Strategy, compute: str, gpu_bytes: int) ->
 def strategies(gpus: int, optimizer: str) -> list[Strategy]:
     """The combinations the plan prices for each GPU count 1, 2, 4, ... up to ``gpus`` (and ``gpus``)."""
     counts = sorted({2**i for i in range(int(math.log2(gpus)) + 1)} | {gpus})
-    optimizers = [optimizer] + (["adamw_8bit"] if optimizer == "adamw" else [])
-    # bitsandbytes' 8-bit step fails on FSDP2's DTensors (train refuses the pair): FSDP rows use AdamW instead
-    fsdp_opt = "adamw" if optimizer == "adamw_8bit" else optimizer
+    optimizers = [optimizer] + ([f"{optimizer}_8bit"] if optimizer in ("adamw", "lion") else [])
+    # bitsandbytes' 8-bit step fails on FSDP2's DTensors (train refuses the pair): FSDP rows use the 32-bit form
+    fsdp_opt = optimizer.removesuffix("_8bit")
     out: list[Strategy] = []
     for n in counts:
         for opt in optimizers:

@@ -113,19 +113,22 @@ def grad_bytes(params: list[Param], shards: int = 1) -> int:
 
 
 def optimizer_bytes(params: list[Param], optimizer: str, shards: int = 1) -> int:
-    """State bytes of ``optimizer`` (adamw | adamw_8bit | adafactor) after its first step."""
+    """State bytes of ``optimizer`` (adamw | adamw_8bit | lion | lion_8bit | adafactor) after its first step."""
     trainable = [p for p in params if p.trainable]
     if optimizer == "adamw":  # exp_avg + exp_avg_sq in the parameter's dtype, + a float32 step counter
         return sum(2 * p.shard_numel(shards) * p.itemsize + 4 for p in trainable)
-    if optimizer == "adamw_8bit":
-        total = 0
+    if optimizer == "lion":  # the momentum, in the parameter's dtype
+        return sum(p.shard_numel(shards) * p.itemsize for p in trainable)
+    if optimizer in ("adamw_8bit", "lion_8bit"):  # 2 states (Adam) or 1 (Lion), each 8-bit with absmax per block
+        states, total = (2 if optimizer == "adamw_8bit" else 1), 0
         for p in trainable:
             n = p.shard_numel(shards)
             if n < BNB_MIN_8BIT:
-                total += 2 * 4 * n
+                total += states * 4 * n
             else:
-                total += 2 * n + 2 * 4 * math.ceil(n / BNB_BLOCK)
-        return total + (BNB_QMAPS if any(p.shard_numel(shards) >= BNB_MIN_8BIT for p in trainable) else 0)
+                total += states * (n + 4 * math.ceil(n / BNB_BLOCK))
+        qmaps = BNB_QMAPS * states // 2
+        return total + (qmaps if any(p.shard_numel(shards) >= BNB_MIN_8BIT for p in trainable) else 0)
     if optimizer == "adafactor":  # factored second moment (row + column) of matrices, no first moment,
         total = 4 * len(trainable)  # and the parameter's RMS, a float32 scalar tensor
         for p in trainable:

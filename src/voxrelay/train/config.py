@@ -37,13 +37,16 @@ class TrainConfig(Section):
         6000, gt=0, description="Budget per batch in tokens incl. padding (set this or batch_seconds)"
     )
     lr: float = Field(1e-3, gt=0, description="Peak learning rate")
-    optimizer: Literal["adamw", "adamw_8bit", "adafactor"] = Field(
+    optimizer: Literal["adamw", "adamw_8bit", "lion", "lion_8bit", "adafactor"] = Field(
         "adamw", description="adamw: torch AdamW (its fused kernel on a GPU; 8 bytes of state per parameter); "
-        "adamw_8bit: bitsandbytes AdamW8bit (~2 bytes; `pip install 'voxrelay[bnb]'`); adafactor: transformers "
+        "adamw_8bit: bitsandbytes AdamW8bit (~2 bytes; `pip install 'voxrelay[bnb]'`); lion: Lion, the sign of an "
+        "interpolated momentum (4 bytes; wants lr 3-10x smaller and weight_decay 3-10x larger than AdamW, betas "
+        "(0.9, 0.99)); lion_8bit: bitsandbytes Lion8bit (~1 byte); adafactor: transformers "
         "Adafactor with this lr and schedule, factored second moments and no first moment (least memory; betas "
         "and eps do not apply)",
     )
-    betas: tuple[float, float] = Field((0.9, 0.95), description="adamw/adamw_8bit: (beta1, beta2), each in [0, 1)")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="adamw/lion (and 8-bit): (beta1, beta2), each in "
+                                       "[0, 1)")
     eps: float = Field(1e-8, gt=0, description="adamw/adamw_8bit: term added to the denominator")
     schedule: Literal["cosine", "linear", "constant", "constant_with_warmup"] = Field(
         "cosine", description="LR schedule, named as HF transformers' get_scheduler: cosine / linear: warmup, then "
@@ -151,10 +154,11 @@ class TrainConfig(Section):
         if self.cpu_offload and self.strategy != "fsdp":
             raise ValueError("train.cpu_offload=true needs train.strategy=fsdp (ddp keeps the whole model on each "
                              "GPU); set train.strategy=fsdp or train.cpu_offload=false")
-        if self.strategy == "fsdp" and self.optimizer == "adamw_8bit":
-            raise ValueError("train.optimizer=adamw_8bit does not work under train.strategy=fsdp (bitsandbytes' 8-bit "
-                             "step gets FSDP2's sharded DTensors and fails); use train.optimizer=adamw with fsdp (or "
-                             "cpu_offload=true for the states), or adamw_8bit with train.strategy=ddp")
+        if self.strategy == "fsdp" and self.optimizer.endswith("_8bit"):
+            full = self.optimizer.removesuffix("_8bit")
+            raise ValueError(f"train.optimizer={self.optimizer} does not work under train.strategy=fsdp (bitsandbytes' "
+                             f"8-bit step gets FSDP2's sharded DTensors and fails); use train.optimizer={full} with "
+                             f"fsdp (or cpu_offload=true for the states), or {self.optimizer} with train.strategy=ddp")
         if self.strategy == "fsdp" and self.precision == "fp16":
             raise ValueError("train.strategy=fsdp trains in bf16 or fp32 (fp16 needs a loss scaler over sharded "
                              "gradients); set train.precision=bf16 or no")

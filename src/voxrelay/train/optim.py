@@ -30,14 +30,14 @@ def _adamw(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:
                              fused=fused or None)
 
 
-def _bitsandbytes():
+def _bitsandbytes(name: str = "adamw_8bit"):
     """bitsandbytes, imported only when asked for (it is the optional extra ``voxrelay[bnb]``)."""
     try:
         import bitsandbytes
     except ImportError as e:
         raise ConfigError(
-            f"train.optimizer=adamw_8bit needs bitsandbytes ({e}): pip install 'voxrelay[bnb]', "
-            "or set train.optimizer=adamw"
+            f"train.optimizer={name} needs bitsandbytes ({e}): pip install 'voxrelay[bnb]', "
+            f"or set train.optimizer={name.removesuffix('_8bit')}"
         ) from None
     return bitsandbytes
 
@@ -47,6 +47,16 @@ def _adamw_8bit(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:
     return _bitsandbytes().optim.AdamW8bit(
         groups, lr=tc.lr, betas=tc.betas, eps=tc.eps, weight_decay=tc.weight_decay
     )
+
+
+def _lion(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:
+    from voxrelay.train.lion import Lion
+
+    return Lion(groups, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
+
+
+def _lion_8bit(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:
+    return _bitsandbytes("lion_8bit").optim.Lion8bit(groups, lr=tc.lr, betas=tc.betas, weight_decay=tc.weight_decay)
 
 
 def _adafactor(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:
@@ -61,14 +71,14 @@ def _adafactor(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:
 
 # train.optimizer -> builder; a test keeps these keys equal to the config's Literal
 OPTIMIZERS: dict[str, Callable[[TrainConfig, Groups], torch.optim.Optimizer]] = {
-    "adamw": _adamw, "adamw_8bit": _adamw_8bit, "adafactor": _adafactor,
+    "adamw": _adamw, "adamw_8bit": _adamw_8bit, "lion": _lion, "lion_8bit": _lion_8bit, "adafactor": _adafactor,
 }
 
 
 def check_available(tc: TrainConfig) -> None:
     """Raise ConfigError now (before data and weights are loaded) if the optimizer's package is missing."""
-    if tc.optimizer == "adamw_8bit":
-        _bitsandbytes()
+    if tc.optimizer.endswith("_8bit"):
+        _bitsandbytes(tc.optimizer)
 
 
 def build_optimizer(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:

@@ -130,6 +130,37 @@ def test_betas_and_eps_reach_adam(name):
     assert all((g["betas"], g["eps"]) == ((0.8, 0.99), 1e-6) for g in optimizer.param_groups)
 
 
+def test_lion_steps_as_worked_by_hand():
+    """Lion's update on numbers worked by hand: sign of the interpolated momentum, decoupled decay, then the
+    momentum (two steps, lr 0.1, betas (0.9, 0.99), weight_decay 0.1)."""
+    from voxrelay.train.lion import Lion
+
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5]))
+    optimizer = Lion([p], lr=0.1, betas=(0.9, 0.99), weight_decay=0.1)
+    for grad in ([0.5, -1.0, 0.0], [-1.0, -1.0, 1.0]):
+        p.grad = torch.tensor(grad)
+        optimizer.step()
+        if grad[0] == 0.5:  # after step 1: c = 0.1 g -> sign (1, -1, 0); m = 0.01 g
+            assert torch.allclose(p, torch.tensor([0.89, -1.88, 0.495]))
+            assert torch.allclose(optimizer.state[p]["exp_avg"], torch.tensor([0.005, -0.01, 0.0]))
+    # step 2: c = 0.9 m + 0.1 g = (-0.0955, -0.109, 0.1) -> sign (-1, -1, 1)
+    assert torch.allclose(p, torch.tensor([0.89 * 0.99 + 0.1, -1.88 * 0.99 + 0.1, 0.495 * 0.99 - 0.1]))
+
+
+def test_lion_8bit_follows_lion():
+    """bitsandbytes' Lion8bit takes the same steps as Lion up to its 8-bit momentum: after 8 steps on the same
+    batches the weights are close (and both moved)."""
+    tc = _tc("train.optimizer=lion", "train.lr=0.01")
+    a, b = _module(), _module()
+    _train(a, *_built(tc, a), range(STEPS))
+    _train(b, *_built(_tc("train.optimizer=lion_8bit", "train.lr=0.01"), b), range(STEPS))
+    start = _module()
+    for (name, wa), wb, w0 in zip(a.state_dict().items(), b.state_dict().values(), start.state_dict().values(),
+                                  strict=True):
+        moved = (wa - w0).abs().mean()
+        assert moved > 1e-3 and (wa - wb).abs().mean() < 0.25 * moved, name
+
+
 def test_adafactor_uses_our_lr_and_schedule():
     tc = _tc("train.optimizer=adafactor", "train.betas=[0.8, 0.9]")
     optimizer, _ = _built(tc, _module())

@@ -24,7 +24,9 @@ def _flags(st: Strategy) -> tuple:
     return st.strategy, st.lora, st.optimizer, st.gradient_checkpointing, st.cpu_offload
 
 
-COMBOS = sorted({_flags(s) for opt in ("adamw", "adamw_8bit") for s in strategies(2, opt)})
+# every row for AdamW configs; for Lion's, the rows without LoRA or offload (the optimizer is orthogonal to those)
+COMBOS = sorted({_flags(s) for opt in ("adamw", "adamw_8bit") for s in strategies(2, opt)}
+                | {_flags(s) for s in strategies(2, "lion") if not s.lora and not s.cpu_offload})
 
 
 def _name(combo: tuple) -> str:
@@ -81,7 +83,8 @@ def _applied(run, combo: tuple) -> None:
     assert trainable and all("lora_" in n or "modules_to_save" in n for n in trainable) == lora
     optimizer_ = getattr(run.optimizer, "optimizer", run.optimizer)  # accelerate's wrapper
     states = [v for s in optimizer_.state.values() for v in s.values() if torch.is_tensor(v)]
-    assert (torch.uint8 in {t.dtype for t in states}) == (optimizer == "adamw_8bit")
+    assert (torch.uint8 in {t.dtype for t in states}) == optimizer.endswith("_8bit")
+    assert ("exp_avg_sq" in {k for s in optimizer_.state.values() for k in s}) == (optimizer == "adamw")
 
 
 @pytest.mark.parametrize("combo", COMBOS, ids=[_name(c) for c in COMBOS])
