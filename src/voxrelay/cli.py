@@ -212,18 +212,9 @@ def synthesize_cmd(
     temperature: float = typer.Option(0.8, "--temperature", help="Sampling temperature (0 = greedy)"),
 ):
     """Speak TEXT (or a --script) with a trained model into a wav file."""
-    from voxrelay.inference import (
-        InferenceError,
-        build_request,
-        check_synthesis_args,
-        load_any,
-        read_text_or_script,
-        synthesize,
-    )
+    from voxrelay.inference import build_request, check_synthesis_args, load_any, read_text_or_script, synthesize
 
     check_synthesis_args(output, temperature, max_seconds=max_seconds)  # before the model loads
-    if (text is None) == (script is None):
-        raise InferenceError("give the text to speak or --script FILE (one of them)")
     text = read_text_or_script(text, script)  # before the model loads
     model, codec, what = load_any(run, step)
     request = build_request(model, codec, text, None, voice, description)
@@ -311,9 +302,8 @@ def import_cmd(
     from voxrelay.models.registry import get_importer
     from voxrelay.paths import output_problem
 
-    if output.is_dir() or (problem := output_problem(output)) is not None:
-        raise UserError(f"-o {str(output)!r} cannot be written: {'it is a folder' if output.is_dir() else problem}; "
-                        "pass the path of a .yaml file to write")
+    if (problem := "it is a folder" if output.is_dir() else output_problem(output)) is not None:
+        raise UserError(f"-o {str(output)!r} cannot be written: {problem}; pass the path of a .yaml file to write")
     text, notes = get_importer(kind)(file)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)

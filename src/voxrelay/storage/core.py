@@ -249,16 +249,15 @@ def check_root(uri: str) -> None:
 
 def _check_local_root(uri: str, path: Path) -> None:
     """A local root is a folder, or can be made one (before minutes of work that could not be written)."""
-    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise StorageError(f"root {uri!r}: {blocker} is a file, not a folder; set `root` to a folder (or a new path)")
+    from voxrelay.paths import output_problem
+
+    if (problem := output_problem(path / "x")) is not None:
+        raise StorageError(f"root {uri!r}: {problem}; set `root` to a folder you can write (or a new path)")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise StorageError(f"root {uri!r} cannot be created ({err.strerror or err}); set `root` to a folder "
                            "you can write") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise StorageError(f"root {uri!r} is not writable by this user; set `root` to a folder you can write")
 
 
 def join(base: str, *parts: str) -> str:
