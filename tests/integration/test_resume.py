@@ -184,7 +184,7 @@ def _stream(base: Path, world: int):
 
 def test_chaos_sigkill_at_random_moments(prepared, s3_root):
     """SIGKILL `voxrelay train` (root on the S3 server) at random moments — while it starts and
-    loads, trains, stages, uploads and writes manifests (a checkpoint every step) — at least 10
+    loads, trains, stages, uploads and writes manifests (a checkpoint every step) — six
     times, then let it finish: the weights equal those of a run that was never interrupted. Each
     kill's phase is read from the state it froze (:func:`_kill_phase`); several must have hit a
     checkpoint on its way to the bucket, else the test did not test what it claims."""
@@ -202,7 +202,7 @@ def test_chaos_sigkill_at_random_moments(prepared, s3_root):
     rng = random.Random(1234)
     # where the kills aim (shuffled): start-up (imports, finding and verifying the checkpoint), a
     # checkpoint on its way to the bucket, anywhere in a step
-    plan = ["start-up"] * 2 + ["staging"] * 3 + ["upload"] * 2 + ["anywhere"] * 2
+    plan = ["start-up", "staging", "staging", "upload", "upload", "anywhere"]
     rng.shuffle(plan)
     kills, finished, phases = 0, False, []
     for aim in plan:
@@ -230,8 +230,8 @@ def test_chaos_sigkill_at_random_moments(prepared, s3_root):
         assert res.returncode == 0, res.stdout + res.stderr
     histogram = Counter(phase for phase, _ in phases)
     print(f"chaos: survived {kills} SIGKILLs; phases {dict(histogram)}; kills: {phases}")
-    assert kills >= 8, phases
-    assert histogram["staging"] + histogram["upload"] + histogram["manifest"] >= 4, phases
+    assert kills >= 5, phases
+    assert histogram["staging"] + histogram["upload"] + histogram["manifest"] >= 3, phases
     fetched = prepared / "cache-chaos" / "fetch"
     step_a, a = final_weights(storage.join(s3_root, "runs", "reference"), fetched)
     step_b, b = final_weights(run_uri, fetched)
