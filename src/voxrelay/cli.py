@@ -25,6 +25,8 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 OVERRIDES = typer.Argument(None, help="key.sub=value overrides, e.g. root=/tmp/vr train.max_steps=100")
+# a str, not a Path: Path("gs://b/x.yaml") is "gs:/b/x.yaml"
+CONFIG = typer.Argument(..., help="YAML config: a local path, or a gs:// / s3:// URI of one in the bucket")
 
 
 class OwnLines(logging.Filter):
@@ -76,7 +78,7 @@ def demo_config_path() -> Path:
 
 
 @config_app.command("show")
-def config_show(config: Path = typer.Argument(..., help="YAML config"), overrides: list[str] = OVERRIDES):
+def config_show(config: str = CONFIG, overrides: list[str] = OVERRIDES):
     """Print the resolved config (file + overrides + defaults)."""
     from voxrelay.config import load_config
 
@@ -85,7 +87,7 @@ def config_show(config: Path = typer.Argument(..., help="YAML config"), override
 
 @app.command("prepare")
 def prepare_cmd(
-    config: Path = typer.Argument(..., help="YAML config"),
+    config: str = CONFIG,
     overrides: list[str] = OVERRIDES,
     strict: bool = typer.Option(False, "--strict", help="Fail on the first bad row instead of skipping it"),
     overwrite: bool = typer.Option(
@@ -121,7 +123,7 @@ def print_prepare_report(report) -> None:
 
 @app.command("train")
 def train_cmd(
-    config: Path = typer.Argument(..., help="YAML config"),
+    config: str = CONFIG,
     overrides: list[str] = OVERRIDES,
     fresh: bool = typer.Option(False, "--fresh", help="Ignore existing checkpoints of this run and start over"),
     take_over: bool = typer.Option(
@@ -133,6 +135,9 @@ def train_cmd(
     from voxrelay.config import load_config
 
     cfg = load_config(config, overrides or [])  # before the heavy imports: a config error comes at once
+    from voxrelay.cost.usage import refuse_if_spent
+
+    refuse_if_spent(cfg.run_uri, cfg.cost, fresh)  # so does a spent cost.budget
     from voxrelay.train.build import build_run
     from voxrelay.train.loop import train
 
@@ -152,7 +157,7 @@ def _say_resumed(run) -> None:
 
 @app.command("plan")
 def plan_cmd(
-    config: Path = typer.Argument(..., help="YAML config"),
+    config: str = CONFIG,
     overrides: list[str] = OVERRIDES,
     gpus: int = typer.Option(1, "--gpus", help="GPUs available; 1, 2, 4, ... up to this many are priced"),
     gpu_memory: str = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 80GB (10^9 bytes) or 40GiB "
@@ -183,12 +188,43 @@ def plan_cmd(
         print_plan(plan, Console(soft_wrap=True, width=max(out.width, 132)), configured(cfg, gpus))
 
 
+@app.command("doctor")
+def doctor_cmd(
+    config: str = CONFIG,
+    overrides: list[str] = OVERRIDES,
+    probe_mb: float = typer.Option(32.0, "--probe-mb", min=0, help="Size in MB of the object written to the root, "
+                                   "read back and deleted to measure throughput (0: no probe)"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per check, no table"),
+):
+    """Check the setup's storage, cost and machine traps, each with a verdict and its fix; exit 1 if one fails.
+
+    Bucket region vs this machine's (metadata server), multi-/dual-region replication, soft delete, versioning,
+    storage class, lifecycle rules, throughput to the root (a probe object, deleted), a mounted root (gcsfuse,
+    Drive), local disk, the Hugging Face cache, GPU memory vs `voxrelay plan`."""
+    from voxrelay.config import load_config
+
+    cfg = load_config(config, overrides or [])  # before the checks: a config error comes at once (exit 2)
+    from voxrelay.doctor import exit_code
+    from voxrelay.doctor.diagnose import diagnose, print_checks, to_json
+
+    checks = diagnose(cfg, probe_mb)
+    if as_json:
+        print(to_json(checks))
+    else:
+        print_checks(checks, Console(soft_wrap=True, width=max(out.width, 132)))
+    raise typer.Exit(exit_code(checks))
+
+
 @app.command("status")
-def status_cmd(run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>), local or remote")):
+def status_cmd(
+    run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>), local or remote"),
+    cost: bool = typer.Option(False, "--cost", help="Also estimate the spend (USD) so far and to finish: GPU-hours, "
+                              "storage requests, egress, replication, checkpoints stored, at the run's cost.* prices"),
+):
     """Steps done, last durable checkpoint, staged uploads, throughput, ETA, finished or not."""
     from voxrelay.status import format_status, run_status
 
-    out.print(format_status(run_status(run)), highlight=False)
+    out.print(format_status(run_status(run, cost=cost)), highlight=False)
 
 
 @app.command("synthesize")
@@ -310,6 +346,32 @@ def import_cmd(
     for note in notes:
         err.print(f"note: {note}", highlight=False)
     out.print(str(output), highlight=False)
+
+
+@app.command("sweep")
+def sweep_cmd(
+    args: list[str] = typer.Argument(..., help="SWEEP.yaml [overrides for every experiment], or `status SWEEP.yaml "
+                                     "[overrides]` for the table and the plot"),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Train failed experiments again (once each)"),
+):
+    """Run a grid/list of experiments (a worker: any number, on any machines; re-run to go on), or `sweep status`."""
+    from voxrelay.sweep.spec import load_sweep
+
+    showing = args[0] == "status" and len(args) > 1
+    sweep = load_sweep(*(args[1], args[2:]) if showing else (args[0], args[1:]))
+    if showing:
+        from voxrelay.sweep.report import rows, table, write_plot
+        from voxrelay.sweep.worker import settings
+
+        root = settings(sweep).root
+        found = rows(root, sweep)
+        out.print(table(found), highlight=False)
+        if (plot := write_plot(root, sweep, found)) is not None:
+            err.print(f"eval curves: {plot}", highlight=False)
+        return
+    from voxrelay.sweep.worker import run_sweep
+
+    raise typer.Exit(run_sweep(sweep, retry_failed))
 
 
 @app.command("demo")

@@ -16,6 +16,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from voxrelay.config_fields import Section
+from voxrelay.config_source import read_config_text
+from voxrelay.cost.config import CostConfig
 from voxrelay.errors import UserError, one_line
 from voxrelay.models.configs import DEFAULT_FAMILY, FAMILY_CONFIGS
 from voxrelay.quality.config import EvalConfig
@@ -221,6 +223,7 @@ class RunConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
 
     @field_validator("name")
     @classmethod
@@ -284,7 +287,7 @@ RESUME_SAFE_KEYS = (
     "train.early_stopping_patience",
     # how the same training is laid out in memory; a sharded checkpoint loads under any of them
     "train.fsdp_sharding", "train.gradient_checkpointing", "train.cpu_offload", "train.ignore_plan",
-    "checkpoint.", "eval.", "monitor.", "cache.",
+    "checkpoint.", "eval.", "monitor.", "cache.", "cost.",
 )
 
 
@@ -380,23 +383,20 @@ def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML config (None = all defaults), apply overrides, validate."""
+    """Read a YAML config (a local path or a storage URI such as gs://bucket/configs/x.yaml; None = all
+    defaults), apply overrides, validate."""
     data: dict[str, Any] = {}
-    source = "defaults"
+    source = "defaults" if path is None else str(path if "://" in str(path) else Path(path))
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a YAML file")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = yaml.safe_load(read_config_text(source)) or {}
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
             what = getattr(e, "problem", None) or one_line(e)
-            raise ConfigError(f"{p}: not valid YAML{where}: {what}; fix the syntax (e.g. an unclosed [ or {{, "
+            raise ConfigError(f"{source}: not valid YAML{where}: {what}; fix the syntax (e.g. an unclosed [ or {{, "
                               "a tab used for indentation, a missing space after ':')") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of sections (name, root, data, ...)")
-        source = str(p)
+            raise ConfigError(f"{source}: the top level must be a mapping of sections (name, root, data, ...)")
     apply_overrides(data, overrides or [])
     return build_config(data, source)

@@ -11,6 +11,7 @@ CONFIG_SNAPSHOT = "config.yaml"  # the resolved config, written when training st
 CKPT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 LEASE_FILE = "lease.json"  # who writes the run now (voxrelay.checkpoint.lease)
+USAGE_FILE = "usage.json"  # each session's GPU time and storage requests (voxrelay.cost.usage)
 EXPORT_META = "voxrelay.json"  # in an export folder: tokenizer, vocabulary layout, speakers
 
 

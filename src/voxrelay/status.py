@@ -8,17 +8,21 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from voxrelay import storage
 from voxrelay.checkpoint.lease import describe, read_lease
 from voxrelay.checkpoint.staging import Staging
-from voxrelay.checkpoint.store import CommittedStore
+from voxrelay.checkpoint.store import Checkpoint, CommittedStore
 from voxrelay.errors import UserError
 from voxrelay.monitor.limits import what_limits
 from voxrelay.monitor.sinks import read_jsonl
-from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, EXPORT_META, METRICS_FILE, cache_dir, located, uri_key
+from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, EXPORT_META, METRICS_FILE, USAGE_FILE, cache_dir, located, uri_key
+
+if TYPE_CHECKING:
+    from voxrelay.cost.estimate import CostReport
 
 
 class StatusError(UserError):
@@ -73,6 +77,7 @@ class RunStatus:
     stop_reason: str | None = None  # why the newest committed checkpoint's session stopped early, if it did
     writer: dict | None = None  # the run's lease record (who trains it now, or last did)
     limits: list[str] = field(default_factory=list)  # what sets the pace, from the newest throughput reports
+    cost: CostReport | None = None  # with --cost: spend so far and to finish (voxrelay.cost)
 
     @property
     def finished(self) -> bool:
@@ -91,7 +96,7 @@ def _metrics(run_uri: str) -> list[dict]:
     return read_jsonl(storage.join(run_uri, METRICS_FILE))
 
 
-def run_status(run_uri: str) -> RunStatus:
+def run_status(run_uri: str, cost: bool = False) -> RunStatus:
     snapshot = storage.join(run_uri, CONFIG_SNAPSHOT)
     if not storage.exists(snapshot):
         what = "is not a run folder (no " + CONFIG_SNAPSHOT + ")" if storage.exists(run_uri) else "does not exist"
@@ -126,7 +131,35 @@ def run_status(run_uri: str) -> RunStatus:
         window = logged[-5:]
         if len(window) >= 2 and window[-1]["time"] > window[0]["time"]:
             status.steps_per_sec = (window[-1]["step"] - window[0]["step"]) / (window[-1]["time"] - window[0]["time"])
+    if cost:
+        status.cost = run_cost(status, cfg, committed)
     return status
+
+
+def run_cost(s: RunStatus, cfg: dict, committed: list[Checkpoint]) -> CostReport:
+    """The cost estimate of a run (``status --cost``): its sessions' usage (``usage.json``), the checkpoints it
+    keeps (their manifests' sizes) and the prices of its config's ``cost`` section."""
+    from voxrelay.cost.config import CostConfig  # pydantic: only with --cost
+    from voxrelay.cost.estimate import RunFacts, cost_report
+    from voxrelay.cost.usage import read_sessions, usage_of
+
+    sessions = read_sessions(s.run_uri)
+    live = s.writer if s.writer and not s.writer.get("released") and time.time() < s.writer.get("expires", 0) else None
+    sizes = [sum(int(f.get("size", 0)) for f in c.manifest.get("files", {}).values()) for c in committed]
+    ck = cfg.get("checkpoint") or {}
+    now = time.time()
+    last = now if live else max((x.get("updated", now) for x in sessions), default=now)
+    facts = RunFacts(  # age: from the first session's start to the last's record (now while one trains)
+        s.step, s.max_steps or s.step, s.finished, s.steps_per_sec, len(committed), sum(sizes),
+        sizes[0] if sizes else 0, last - min((x.get("started", now) for x in sessions), default=now),
+        ck.get("keep_last", 2), ck.get("keep_every"), ck.get("keep_best", False), ck.get("every_steps"),
+        ck.get("every_minutes"),
+    )
+    report = cost_report(usage_of(sessions, live), CostConfig.model_validate(cfg.get("cost") or {}), facts)
+    if not sessions:
+        report.notes.append(f"no usage recorded yet ({USAGE_FILE} is written by `voxrelay train` at every checkpoint; "
+                            "a run trained before it existed has none): GPU time and requests are unknown")
+    return report
 
 
 def format_status(s: RunStatus) -> str:
@@ -150,7 +183,13 @@ def format_status(s: RunStatus) -> str:
                      f"in {c.folder}")
     lines.append(f"writer       {_writer(s.writer)}")
     done = "no" if not s.finished else "yes (early stopping)" if s.stop_reason == "early stopping" else "yes"
+    if not s.finished and s.stop_reason:
+        done += f" (the last session stopped: {s.stop_reason})"
     lines.append(f"finished     {done}")
+    if s.cost is not None:
+        from voxrelay.cost.estimate import format_cost
+
+        lines += format_cost(s.cost)
     return "\n".join(lines)
 
 

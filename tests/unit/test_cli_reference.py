@@ -13,8 +13,8 @@ from voxrelay.cli import app
 
 README = (Path(__file__).parents[2] / "README.md").read_text()
 BLOCK = README.split("<!-- command-reference:start -->", 1)[1].split("<!-- command-reference:end -->", 1)[0]
-COMMANDS = [["config", "show"], ["demo"], ["eval"], ["export"], ["import"], ["plan"], ["prepare"], ["status"],
-            ["synthesize"], ["train"], ["voices"]]
+COMMANDS = [["config", "show"], ["demo"], ["doctor"], ["eval"], ["export"], ["import"], ["plan"], ["prepare"],
+            ["status"], ["sweep"], ["synthesize"], ["train"], ["voices"]]
 
 
 def _section(command: list[str]) -> str:

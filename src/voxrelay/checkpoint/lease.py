@@ -128,19 +128,7 @@ class RunLease:
         self.record, self.version, self.lost = record, version, None
 
     def _state(self, record: dict) -> str:
-        """released, expired, dead (its process is gone from this machine) or live."""
-        if record.get("released"):
-            return "released"
-        if not isinstance(record.get("expires"), int | float) or self.clock() >= record["expires"]:
-            return "expired"
-        if record.get("boot_id") and record.get("boot_id") == boot_id() and record.get("pid_ns") == pid_namespace() \
-                and record.get("host") == socket.gethostname():
-            pid, started = record.get("pid"), record.get("started")
-            if isinstance(pid, int) and isinstance(started, int | float):  # else it cannot be told: live
-                now_started = started_at(pid)
-                if now_started is None or abs(now_started - started) > 1.0:  # gone, or the pid was reused
-                    return "dead"
-        return "live"
+        return lease_state(record, self.clock())
 
     def _held_message(self, record: dict) -> str:
         now = self.clock()
@@ -221,6 +209,23 @@ class RunLease:
             except Exception as err:  # it expires by itself
                 log.warning("could not release the lease of %s (%s); it expires in %.0f s", self.run_uri, err,
                             self.record["expires"] - self.clock())
+
+
+def lease_state(record: dict, now: float) -> str:
+    """released, expired, dead (its process is gone from this machine) or live: whether a lease record (read
+    from a run folder) still holds the run at ``now``."""
+    if record.get("released"):
+        return "released"
+    if not isinstance(record.get("expires"), int | float) or now >= record["expires"]:
+        return "expired"
+    if record.get("boot_id") and record.get("boot_id") == boot_id() and record.get("pid_ns") == pid_namespace() \
+            and record.get("host") == socket.gethostname():
+        pid, started = record.get("pid"), record.get("started")
+        if isinstance(pid, int) and isinstance(started, int | float):  # else it cannot be told: live
+            now_started = started_at(pid)
+            if now_started is None or abs(now_started - started) > 1.0:  # gone, or the pid was reused
+                return "dead"
+    return "live"
 
 
 def read_lease(run_uri: str) -> dict | None:

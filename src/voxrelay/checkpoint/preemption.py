@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 EXIT_PREEMPTED = 75  # stopped by a signal or a preemption notice; the checkpoint is durable
 EXIT_PREEMPTED_STAGED = 76  # stopped; the checkpoint is on local disk only (upload did not finish)
-EXIT_TIME_LIMIT = 77  # train.time_limit (this session) or train.total_time_limit reached; checkpoint durable
+EXIT_TIME_LIMIT = 77  # train.time_limit (this session), train.total_time_limit or cost.budget reached; durable
 EXIT_NON_FINITE = 78  # train.max_bad_steps non-finite steps in a row; checkpoint (last good weights) durable
 EXIT_OUT_OF_MEMORY = 79  # a step ran out of GPU memory; the last good state is saved (one process) or committed
 EXIT_ABORTED = 130  # second SIGINT: aborted without saving

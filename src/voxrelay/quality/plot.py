@@ -61,9 +61,15 @@ def write_plot(run_uri: str) -> str | None:
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
-    target = storage.join(run_uri, PLOT_FILE)
+    return save_figure(fig, storage.join(run_uri, PLOT_FILE))
+
+
+def save_figure(fig, target: str) -> str:
+    """Write a matplotlib figure as a PNG to ``target`` (any storage), close it, and return ``target``."""
+    import matplotlib.pyplot as plt
+
     with tempfile.TemporaryDirectory() as tmp:
-        local = Path(tmp) / PLOT_FILE
+        local = Path(tmp) / Path(target).name
         fig.savefig(local, dpi=100)
         storage.put_file(local, target)
     plt.close(fig)

@@ -39,6 +39,7 @@ from voxrelay.storage.core import (
     write_json,
     write_text,
 )
+from voxrelay.storage.counters import op_counts
 
 __all__ = [
     "PreconditionFailed",
@@ -58,6 +59,7 @@ __all__ = [
     "join",
     "listdir",
     "local_path",
+    "op_counts",
     "open_read",
     "put_file",
     "read_bytes",

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from voxrelay.storage.core import StorageError, _fs_path, _split, fsync_file, retry
+from voxrelay.storage.counters import CLASS_A, CLASS_B, count
 
 
 class PreconditionFailed(StorageError):
@@ -43,6 +44,12 @@ class Versioned:
 def read_versioned(uri: str) -> Versioned | None:
     """The object's bytes and version, read in one request; None when it does not exist."""
     proto, path = _split(uri)
+    got = _read_versioned(uri, proto, path)
+    count(CLASS_B, read=len(got.data) if got is not None else 0)
+    return got
+
+
+def _read_versioned(uri: str, proto: str, path: str) -> Versioned | None:
     if proto == "file":
         if not os.path.isdir(os.path.dirname(path)):  # nothing to read, and a reader creates no folder
             return None
@@ -61,6 +68,7 @@ def read_versioned(uri: str) -> Versioned | None:
 def create_new(uri: str, data: bytes) -> str:
     """Write ``data`` only if ``uri`` does not exist (raises FileExistsError); returns its version."""
     proto, path = _split(uri)
+    count(CLASS_A, written=len(data))
     if proto == "file":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with _folder_lock(path, fcntl.LOCK_EX):
@@ -75,6 +83,7 @@ def replace_if(uri: str, data: bytes, version: str) -> str:
     returns the new version. A retried request whose first try did land also fails the precondition:
     the caller re-reads and recognises its own bytes."""
     proto, path = _split(uri)
+    count(CLASS_A, written=len(data))
     if proto == "file":
         with _folder_lock(path, fcntl.LOCK_EX):
             try:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import fsspec
 
 from voxrelay.errors import UserError
+from voxrelay.storage.counters import CLASS_A, CLASS_B, count
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -238,6 +239,7 @@ def check_root(uri: str) -> None:
     if proto == "memory":
         return
     fs, bucket = _fs(proto), path.split("/", 1)[0]
+    count(CLASS_B)  # the bucket's metadata
     if not retry(lambda: fs.exists(_fresh(fs, bucket)), f"check {uri}"):
         scheme = uri.split("://", 1)[0]
         make = f"aws s3 mb s3://{bucket}" if proto == "s3" else f"gcloud storage buckets create gs://{bucket}"
@@ -269,17 +271,20 @@ def join(base: str, *parts: str) -> str:
 
 def exists(uri: str) -> bool:
     fs, path = _fs_path(uri)
+    count(CLASS_B)
     return retry(lambda: fs.exists(_fresh(fs, path)), f"exists {uri}")
 
 
 def size(uri: str) -> int:
     fs, path = _fs_path(uri)
+    count(CLASS_B)
     return int(retry(lambda: fs.size(_fresh(fs, path)), f"size {uri}"))
 
 
 def listdir(uri: str) -> list[str]:
     """Names (not paths) of the direct children of ``uri``; [] when it does not exist."""
     fs, path = _fs_path(uri)
+    count(CLASS_A)  # a listing
 
     def _ls() -> list[str]:
         try:
@@ -294,6 +299,7 @@ def listdir(uri: str) -> list[str]:
 def file_sizes(uri: str) -> dict[str, int]:
     """Name -> size in bytes of the files directly under ``uri`` (one listing); {} when it does not exist."""
     fs, path = _fs_path(uri)
+    count(CLASS_A)
 
     def _ls() -> dict[str, int]:
         try:
@@ -311,6 +317,7 @@ def tree_sizes(uri: str) -> dict[str, int]:
     exist."""
     fs, path = _fs_path(uri)
     base = path.rstrip("/") + "/"
+    count(CLASS_A)
 
     def _find() -> dict[str, int]:
         try:
@@ -325,13 +332,16 @@ def tree_sizes(uri: str) -> dict[str, int]:
 
 def read_bytes(uri: str) -> bytes:
     fs, path = _fs_path(uri)
-    return retry(lambda: fs.cat_file(_fresh(fs, path)), f"read {uri}")
+    data = retry(lambda: fs.cat_file(_fresh(fs, path)), f"read {uri}")
+    count(CLASS_B, read=len(data))
+    return data
 
 
 def open_read(uri: str):
     """A seekable binary file on ``uri`` that reads by ranges (Parquet column projection of a remote shard);
     opening is retried, reads are not (the caller retries the whole read)."""
     fs, path = _fs_path(uri)
+    count(CLASS_B)  # the open; the ranges read later are not counted
     return retry(lambda: fs.open(_fresh(fs, path), "rb"), f"open {uri}")
 
 
@@ -345,6 +355,7 @@ def read_json(uri: str) -> Any:
 
 def write_bytes(uri: str, data: bytes) -> None:
     """Write a whole object atomically: a reader sees the old object or the new one, never half."""
+    count(CLASS_A, written=len(data))
     if is_local(uri):
         path = local_path(uri)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -375,6 +386,7 @@ def write_json(uri: str, obj: Any) -> None:
 def put_file(local: str | Path, uri: str) -> None:
     """Upload a local file (atomically, like write_bytes)."""
     fs, path = _fs_path(uri)
+    count(CLASS_A, written=os.path.getsize(local))
     if is_local(uri):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
@@ -409,6 +421,7 @@ def get_file(uri: str, local: str | Path) -> None:
     tmp = f"{local}.part-{os.getpid()}"
     try:
         retry(lambda: fs.get_file(_fresh(fs, path), tmp), f"download {uri}")
+        count(CLASS_B, read=os.path.getsize(tmp))
         os.replace(tmp, local)
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -417,6 +430,8 @@ def get_file(uri: str, local: str | Path) -> None:
 def delete(uri: str, recursive: bool = False) -> None:
     """Delete an object (or a folder with ``recursive``); a missing one is not an error."""
     fs, path = _fs_path(uri)
+    if recursive:
+        count(CLASS_A)  # the listing of what to delete; deletes themselves are free
 
     def _rm() -> None:
         try:

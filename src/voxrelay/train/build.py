@@ -21,6 +21,7 @@ from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.checkpoint.sharded import is_sharded
 from voxrelay.codecs.base import AudioCodec
 from voxrelay.config import RunConfig, TrainConfig
+from voxrelay.cost.usage import UsageLog
 from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
@@ -29,7 +30,7 @@ from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model
 from voxrelay.monitor.sinks import TB_DIR, Monitor, build_monitor
-from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, cache_dir, uri_key
+from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, USAGE_FILE, cache_dir, uri_key
 from voxrelay.plan.fit import check_fits, gpu_memory
 from voxrelay.quality.scorer import Scorer
 from voxrelay.train import state as st
@@ -78,6 +79,7 @@ class Run:
     scorer: Scorer | None = None  # WER/CER and speaker similarity of eval samples (rank 0; loads on first use)
     ranks: Ranks = field(default_factory=lambda: Ranks(None, 0, 1))  # the processes agreeing on CPU-side values
     lease: RunLease | None = None  # rank 0: this session's hold on the run folder (voxrelay.checkpoint.lease)
+    usage: UsageLog | None = None  # this session's GPU time and storage requests, and cost.budget (voxrelay.cost)
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """What a checkpoint holds: every weight, or when some part is frozen (LoRA, a frozen encoder) the
@@ -174,6 +176,8 @@ def take_lease(cfg: RunConfig, ranks: Ranks, take_over: bool) -> RunLease | None
 def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLease | None, fresh: bool) -> Run:
     rank, world = accelerator.process_index, accelerator.num_processes
     check_available(cfg.train)  # a missing optional package, before data and weights are loaded
+    usage = UsageLog.start(cfg.run_uri, cfg.cost, world, ranks.main, fresh, lease.check if lease else None)
+    ranks.on_main(usage.check_budget)  # cost.budget spent: refused before weights and data are loaded
     index = load_index(cfg.prepared_uri)
     check_fits(cfg, index, world, gpu_memory())  # on a GPU: stop now, with the plan, if it will not fit
     hub_cache.from_bucket(cfg, accelerator.is_local_main_process, accelerator.wait_for_everyone)
@@ -222,7 +226,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
         st.LoopState(), run_dir,
         fingerprint(index), base_hash=base, sharded=cfg.train.strategy == "fsdp", index=index,
         scorer=Scorer(cfg.eval, torch.get_num_threads()) if accelerator.is_main_process else None,
-        ranks=ranks, lease=lease,
+        ranks=ranks, lease=lease, usage=usage,
     )
     if found is not None:
         restore(run, found)
@@ -298,11 +302,11 @@ def commit_before_others_look(checkpoints: CheckpointManager, found: tuple):
 
 
 def start_over(run_uri: str, checkpoints: CheckpointManager) -> None:
-    """--fresh: remove the run's checkpoints (committed and staged) and metrics."""
-    log.warning("--fresh: deleting the checkpoints and metrics of %s", run_uri)
+    """--fresh: remove the run's checkpoints (committed and staged), metrics and usage record."""
+    log.warning("--fresh: deleting the checkpoints, metrics and usage record of %s", run_uri)
     for ckpt in checkpoints.staging.list():
         checkpoints.staging.remove(ckpt.step)
-    for name in (CKPT_DIR, METRICS_FILE, TB_DIR, SAMPLES_DIR):
+    for name in (CKPT_DIR, METRICS_FILE, USAGE_FILE, TB_DIR, SAMPLES_DIR):
         storage.delete(storage.join(run_uri, name), recursive=True)
     local = local_run_dir(run_uri)
     if not storage.is_local(run_uri):

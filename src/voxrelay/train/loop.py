@@ -13,6 +13,7 @@ import torch
 
 from voxrelay.checkpoint import preemption as pre
 from voxrelay.config import parse_duration
+from voxrelay.cost.usage import BUDGET
 from voxrelay.models.base import LossTerms, pop_counts, weighted_mean
 from voxrelay.monitor.gpu import gpu_stats
 from voxrelay.monitor.progress import ProgressLine, Throughput
@@ -176,6 +177,7 @@ def _train(run: Run) -> TrainResult:
             if (decision.save or last) and decision.stop != LEASE_LOST:  # taken over: write nothing
                 trigger.saved(save_checkpoint(run, results, background=not last, stopped=decision.stop))
                 run.monitor.sync()
+                _record_usage(run, decision.stop)
         return _finish(run, decision, stops, bar)  # still watching: a second Ctrl-C while waiting aborts
 
 
@@ -264,8 +266,16 @@ def _finish(run: Run, decision: Decision, stops: Stops, bar: ProgressLine) -> Tr
         durable = run.checkpoints.close(timeout) and uploader.failed_saves == 0
         run.monitor.close()
         _report_end(run, stop, durable, bar)
+    _record_usage(run, stop, final=True)  # the last upload's requests included
     code = run.ranks.broadcast(_exit_code(stop, durable) if run.ranks.main else None)
     return TrainResult(step, stop, durable, code)
+
+
+def _record_usage(run: Run, stop: str | None, final: bool = False) -> None:
+    """This session's GPU time and storage requests into the run's usage.json (every rank: a collective);
+    nothing is written once the run was taken over."""
+    if run.usage is not None:
+        run.usage.record(run.ranks, run.loop.step, stop, write=stop != LEASE_LOST, wait=final)
 
 
 def _report_end(run: Run, stop: str | None, durable: bool, bar: ProgressLine) -> None:
@@ -284,7 +294,10 @@ def _report_end(run: Run, stop: str | None, durable: bool, bar: ProgressLine) ->
         bar.note(f"the checkpoint of step {step} is only on this machine, at {where} ({error}). Run the same "
                  "command again on this machine to upload it and continue")
     elif stop is not None:
-        bar.note(f"stopped at step {step} ({stop}); checkpoint committed")
+        saved = "checkpoint committed" if run.checkpoints.durable_step is not None else "no checkpoint yet"
+        bar.note(f"stopped at step {step} ({stop}); {saved}")
+    if stop == BUDGET and run.usage is not None:
+        bar.note(run.usage.stop_message())
     if stop == NON_FINITE:
         bar.note(f"{run.loop.bad_in_a_row} steps in a row had a non-finite loss or gradient norm (each was "
                  f"skipped; {run.loop.bad_steps} in all), so the checkpoint of step {step} holds the last good "
@@ -303,5 +316,5 @@ def _exit_code(stop: str | None, durable: bool) -> int:
         return pre.EXIT_PREEMPTED_STAGED
     if is_preemption(stop) or stop == STORAGE:
         return pre.EXIT_PREEMPTED
-    return {TIME_LIMIT: pre.EXIT_TIME_LIMIT, TOTAL_TIME_LIMIT: pre.EXIT_TIME_LIMIT,
+    return {TIME_LIMIT: pre.EXIT_TIME_LIMIT, TOTAL_TIME_LIMIT: pre.EXIT_TIME_LIMIT, BUDGET: pre.EXIT_TIME_LIMIT,
             NON_FINITE: pre.EXIT_NON_FINITE, OUT_OF_MEMORY: pre.EXIT_OUT_OF_MEMORY}.get(stop, 0)

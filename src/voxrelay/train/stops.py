@@ -7,7 +7,7 @@ apart, ranks would disagree at a step: some would enter the save's collectives, 
 step (a hang until the NCCL timeout). So every step the processes exchange their views
 (:meth:`Stops.agree`, one small gather over the job's gloo group) and all take the same decision:
 the most serious reason of any rank (a lost lease, then a signal or notice, then storage, failing
-saves, time limits, non-finite steps, early stopping), rank 0's save decision, and the time of the
+saves, time limits, the cost budget, non-finite steps, early stopping), rank 0's save decision, and the time of the
 earliest notice (``checkpoint.grace_seconds`` counts from it).
 """
 
@@ -17,15 +17,16 @@ import time
 from dataclasses import dataclass, field
 
 from voxrelay.checkpoint import preemption as pre
+from voxrelay.cost.usage import BUDGET
 
 TIME_LIMIT, TOTAL_TIME_LIMIT, EARLY_STOP = pre.TIME_LIMIT, pre.TOTAL_TIME_LIMIT, "early stopping"
 NON_FINITE, STORAGE, OUT_OF_MEMORY = "non-finite steps", "storage error", "out of memory"
 LEASE_LOST = "the run was taken over by another session"
 SAVES_FAILED = "checkpoint.max_failed_saves"
 # anything else is a signal or a preemption notice (its name): the machine is going away
-_RANKS = {LEASE_LOST: 0, STORAGE: 2, SAVES_FAILED: 3, TIME_LIMIT: 4, TOTAL_TIME_LIMIT: 5, NON_FINITE: 6,
-          EARLY_STOP: 7, OUT_OF_MEMORY: 8}
-CLEAN_STOPS = (TIME_LIMIT, TOTAL_TIME_LIMIT, EARLY_STOP, NON_FINITE, OUT_OF_MEMORY)
+_RANKS = {LEASE_LOST: 0, STORAGE: 2, SAVES_FAILED: 3, TIME_LIMIT: 4, TOTAL_TIME_LIMIT: 5, BUDGET: 6, NON_FINITE: 7,
+          EARLY_STOP: 8, OUT_OF_MEMORY: 9}
+CLEAN_STOPS = (TIME_LIMIT, TOTAL_TIME_LIMIT, BUDGET, EARLY_STOP, NON_FINITE, OUT_OF_MEMORY)
 
 
 def severity(reason: str) -> int:
@@ -73,6 +74,8 @@ class Stops:
         reached = self.deadline.reached(loop.wall_time, step_s)
         if reached:
             return reached
+        if run.usage is not None and run.usage.over_budget(step_s):  # rank 0's estimate (cost.budget)
+            return BUDGET
         if loop.bad_in_a_row >= run.cfg.train.max_bad_steps:
             return NON_FINITE
         if patience is not None and loop.evals_since_best >= patience:

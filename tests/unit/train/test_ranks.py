@@ -201,7 +201,8 @@ def _decisions(rank: int, tmp: Path, clock: FakeClock, signal_at: int | None) ->
 
     ranks = Ranks.of_job()
     cfg = load_config(demo_config_path(), [f"root={tmp}/root", "train.time_limit=60s"])
-    run = SimpleNamespace(cfg=cfg, ranks=ranks, loop=LoopState(), lease=None, stream=SimpleNamespace(cursor=Cursor()),
+    run = SimpleNamespace(cfg=cfg, ranks=ranks, loop=LoopState(), lease=None, usage=None,
+                          stream=SimpleNamespace(cursor=Cursor()),
                           checkpoints=CheckpointManager(cfg.run_uri, staging_dir=tmp / f"staging{rank}"))
     watcher = pre.PreemptionWatcher("off")
     # both ranks started at the same real moment; rank 1's clock says it is later, and runs faster

@@ -1,0 +1,126 @@
+"""Where each experiment of a sweep stands, read from the bucket alone (no torch): every machine working on
+the sweep, and ``voxrelay sweep status``, see the same thing.
+
+The queue is the bucket: ``<root>/sweeps/<sweep>/queue.json`` (the experiments and their overrides),
+the runs' own folders (checkpoints: how far; ``lease.json``: who trains it now) and
+``<root>/sweeps/<sweep>/failed/<experiment>.json`` (an experiment that ended in an error).
+An experiment is claimed by taking its run's lease (:mod:`voxrelay.checkpoint.lease`: an atomic
+conditional create, renewed by the live trainer, left to expire by a dead one), so never two machines
+train one run.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import dataclass
+
+import yaml
+
+from voxrelay import storage
+from voxrelay.checkpoint.lease import lease_state, read_lease
+from voxrelay.checkpoint.store import CommittedStore
+from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT
+from voxrelay.sweep.spec import SWEEPS_DIR, Experiment, Sweep
+
+QUEUE_FILE = "queue.json"
+FAILED_DIR = "failed"
+PENDING, RUNNING, RESUMABLE = "pending", "running", "resumable"  # not ended: a worker will (go on to) train it
+FINISHED, EARLY_STOPPED, STOPPED, FAILED = "finished", "early-stopped", "stopped", "failed"  # ended
+ENDED = (FINISHED, EARLY_STOPPED, STOPPED)
+# a run stopped by one of these (the manifest's `stopped`) cannot go on without a config change: it has ended
+_FINAL_STOPS = {"early stopping": EARLY_STOPPED, "train.total_time_limit": STOPPED, "cost.budget": STOPPED}
+
+
+def sweep_uri(root: str, sweep: Sweep) -> str:
+    return storage.join(root, SWEEPS_DIR, sweep.name)
+
+
+def run_uri(root: str, experiment: Experiment) -> str:
+    return storage.join(root, "runs", experiment.name)
+
+
+@dataclass
+class ExperimentState:
+    experiment: Experiment
+    run_uri: str
+    state: str
+    durable_step: int | None = None
+    max_steps: int | None = None
+    stop_reason: str | None = None  # the newest checkpoint's session stopped early: why
+    holder: dict | None = None  # the live lease's record (state running)
+    failure: dict | None = None  # the failure record (state failed)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+
+def _max_steps(run: str) -> int | None:
+    snapshot = storage.join(run, CONFIG_SNAPSHOT)
+    if not storage.exists(snapshot):
+        return None
+    return ((yaml.safe_load(storage.read_text(snapshot)) or {}).get("train") or {}).get("max_steps")
+
+
+def experiment_state(root: str, sweep: Sweep, experiment: Experiment, now: float | None = None) -> ExperimentState:
+    run = run_uri(root, experiment)
+    now = time.time() if now is None else now
+    committed = CommittedStore(storage.join(run, CKPT_DIR)).list()
+    lease = read_lease(run)
+    failure = read_failure(root, sweep, experiment)
+    s = ExperimentState(experiment, run, PENDING, committed[0].step if committed else None, _max_steps(run),
+                        committed[0].manifest.get("stopped") if committed else None)
+    if s.max_steps is not None and s.durable_step is not None and s.durable_step >= s.max_steps:
+        s.state = FINISHED
+    elif s.stop_reason in _FINAL_STOPS:
+        s.state = _FINAL_STOPS[s.stop_reason]
+    elif lease is not None and lease_state(lease, now) == "live":
+        s.state, s.holder = RUNNING, lease
+    elif failure is not None:
+        s.state, s.failure = FAILED, failure
+    elif lease is not None or committed or storage.exists(storage.join(run, CONFIG_SNAPSHOT)):
+        s.state = RESUMABLE  # started before, not running now: the next worker resumes it
+    return s
+
+
+def states(root: str, sweep: Sweep) -> list[ExperimentState]:
+    now = time.time()
+    return [experiment_state(root, sweep, e, now) for e in sweep.experiments]
+
+
+def _failure_uri(root: str, sweep: Sweep, experiment: Experiment) -> str:
+    return storage.join(sweep_uri(root, sweep), FAILED_DIR, f"{experiment.name}.json")
+
+
+def read_failure(root: str, sweep: Sweep, experiment: Experiment) -> dict | None:
+    uri = _failure_uri(root, sweep, experiment)
+    if not storage.exists(uri):
+        return None
+    try:
+        return json.loads(storage.read_text(uri))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {"error": f"{uri} is not a failure record"}
+
+
+def record_failure(root: str, sweep: Sweep, experiment: Experiment, exit_code: int, why: str, tail: list[str]) -> None:
+    storage.write_json(_failure_uri(root, sweep, experiment), {
+        "experiment": experiment.name, "exit_code": exit_code, "error": why, "output_tail": tail[-20:],
+        "host": socket.gethostname(), "time": time.time()})
+
+
+def clear_failure(root: str, sweep: Sweep, experiment: Experiment) -> None:
+    uri = _failure_uri(root, sweep, experiment)
+    if storage.exists(uri):
+        storage.delete(uri)
+
+
+def write_queue(root: str, sweep: Sweep) -> str:
+    """``queue.json``: the sweep's experiments as this sweep file lists them now (rewritten when it changed)."""
+    uri = storage.join(sweep_uri(root, sweep), QUEUE_FILE)
+    queue = {"sweep": sweep.name, "source": sweep.source, "base": sweep.base, "overrides": list(sweep.overrides),
+             "experiments": [{"name": e.name, "overrides": e.overrides} for e in sweep.experiments]}
+    if not storage.exists(uri) or json.loads(storage.read_text(uri)) != queue:
+        storage.write_json(uri, queue)
+    return uri

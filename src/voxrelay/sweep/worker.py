@@ -1,0 +1,193 @@
+"""``voxrelay sweep SWEEP.yaml``: one worker of a sweep. It trains the experiments one after another, each a
+`voxrelay train` child process (its GPU memory is freed between experiments; a SIGKILLed worker takes its
+child with it), skipping the ended ones and the ones another machine trains now, resuming the interrupted
+ones, and waits while others still train so that an experiment whose machine died (its lease expired) is
+resumed here. Any number of workers, on any machines, may run one sweep; re-running the command in a new
+session goes on where the last one stopped.
+
+Exit code: 0 once every experiment has ended; 1 when one failed (`sweep status` shows why; ``--retry-failed``
+tries again); a preempted or time-limited session exits with the training's own code (75, 76, 77).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from voxrelay.checkpoint import preemption as pre
+from voxrelay.config import ConfigError, load_config
+from voxrelay.sweep import state as st
+from voxrelay.sweep.spec import Sweep, SweepError
+from voxrelay.train.config import parse_duration
+
+log = logging.getLogger(__name__)
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+_GOING_AWAY = (pre.EXIT_PREEMPTED, pre.EXIT_PREEMPTED_STAGED, pre.EXIT_ABORTED)
+
+
+@dataclass
+class Settings:
+    root: str
+    poll_s: float  # how often a waiting worker looks again
+    time_limit: float | None  # this session's (train.time_limit), counted from the worker's start
+    limit_from_boot: bool
+
+
+def settings(sweep: Sweep) -> Settings:
+    """The sweep's root and session limits, from the base config; every experiment's config is checked first
+    (a typo in one key fails now, naming the experiment, not after hours of the others)."""
+    cfg = load_config(sweep.base, list(sweep.overrides))
+    for e in sweep.experiments:
+        if set(e.overrides) & {"root", "name"}:
+            raise SweepError(f"{sweep.source}: experiment {e.name} sets root or name; the sweep names its runs and "
+                             "keeps them under the base config's root (set `root` in the base or on the command line)")
+        try:
+            load_config(sweep.base, [*sweep.overrides, *e.args()])
+        except ConfigError as err:
+            raise SweepError(f"{sweep.source}: experiment {e.label()} ({e.name}): {err}") from None
+    ck, tc = cfg.checkpoint, cfg.train
+    return Settings(cfg.root, max(1.0, min(30.0, ck.lease_seconds / 4)), parse_duration(tc.time_limit),
+                    tc.time_limit_from == "boot")
+
+
+def _die_with_parent() -> None:  # in the child, before exec: a SIGKILLed worker takes its trainer with it
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Child:
+    """A `voxrelay train` child in a process group of its own: a Ctrl-C reaches it once, from us, so it
+    saves (a second SIGINT would abort it); its output is passed through, the last lines kept."""
+
+    def __init__(self, cmd: list[str]):
+        self.cmd = cmd
+        self.tail: deque[str] = deque(maxlen=40)
+        self.signalled: int | None = None
+
+    def run(self) -> int:
+        proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+
+        def forward(signum, _frame):
+            self.signalled = signum
+            if proc.poll() is None:
+                os.kill(proc.pid, signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+        try:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                self.tail.append(line.rstrip("\n"))
+            return proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class Worker:
+    def __init__(self, sweep: Sweep, conf: Settings, retry_failed: bool, started: float):
+        self.sweep = sweep
+        self.conf = conf
+        self.retry_failed = retry_failed
+        self.started = started
+        self.retried: set[str] = set()  # failed experiments this worker tried again (once each)
+
+    def seconds_left(self) -> float | None:
+        """Of this session's ``train.time_limit`` (the session is the worker's: it counts from its start)."""
+        if self.conf.time_limit is None or self.conf.limit_from_boot:
+            return None  # none, or each child counts from the machine's boot itself
+        return self.conf.time_limit - (time.time() - self.started)
+
+    def next_one(self, now: list[st.ExperimentState]) -> st.ExperimentState | None:
+        for s in now:
+            if s.state in (st.PENDING, st.RESUMABLE):
+                return s
+            if s.state == st.FAILED and self.retry_failed and s.experiment.name not in self.retried:
+                self.retried.add(s.experiment.name)
+                return s
+        return None
+
+    def run(self) -> int:
+        st.write_queue(self.conf.root, self.sweep)
+        waiting_for: set[str] = set()
+        while True:
+            now = st.states(self.conf.root, self.sweep)
+            todo = self.next_one(now)
+            if todo is None:
+                busy = {s.experiment.name for s in now if s.state == st.RUNNING}
+                if not busy:
+                    return _summary(now)
+                if busy != waiting_for:
+                    log.info("waiting: %s trained by other workers (an experiment whose worker dies is resumed "
+                             "here once its lease expires)", ", ".join(sorted(busy)))
+                    waiting_for = busy
+                time.sleep(self.conf.poll_s)  # polling the bucket: other machines give no other sign
+                continue
+            waiting_for = set()
+            code = self.train(todo)
+            if code is not None:
+                return code
+
+    def train(self, s: st.ExperimentState) -> int | None:
+        """Train one experiment; the worker's exit code when it must stop (preempted, out of time), else None."""
+        e, root = s.experiment, self.conf.root
+        left = self.seconds_left()
+        if left is not None and left < 1:
+            log.info("this session's train.time_limit is reached; re-run the sweep in a new session to go on")
+            return pre.EXIT_TIME_LIMIT
+        limit = [] if left is None else [f"train.time_limit={int(left)}s"]
+        log.info("experiment %s (%s): %s", e.name, e.label(), "resuming" if s.state == st.RESUMABLE else "starting")
+        if s.state == st.FAILED:
+            st.clear_failure(root, self.sweep, e)
+        child = Child([sys.executable, "-m", "voxrelay", "train", self.sweep.base, *self.sweep.overrides, *limit,
+                       *e.args()])
+        code = child.run()
+        after = st.experiment_state(root, self.sweep, e)
+        if after.ended:
+            return None
+        if child.signalled is not None or code in _GOING_AWAY:
+            return code if code else 128 + (child.signalled or 0)
+        if code == pre.EXIT_TIME_LIMIT and after.stop_reason == pre.TIME_LIMIT:
+            log.info("this session's train.time_limit is reached; re-run the sweep in a new session to go on")
+            return code
+        if code == 2 and after.state == st.RUNNING:
+            log.info("experiment %s was claimed by another worker: %s", e.name, after.holder.get("host"))
+            return None
+        why = _why(code, child.tail)
+        log.error("experiment %s failed (%s); the sweep goes on (sweep status shows it; --retry-failed tries it "
+                  "again)", e.name, why)
+        st.record_failure(root, self.sweep, e, code, why, list(child.tail))
+        return None
+
+
+def _why(code: int, tail) -> str:
+    known = {pre.EXIT_NON_FINITE: "non-finite losses (train.max_bad_steps)", pre.EXIT_OUT_OF_MEMORY: "out of memory",
+             2: "refused"}
+    errors = [line for line in tail if line.lstrip().startswith(("error:", "ERROR"))]
+    what = known.get(code, "crashed")
+    return f"exit {code}: {what}" + (f": {errors[-1].strip()}" if errors else "")
+
+
+def _summary(now: list[st.ExperimentState]) -> int:
+    failed = [s.experiment.name for s in now if s.state == st.FAILED]
+    if failed:
+        log.error("the sweep has ended; %d failed: %s (`voxrelay sweep status` shows why; re-run with "
+                  "--retry-failed to try them again)", len(failed), ", ".join(failed))
+        return 1
+    log.info("the sweep has ended: %d experiments", len(now))
+    return 0
+
+
+def run_sweep(sweep: Sweep, retry_failed: bool = False) -> int:
+    started = pre.session_start("process")  # train.time_limit counts from here for every experiment
+    return Worker(sweep, settings(sweep), retry_failed, started).run()
