@@ -153,11 +153,12 @@ def _check_exports(run: Path, base_ckpt: Path, tmp_path: Path, env: dict, ema: d
     assert np.array_equal(outputs["run"], outputs["adapter"]) and outputs["merged"].size > 0
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+# FSDP2 on 2 processes with frozen parts: test_parler.py (CI time); seed 003 trains VibeVoice with DDP
+@pytest.mark.parametrize("strategy", ["ddp"])
 def test_vibevoice_on_two_processes_resumes_exactly(setup, strategy):
-    """2-process DDP and FSDP2 (Qwen2 layers and the diffusion head as units, the frozen tokenizers in the root),
-    LoRA + EMA + family generators: a run stopped halfway and resumed in a new session ends with the straight run's
-    weights and EMA (a constant learning rate: the split run's first half has max_steps halved)."""
+    """2-process DDP with LoRA + EMA + family generators: a run stopped halfway and resumed in a new session ends
+    with the straight run's weights and EMA (a constant learning rate: the split run's first half has max_steps
+    halved)."""
     from tests.integration.runner import torchrun
 
     base, tiny, env, _ = setup
