@@ -133,17 +133,9 @@ def test_config_changes_on_resume(prepared):
     assert _weights(prepared, "cfg")[1]["model.embed_tokens.weight"].shape[1] == 64
 
 
-@pytest.mark.parametrize("extra", [()], ids=["full"])  # LoRA on 2 processes: test_vibevoice.py, test_parler.py
-def test_ddp_two_processes_resume_exactly(prepared, extra):
-    # constant lr: raising max_steps on resume (allowed) would otherwise stretch the cosine schedule
-    tag = "-lora" if extra else ""
-    _train(prepared, f"ddp-straight{tag}", "train.schedule=constant", *extra, nproc=2)
-    _train(prepared, f"ddp-split{tag}", "train.schedule=constant", f"train.max_steps={STEPS // 2}", *extra, nproc=2)
-    res = _train(prepared, f"ddp-split{tag}", "train.schedule=constant", *extra, nproc=2)
-    assert _resumed_step(res.stderr) == STEPS // 2
-    straight = _weights(prepared, f"ddp-straight{tag}")[1]
-    assert_same_weights(straight, _weights(prepared, f"ddp-split{tag}")[1])
-    assert all(".lora_" in k or ".modules_to_save." in k for k in straight) == bool(extra)
+# 2-process DDP resumed bit for bit: from a checkpoint only staged when SIGKILLed, in
+# test_ddp_sigkill_while_the_newest_checkpoint_is_only_staged; from a committed one with LoRA, in test_vibevoice.py
+# and across two nodes in test_two_nodes.py
 
 
 def test_two_to_one_process_resume_continues_at_the_same_sample(prepared):
