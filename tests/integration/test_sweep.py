@@ -22,7 +22,7 @@ from tests.integration.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.store import CommittedStore
 
-LONG, SHORT = 16, 6  # steps of the experiment that is killed, and of the others
+LONG, SHORT = 60, 6  # steps of the experiment that is killed (it must outlast the wait for its first commit)
 
 
 def _own_pid_namespace() -> bool:
