@@ -188,33 +188,6 @@ def plan_cmd(
         print_plan(plan, Console(soft_wrap=True, width=max(out.width, 132)), configured(cfg, gpus))
 
 
-@app.command("doctor")
-def doctor_cmd(
-    config: str = CONFIG,
-    overrides: list[str] = OVERRIDES,
-    probe_mb: float = typer.Option(32.0, "--probe-mb", min=0, help="Size in MB of the object written to the root, "
-                                   "read back and deleted to measure throughput (0: no probe)"),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per check, no table"),
-):
-    """Check the setup's storage, cost and machine traps, each with a verdict and its fix; exit 1 if one fails.
-
-    Bucket region vs this machine's (metadata server), multi-/dual-region replication, soft delete, versioning,
-    storage class, lifecycle rules, throughput to the root (a probe object, deleted), a mounted root (gcsfuse,
-    Drive), local disk, the Hugging Face cache, GPU memory vs `voxrelay plan`."""
-    from voxrelay.config import load_config
-
-    cfg = load_config(config, overrides or [])  # before the checks: a config error comes at once (exit 2)
-    from voxrelay.doctor import exit_code
-    from voxrelay.doctor.diagnose import diagnose, print_checks, to_json
-
-    checks = diagnose(cfg, probe_mb)
-    if as_json:
-        print(to_json(checks))
-    else:
-        print_checks(checks, Console(soft_wrap=True, width=max(out.width, 132)))
-    raise typer.Exit(exit_code(checks))
-
-
 @app.command("status")
 def status_cmd(
     run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>), local or remote"),
@@ -348,32 +321,6 @@ def import_cmd(
     out.print(str(output), highlight=False)
 
 
-@app.command("sweep")
-def sweep_cmd(
-    args: list[str] = typer.Argument(..., help="SWEEP.yaml [overrides for every experiment], or `status SWEEP.yaml "
-                                     "[overrides]` for the table and the plot"),
-    retry_failed: bool = typer.Option(False, "--retry-failed", help="Train failed experiments again (once each)"),
-):
-    """Run a grid/list of experiments (a worker: any number, on any machines; re-run to go on), or `sweep status`."""
-    from voxrelay.sweep.spec import load_sweep
-
-    showing = args[0] == "status" and len(args) > 1
-    sweep = load_sweep(*(args[1], args[2:]) if showing else (args[0], args[1:]))
-    if showing:
-        from voxrelay.sweep.report import rows, table, write_plot
-        from voxrelay.sweep.worker import settings
-
-        root = settings(sweep).root
-        found = rows(root, sweep)
-        out.print(table(found), highlight=False)
-        if (plot := write_plot(root, sweep, found)) is not None:
-            err.print(f"eval curves: {plot}", highlight=False)
-        return
-    from voxrelay.sweep.worker import run_sweep
-
-    raise typer.Exit(run_sweep(sweep, retry_failed))
-
-
 @app.command("demo")
 def demo_cmd(
     root: str = typer.Option("./voxrelay-data", "--root", help="Storage root (local folder, gs://, s3://)"),
@@ -418,6 +365,9 @@ def _demo_scores(run_uri: str) -> None:
     if "eval/wer" in metrics:
         err.print(f"held-out WER {metrics['eval/wer']:.2f} (Whisper; 1.0 = no word right, 0 = every word); "
                   f"curves: {run_uri.rstrip('/')}/eval.png", highlight=False)
+
+
+from voxrelay import cli_ops  # noqa: E402,F401 (registers `doctor` and `sweep` on app)
 
 
 def main() -> None:

@@ -98,3 +98,12 @@ def write_plot(root: str, sweep, found: list[Row]) -> str | None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return save_figure(fig, storage.join(st.sweep_uri(root, sweep), PLOT_FILE))
+
+
+def report(sweep) -> tuple[str, str | None]:
+    """``sweep status``: the table, and the plot's URI (None: no plot)."""
+    from voxrelay.sweep.worker import settings
+
+    root = settings(sweep).root
+    found = rows(root, sweep)
+    return table(found), write_plot(root, sweep, found)

@@ -57,11 +57,10 @@ class ExperimentState:
         return self.state in ENDED
 
 
-def _max_steps(run: str) -> int | None:
+def _snapshot(run: str) -> dict | None:
+    """The run's config snapshot (written when training starts), or None before that."""
     snapshot = storage.join(run, CONFIG_SNAPSHOT)
-    if not storage.exists(snapshot):
-        return None
-    return ((yaml.safe_load(storage.read_text(snapshot)) or {}).get("train") or {}).get("max_steps")
+    return (yaml.safe_load(storage.read_text(snapshot)) or {}) if storage.exists(snapshot) else None
 
 
 def experiment_state(root: str, sweep: Sweep, experiment: Experiment, now: float | None = None) -> ExperimentState:
@@ -70,7 +69,9 @@ def experiment_state(root: str, sweep: Sweep, experiment: Experiment, now: float
     committed = CommittedStore(storage.join(run, CKPT_DIR)).list()
     lease = read_lease(run)
     failure = read_failure(root, sweep, experiment)
-    s = ExperimentState(experiment, run, PENDING, committed[0].step if committed else None, _max_steps(run),
+    snapshot = _snapshot(run)
+    max_steps = ((snapshot or {}).get("train") or {}).get("max_steps")
+    s = ExperimentState(experiment, run, PENDING, committed[0].step if committed else None, max_steps,
                         committed[0].manifest.get("stopped") if committed else None)
     if s.max_steps is not None and s.durable_step is not None and s.durable_step >= s.max_steps:
         s.state = FINISHED
@@ -80,7 +81,7 @@ def experiment_state(root: str, sweep: Sweep, experiment: Experiment, now: float
         s.state, s.holder = RUNNING, lease
     elif failure is not None:
         s.state, s.failure = FAILED, failure
-    elif lease is not None or committed or storage.exists(storage.join(run, CONFIG_SNAPSHOT)):
+    elif lease is not None or committed or snapshot is not None:
         s.state = RESUMABLE  # started before, not running now: the next worker resumes it
     return s
 
