@@ -3,7 +3,10 @@
 CPU (always): small Llama decoders (the families' architecture) in pure bf16, autocast and fp32; predicted
 activation bytes vs the bytes of the tensors autograd saves (``saved_tensors_hooks``, distinct storages,
 parameters excluded), plus the family loss (logits' fp32 log-softmax) of a small codec_lm, and Parler-TTS
-decoders (T5 cross-attention, GELU MLP, K codebooks) priced through the family's plan_shape.
+decoders (T5 cross-attention, GELU MLP, K codebooks) priced through the family's plan_shape. Then the plan's
+total (the step's peak, without overhead) vs the peak of live tensor bytes of real training steps
+(``tests/helpers/peak.py``: voxrelay's build, strategies and train_step on shapes nothing was fitted on), and
+the plan beside the ``max_memory_allocated`` an H200 recorded (``tests/fixtures/plan/h200_max_allocated.json``).
 CUDA (when available), one process per row, through voxrelay's own build, strategies (DDP/FSDP2, LoRA,
 gradient checkpointing, 8-bit Adam, CPU offload) and train_step: Orpheus' family at Llama-3.2-3B's width
 (hidden 3072, MLP 8192, 24/8 heads, vocab 156,940) with ``--layers`` layers, bf16, one micro-batch of
@@ -13,7 +16,7 @@ bytes outside torch's allocator (CUDA context, cuBLAS workspaces: the fixed over
 optimizer states live (offload), and the loss' logits peak per vocabulary entry per token.
 
 The last line is ``ratio <predicted/measured>``: the CUDA row farthest from 1 when CUDA ran, else the CPU
-total's.
+peak row farthest from 1.
 
     PYTHONPATH=src python bench/plan_accuracy.py [--tokens 2048] [--layers 4] [--only ddp,fsdp]
 """
@@ -22,10 +25,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 
 import torch
 
-from voxrelay.plan.formulas import activation_bytes, logits_bytes
+from voxrelay.plan.formulas import LOGITS_PEAK_PER_VOCAB, activation_bytes, logits_bytes
 from voxrelay.plan.model import shape_of
 
 COMPUTE = {"bf16": (torch.bfloat16, contextlib.nullcontext),
@@ -126,6 +130,51 @@ def cpu_parler_rows(tokens: int = 256, description: int = 32) -> tuple[int, int]
     return total_pred, total_meas
 
 
+def cpu_peak_rows(tokenizer: str) -> float:
+    """The plan's total (no overhead) vs the peak of live tensors over a real step; the worst ratio."""
+    from tests.helpers.peak import CPU_ROWS, row_overrides, step_peak
+
+    worst = 1.0
+    for name, row in CPU_ROWS.items():
+        measured, plan, n = step_peak(row_overrides(name, tokenizer), row[3])
+        ratio = (plan["total"] - plan["overhead"]) / measured
+        worst = ratio if abs(ratio - 1) > abs(worst - 1) else worst
+        print(f"cpu peak {name:20s} tokens={n:4d}: plan {(plan['total'] - plan['overhead']) / 1e6:8.1f} MB (at "
+              f"{plan['peak_phase']}) measured {measured / 1e6:8.1f} MB  ratio {ratio:.3f}", flush=True)
+    return worst
+
+
+def recorded_rows(tokenizer: str) -> None:
+    """The plan beside what an H200 measured (no GPU needed: the plan's own code on the same configs)."""
+    import json
+    from pathlib import Path
+
+    from voxrelay.config import load_config
+    from voxrelay.plan import compute_mode, configured, per_gpu
+    from voxrelay.plan.model import model_facts
+
+    recorded = json.loads((Path(__file__).resolve().parents[1] / "tests/fixtures/plan/h200_max_allocated.json")
+                          .read_text())
+    base = ["model.family=orpheus", f"model.tokenizer={tokenizer}", f"model.num_layers={recorded['layers']}",
+            "train.precision=bf16", "train.max_steps=100"]
+    facts, _ = model_facts(load_config(None, base), None)
+    for name, row in recorded["rows"].items():
+        cfg = load_config(None, [*base, *row["overrides"]])
+        st = configured(cfg, 1)
+        plan = per_gpu(facts, st, recorded["tokens"], compute_mode(cfg, st.strategy))
+        gb = (plan["total"] - plan["overhead"]) / 1e9
+        print(f"h200 (recorded) {name:16s}: plan {gb:6.2f} GB (at {plan['peak_phase']}) | max_allocated "
+              f"{row['gb']:6.2f} GB, ratio {gb / row['gb']:.3f}", flush=True)
+    held = recorded["held_out"]  # VibeVoice-1.5B LoRA: fitted on nothing
+    cfg = load_config(None, held["overrides"])
+    st = configured(cfg, 1)
+    facts, _ = model_facts(cfg, None)
+    plan = per_gpu(facts, st, held["tokens"], compute_mode(cfg, st.strategy))
+    gb = (plan["total"] - plan["overhead"]) / 1e9
+    print(f"h200 (recorded) vibevoice-1.5B lora, {held['tokens']:,} tokens (held out): plan {gb:6.2f} GB (at "
+          f"{plan['peak_phase']}) | max_allocated {held['gb']:6.2f} GB, ratio {gb / held['gb']:.3f}", flush=True)
+
+
 # CUDA rows: name -> (config overrides, what plan calls the strategy); each runs in its own process (its own
 # peak and process group) through voxrelay's own build, strategies and train_step, at Orpheus-3B's width
 CUDA_ROWS: dict[str, tuple[list[str], dict]] = {
@@ -150,12 +199,12 @@ def cuda_worker(name: str, tokens: int, layers: int, tokenizer: str) -> dict:
     ``max_memory_allocated`` of the second step (the optimizer's states exist from the first)."""
     import numpy as np
     from accelerate import Accelerator
-    from strategies import bench_run  # bench/strategies.py, beside this script
 
     from voxrelay.config import load_config
     from voxrelay.models.registry import build_model
     from voxrelay.plan import Strategy, compute_mode, per_gpu
     from voxrelay.plan.model import data_spec, model_facts
+    from voxrelay.train.build import bare_run
     from voxrelay.train.loop import train_step
     from voxrelay.train.state import seed_everything
 
@@ -165,17 +214,17 @@ def cuda_worker(name: str, tokens: int, layers: int, tokenizer: str) -> dict:
     accelerator = Accelerator(mixed_precision="bf16")
     seed_everything(0)
     model = build_model(cfg.model, data_spec(cfg, None), 0)
-    run = bench_run(model, cfg, accelerator)
+    run = bare_run(model, cfg, accelerator)
     module, optimizer = run.module, run.optimizer
     ids = np.random.default_rng(0).integers(128_266, 156_940, tokens)
     batch = model.collate([{"input_ids": ids, "labels": ids.copy()}])
     train_step(run, [dict(batch, audio_seconds=1.0)])
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    free, total = torch.cuda.mem_get_info()
     train_step(run, [dict(batch, audio_seconds=1.0)])
     torch.cuda.synchronize()
     measured, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    free, total = torch.cuda.mem_get_info()  # read with the reserved bytes, at the same moment
     context = total - free - torch.cuda.memory_reserved()  # what torch's allocator does not see
     opt = getattr(optimizer, "optimizer", optimizer)
     where = {"params": sorted({p.device.type for p in module.parameters()}),
@@ -190,7 +239,8 @@ def cuda_worker(name: str, tokens: int, layers: int, tokenizer: str) -> dict:
 
 def logits_peak(tokens: int, vocab: int = 156_940, hidden: int = 3072) -> float:
     """Bytes per vocabulary entry per token of the loss alone (bf16 head under autocast, fp32 cross-entropy,
-    backward): what the plan's logits column prices at LOGITS_PEAK_PER_VOCAB."""
+    backward): what the plan's logits column prices at LOGITS_PEAK_PER_VOCAB (the head's bf16 weight gradient,
+    2 x hidden / tokens per entry, is in this figure too)."""
     head = torch.nn.Linear(hidden, vocab, bias=False, device="cuda")
     x = torch.randn(tokens, hidden, device="cuda", requires_grad=True)
     target = torch.randint(0, vocab, (tokens,), device="cuda")
@@ -217,7 +267,8 @@ def cuda_rows(tokens: int, layers: int, only: list[str]) -> float:
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(root / "src"), str(root),
                                                                    os.environ.get("PYTHONPATH")) if p))
-    print(f"cuda logits peak: {logits_peak(tokens):.2f} bytes per vocab entry per token (plan: 14)", flush=True)
+    print(f"cuda logits peak: {logits_peak(tokens):.2f} bytes per vocab entry per token (plan: "
+          f"{LOGITS_PEAK_PER_VOCAB})", flush=True)
     worst = 1.0
     with tempfile.TemporaryDirectory() as tmp:
         sys.path.insert(0, str(root))
@@ -254,6 +305,7 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # meta builds read config.json only: no hub at all
     torch.manual_seed(0)
     if args.worker:
         import json
@@ -263,8 +315,19 @@ def main() -> None:
     pred, meas = cpu_rows()
     loss_pred, loss_meas = cpu_loss_row()
     parler_pred, parler_meas = cpu_parler_rows()
-    ratio = (pred + loss_pred + parler_pred) / (meas + loss_meas + parler_meas)
-    print(f"cpu total: predicted/measured {ratio:.3f}")
+    total = (pred + loss_pred + parler_pred) / (meas + loss_meas + parler_meas)
+    print(f"cpu activations total: predicted/measured {total:.3f}")
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.helpers.orpheus import save_llama3_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = str(save_llama3_tokenizer(Path(tmp) / "tok"))
+        ratio = cpu_peak_rows(tok)
+        recorded_rows(tok)
     if torch.cuda.is_available():
         ratio = cuda_rows(args.tokens, args.layers, [n for n in args.only.split(",") if n])
     else:

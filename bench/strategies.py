@@ -93,22 +93,6 @@ def state_bytes(module, optimizer) -> dict[str, int]:
             "grads": sum(_local_bytes(p) for p in params if p.requires_grad), "optim": opt_bytes}
 
 
-def bench_run(model, cfg, accelerator):
-    """A :class:`~voxrelay.train.build.Run` of ``model`` trained as ``voxrelay train`` trains it (train.lora,
-    gradient checkpointing, DDP or FSDP2 and the optimizer by voxrelay's own code; no data, checkpoints or
-    monitor): what every bench that times or measures ``train_step`` steps. The caller has seeded the RNG."""
-    from voxrelay.train.build import Run, wrap_model
-    from voxrelay.train.optim import build_scheduler
-    from voxrelay.train.strategies import apply_lora, enable_gradient_checkpointing
-
-    apply_lora(model, cfg.train.lora)
-    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing)
-    model.module.train()
-    module, optimizer = wrap_model(model, cfg, accelerator)
-    return Run(cfg, accelerator, model, module, optimizer, build_scheduler(cfg.train, optimizer),
-               None, [], None, None, None, None, None)
-
-
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
@@ -117,6 +101,7 @@ def worker(args) -> None:
     from voxrelay.config import load_config
     from voxrelay.models.base import DataSpec
     from voxrelay.models.registry import build_model
+    from voxrelay.train.build import bare_run
     from voxrelay.train.loop import train_step
     from voxrelay.train.state import seed_everything
 
@@ -130,7 +115,7 @@ def worker(args) -> None:
     rank, world = accelerator.process_index, accelerator.num_processes
     seed_everything(args.seed)
     model = build_model(cfg.model, DataSpec(4, 256), args.seed)
-    run = bench_run(model, cfg, accelerator)
+    run = bare_run(model, cfg, accelerator)
     module, optimizer = run.module, run.optimizer
     batches = global_batches(model, args.steps, args.batch, (args.min_frames, args.frames), args.seed)
     tokens = sum(len(e["input_ids"]) for b in batches for e in b)  # non-pad tokens of every process

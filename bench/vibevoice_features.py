@@ -131,7 +131,6 @@ def cuda_rows(target_s: float, prompt_s: float, steps: int, device: str = "cuda"
     the encoders' outputs cached (precomputed), the step's FLOPs (counted) and MFU against the card's bf16
     peak, and ``max_memory_allocated`` against ``voxrelay plan``'s bytes for the same config and tokens."""
     from accelerate import Accelerator
-    from strategies import bench_run  # bench/strategies.py, beside this script
     from transformers import VibeVoiceConfig, VibeVoiceForConditionalGeneration
 
     from tests.helpers.vibevoice import save_tokenizer
@@ -142,6 +141,7 @@ def cuda_rows(target_s: float, prompt_s: float, steps: int, device: str = "cuda"
     from voxrelay.models.vibevoice.modeling import FeatureCache
     from voxrelay.plan import Strategy, per_gpu
     from voxrelay.plan.model import model_facts
+    from voxrelay.train.build import bare_run
     from voxrelay.train.loop import train_step
 
     cfg = load_config(None, ["model.family=vibevoice", "model.voice_prompt_drop_rate=0", "model.max_length=65536",
@@ -169,7 +169,7 @@ def cuda_rows(target_s: float, prompt_s: float, steps: int, device: str = "cuda"
     model.use_corpus(rows)
     example = model.example(rows[0])
     accelerator = Accelerator(mixed_precision="bf16")
-    run = bench_run(model, cfg, accelerator)
+    run = bare_run(model, cfg, accelerator)
     batch = model.collate([example])
     inner = model.module.get_base_model() if hasattr(model.module, "get_base_model") else model.module
 

@@ -1,7 +1,7 @@
 """``voxrelay plan``: parameter, gradient and optimizer bytes predicted from the meta-device build equal the
 bytes of the real tensors (built, stepped) for every family, full and LoRA, every optimizer; activations
 predicted by the formula equal the bytes of the tensors autograd saves (measured with saved_tensors_hooks);
-the Orpheus-3B plan reproduces FACTS' figures and seed 001's observations."""
+the Orpheus-3B plan reproduces seed 001's observations. The totals against measured peaks: test_plan_peak.py."""
 
 from __future__ import annotations
 
@@ -280,44 +280,19 @@ def orpheus_3b(tokenizer):
     return out
 
 
-FACTS_GB = {  # FACTS.md "Memory": per GPU, batch 1, no overhead, bf16 compute
-    ("ddp", 1, False, False, "float32"): (64.8, 100.9), ("ddp", 1, False, True, "float32"): (57.9, 73.3),
-    ("fsdp", 4, False, False, "float32"): (28.1, 64.2), ("fsdp", 4, False, True, "float32"): (21.2, 36.6),
-    ("ddp", 1, True, False, "bfloat16"): (27.1, 63.2),
-}
-
-
-@pytest.mark.parametrize("key", list(FACTS_GB))
-def test_orpheus_3b_matches_facts_within_10_percent(orpheus_3b, key) -> None:
-    strategy, gpus, lora, gc, dtype = key
-    _, facts = orpheus_3b[dtype]
-    assert sum(p.numel for p in facts.params[False]) == pytest.approx(3.30e9, rel=0.005)
-    st = Strategy(strategy, gpus, lora, "adamw", gradient_checkpointing=gc)
-    for tokens, expected in zip((2048, 8192), FACTS_GB[key], strict=True):
-        # FACTS' full fine-tune figures assume pure bf16 compute (FSDP2's mixed precision); its LoRA row is
-        # also met by voxrelay's own DDP path (autocast over a bf16 base: no weight copies)
-        b = per_gpu(facts, st, tokens, "autocast" if lora else "bf16")
-        # FACTS counts every trained parameter at 16 bytes; over a bf16 base, peft's modules_to_save copies
-        # (Orpheus' 482M-row embeddings) are bf16 and train at 8 (bf16 weight, grad, two Adam states)
-        bf16_trained = sum(p.numel for p in facts.params[lora] if p.trainable and p.itemsize == 2)
-        assert bf16_trained == (156_940 * 3072 if lora else 0)
-        predicted = b["total"] - b["overhead"] + 8 * bf16_trained
-        assert predicted / GB == pytest.approx(expected, rel=0.10), (key, tokens)
-
-
 def test_orpheus_3b_reproduces_seed_001(orpheus_3b) -> None:
-    """Full fine-tune OOM on an 80 GB card at long sequences; FSDP over 4 GPUs lands at 30-40 GB per GPU."""
+    """Full fine-tune (HF Trainer's default: no checkpointing) OOM on an 80 GB card at long sequences; FSDP over
+    4 GPUs lands at 30-40 GB per GPU."""
     cfg, facts = orpheus_3b["float32"]
     gpu = parse_gpu_memory("80GB", None)
     long = {(r.strategy.strategy, r.strategy.gpus, r.strategy.lora, r.strategy.optimizer,
              r.strategy.gradient_checkpointing, r.strategy.cpu_offload): r
             for r in make_plan(cfg, facts, Lengths(8192, "test"), 4, gpu).rows}
     assert not long[("ddp", 1, False, "adamw", False, False)].fits
-    assert not long[("ddp", 1, False, "adamw", True, False)].fits
-    short = make_plan(cfg, facts, Lengths(2048, "test"), 4, gpu).rows
-    fsdp4 = next(r for r in short if r.strategy == Strategy("fsdp", 4, False, "adamw"))
+    usual = make_plan(cfg, facts, Lengths(4096, "test"), 4, gpu).rows  # Orpheus' max_seq_len
+    fsdp4 = next(r for r in usual if r.strategy == Strategy("fsdp", 4, False, "adamw"))
     assert 30 <= fsdp4.per_gpu_bytes["total"] / GB <= 40
-    assert fsdp4.fits and fsdp4.max_tokens > 2048
+    assert fsdp4.fits and fsdp4.max_tokens > 4096
 
 
 def test_max_tokens_is_the_largest_batch_that_fits(orpheus_3b) -> None:
@@ -383,7 +358,7 @@ def test_plan_works_from_a_folder_holding_only_config_json(tmp_path: Path, orphe
 def test_plan_json_prices_every_strategy(tmp_path: Path) -> None:
     args = ["plan", str(demo_config_path()), f"root={tmp_path}", *TINY_CODEC_LM[:-1], "--seq-len", "512",
             "codec.num_codebooks=4", "codec.codebook_size=256",  # the vocabulary the GPU size below was cut for
-            "--gpus", "2", "--gpu-memory", "1.5135GB", "--json"]
+            "--gpus", "2", "--gpu-memory", "1.5115GB", "--json"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)
@@ -393,8 +368,9 @@ def test_plan_json_prices_every_strategy(tmp_path: Path) -> None:
     assert {(r["strategy"], r["gpus"]) for r in rows} == {("ddp", 1), ("fsdp", 1), ("ddp", 2), ("fsdp", 2)}
     for r in rows:
         b = r["per_gpu_bytes"]
-        assert b["total"] == sum(v for k, v in b.items() if k != "total")
-        assert r["fits"] == (b["total"] <= 1.5135e9) and r["seq_len"] == 512
+        parts = sum(b[k] for k in ("weights", "grads", "optimizer", "activations", "logits"))
+        assert b["total"] - b["overhead"] <= parts and b["peak_phase"] in ("loss", "head", "layers", "end", "step")
+        assert r["fits"] == (b["total"] <= 1.5115e9) and r["seq_len"] == 512
     assert any(r["fits"] for r in rows) and not all(r["fits"] for r in rows)  # 1.5 GB of overhead + a few MB
 
 
@@ -431,9 +407,9 @@ def test_recommendation_is_the_fewest_gpus_then_the_least_exotic(orpheus_3b) -> 
     cfg, facts = orpheus_3b["float32"]
     a100_40 = parse_gpu_memory(None, "a100-40gb")
     best = make_plan(cfg, facts, Lengths(2048, "test"), 4, a100_40).recommended()
-    assert best.strategy == Strategy("ddp", 1, True, "adamw", gradient_checkpointing=True)  # LoRA + gc on one
+    assert best.strategy == Strategy("ddp", 1, True, "adamw")  # LoRA on one
     full = make_plan(cfg, facts, Lengths(8192, "test"), 4, parse_gpu_memory("80GB", None)).recommended(lora=False)
-    assert full.strategy == Strategy("ddp", 1, False, "adamw_8bit", gradient_checkpointing=True)
+    assert full.strategy == Strategy("ddp", 1, False, "adamw", gradient_checkpointing=True)
     nothing = make_plan(cfg, facts, Lengths(8192, "test"), 1, parse_gpu_memory("8GB", None))
     assert nothing.recommended() is None
 

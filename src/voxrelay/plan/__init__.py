@@ -15,6 +15,9 @@ Assumptions (each also written where it is used):
 - CPU offload (FSDP's CPUOffloadPolicy) keeps parameters, gradients and optimizer states in CPU memory.
 - A micro-batch holds ``train.batch_tokens`` tokens (padding included; one example longer than the budget
   makes a batch by itself); attention is SDPA (memory linear in tokens).
+- The total is the step's peak, not the sum of the columns: what stays (weights, optimizer states, DDP's
+  buckets) plus the largest of the step's phases (:func:`phases`). Checked against the peak of live tensors
+  on CPU and ``max_memory_allocated`` on an H200 (``bench/plan_accuracy.py``, ``tests/unit/test_plan.py``).
 """
 
 from __future__ import annotations
@@ -27,15 +30,18 @@ from typing import Any
 from voxrelay.config import RunConfig
 from voxrelay.errors import UserError
 from voxrelay.plan.formulas import (
+    FRAGMENTATION,
     GB,
+    LOGITS_GRAD_PER_VOCAB,
+    OVERHEAD_FIXED,
     Param,
     Shape,
     activation_bytes,
+    autocast_copies,
     grad_bytes,
     logits_bytes,
     optimizer_bytes,
     overhead_bytes,
-    per_token_bytes,
     weight_bytes,
 )
 
@@ -145,38 +151,80 @@ def compute_mode(cfg: RunConfig, strategy: str) -> str:
     return "bf16" if strategy == "fsdp" else "autocast"
 
 
-def per_gpu(facts: ModelFacts, st: Strategy, tokens: int, compute: str) -> dict[str, int]:
-    """Bytes per GPU by column for strategy ``st`` and a micro-batch of ``tokens`` tokens."""
+def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bool = True) -> tuple[dict, dict]:
+    """The columns (each part at its own largest) and what one GPU holds at each phase of a step, on top of
+    ``resident`` (weights and optimizer states it keeps, DDP's gradient buckets):
+
+    - ``loss``: the log-softmax's backward, before any weight gradient exists (FSDP2 has resharded every
+      unit after the forward: none is gathered);
+    - ``head``: the output layer's backward: its weight gradient in the compute dtype and in fp32 (FSDP: the
+      largest unit gathered, with its unsharded gradient), the logits' fp32 gradient;
+    - ``layers``: under gradient checkpointing, a recomputed layer with every gradient (an upper bound);
+    - ``end``: the backward's end: every gradient, autocast's cached copies, and the largest unit's gradient
+      twice (an input embedding tied to the output layer gets a dense gradient of its own, added to the
+      head's; under FSDP the unit is still gathered and its reduce-scatter output exists too);
+    - ``step``: the optimizer step. The fused AdamW voxrelay uses on a GPU makes no copies; the unfused one
+      (``fused=False``: CPU, offloaded states) makes two temporaries of the largest tensor it updates.
+    """
     params, shape = facts.params[st.lora], facts.shape[st.lora]
-    copies = sum(2 * p.numel for p in params if p.linear and p.itemsize == 4) if compute == "autocast" else 0
+    gc = st.gradient_checkpointing
+    copies = autocast_copies(params, gc, shape.layers) if compute == "autocast" else 0
+    unit, unit_trainable = facts.unit[st.lora]
+    item = 4 if compute == "fp32" else 2
+    shards = st.gpus if st.strategy == "fsdp" else 1
+    largest = max((p.shard_numel(shards) * p.itemsize for p in params if p.trainable), default=0)
     if st.strategy == "fsdp":
-        unit, unit_trainable = facts.unit[st.lora]
-        gathered = unit * (4 if compute == "fp32" else 2)
-        unit_grad = 4 * unit_trainable  # fp32 reduce-scatter input of the unit being reduced
-        if st.cpu_offload:
-            weights, grads, optim = gathered, unit_grad, 0
-        else:
-            weights = weight_bytes(params, st.gpus) + gathered
-            grads = grad_bytes(params, st.gpus) + unit_grad
-            optim = optimizer_bytes(params, st.optimizer, st.gpus)
+        gathered, unit_grad = unit * item, 4 * unit_trainable  # fp32 reduce-scatter input of the unit
+        local = 0 if st.cpu_offload else 1  # offloaded: parameters, gradients and states in CPU memory
+        resident = local * (weight_bytes(params, st.gpus) + optimizer_bytes(params, st.optimizer, st.gpus))
+        grads = local * grad_bytes(params, st.gpus)
+        cols = {"weights": local * weight_bytes(params, st.gpus) + gathered, "grads": grads + unit_grad,
+                "optimizer": local * optimizer_bytes(params, st.optimizer, st.gpus)}
+        head = gathered + unit_grad + item * unit_trainable
+        end = grads + gathered + 2 * unit_grad  # + the input embedding's dense gradient (tied to the head)
+        temps = 0 if (fused and not st.cpu_offload) else local * 2 * largest
     else:
-        weights, optim = weight_bytes(params), optimizer_bytes(params, st.optimizer)
-        grads = grad_bytes(params) * (2 if st.gpus > 1 else 1)  # DDP reducer buckets hold a second copy
-    acts = activation_bytes(shape, tokens, compute, st.gradient_checkpointing, copies)
+        grads = grad_bytes(params)
+        buckets = grads if st.gpus > 1 else 0  # DDP's reducer keeps a second copy, always allocated
+        resident = weight_bytes(params) + optimizer_bytes(params, st.optimizer) + buckets
+        cols = {"weights": weight_bytes(params), "grads": grads + buckets,
+                "optimizer": optimizer_bytes(params, st.optimizer)}
+        head = unit_trainable * (4 if compute == "fp32" else 4 + item)
+        end = grads + 4 * unit_trainable  # the input embedding's dense gradient, added to the tied head's
+        temps = 0 if fused else 2 * largest
+    acts = activation_bytes(shape, tokens, compute, gc, copies)
+    at_loss = activation_bytes(shape, tokens, compute, gc, copies, at_loss=True)
     logits = logits_bytes(facts.vocab, tokens)
-    allocated = weights + grads + optim + acts + logits
+    cols.update(activations=acts, logits=logits)
+    steps = {"loss": at_loss + logits, "head": at_loss + head + LOGITS_GRAD_PER_VOCAB * facts.vocab * tokens,
+             "layers": acts + grads if gc else 0, "end": end + copies, "step": grads + temps}
+    return {**cols, "resident": resident}, steps
+
+
+def per_gpu(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bool = True) -> dict[str, Any]:
+    """Bytes per GPU by column for strategy ``st`` and a micro-batch of ``tokens`` tokens; ``total`` is the
+    step's peak (what stays plus its largest phase) plus the overhead, ``peak_phase`` names that phase."""
+    cols, steps = phases(facts, st, tokens, compute, fused)
+    phase = max(steps, key=steps.get)
+    allocated = cols.pop("resident") + steps[phase]
     overhead = overhead_bytes(allocated)
-    return {"weights": weights, "grads": grads, "optimizer": optim, "activations": acts, "logits": logits,
-            "overhead": overhead, "total": allocated + overhead}
+    return {**cols, "overhead": overhead, "total": allocated + overhead, "peak_phase": phase}
 
 
 def max_tokens(facts: ModelFacts, st: Strategy, compute: str, gpu_bytes: int) -> int:
-    """The largest micro-batch in tokens whose total fits ``gpu_bytes`` (0 when even the states do not)."""
-    fixed = per_gpu(facts, st, 0, compute)["total"]
-    room = gpu_bytes - fixed
-    if room <= 0:
+    """The largest micro-batch in tokens whose total fits ``gpu_bytes`` (0 when even the states do not). Each
+    phase is linear in tokens: the bound is the smallest over phases of (room - its fixed part) / its slope."""
+    room = (gpu_bytes - OVERHEAD_FIXED) / (1 + FRAGMENTATION)
+    cols0, at0 = phases(facts, st, 0, compute)
+    _, at1 = phases(facts, st, 1 << 20, compute)
+    room -= cols0["resident"]
+    if room <= 0 or any(at0[k] > room for k in at0):
         return 0
-    return int(room // per_token_bytes(facts.shape[st.lora], compute, st.gradient_checkpointing))
+    slopes = {k: (at1[k] - at0[k]) / (1 << 20) for k in at0}
+    best = int(min((room - at0[k]) / slopes[k] for k in at0 if slopes[k] > 0))
+    while best > 0 and per_gpu(facts, st, best, compute)["total"] > gpu_bytes:  # int rounding of the overhead
+        best -= 1
+    return best
 
 
 def strategies(gpus: int, optimizer: str) -> list[Strategy]:

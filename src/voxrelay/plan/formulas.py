@@ -28,13 +28,21 @@ per token: 6h + 4 head_dim + 12 (bf16) or 8h + 8 head_dim + 12 (fp32/autocast: f
 Autocast also keeps a bf16 copy of every fp32 Linear weight for backward (2 bytes/parameter of the
 layers' Linears and the output head): counted with the activations, because that is what they are.
 
-Logits: the loss keeps 4 bytes x vocab per labelled token (fp32 log-softmax); the backward pass peaks at
-~14 bytes x vocab per token (FACTS, measured): the ``logits`` column is that peak.
+Logits: the loss keeps 4 bytes x vocab per labelled token (fp32 log-softmax); while the log-softmax is
+backpropagated it holds 12 bytes x vocab per token (its saved output, the incoming gradient and the new one):
+measured as the peak of live tensors on CPU (fp32: 12.0 exactly, at 256 and 1,024 tokens) and implied by
+``max_memory_allocated`` on an H200 (4,096 tokens of Orpheus-3B width: 12.0-12.3 in every row). The
+``logits`` column is that peak.
+
+A step's peak is not the sum of the columns (see :func:`voxrelay.plan.per_gpu`): the loss' peak comes
+before any weight gradient exists, and the gradients are whole only when the activations are gone.
 
 Gradient checkpointing (transformers' per-layer checkpoint, reentrant or not): the forward pass keeps each
 layer's input (residual dtype x h per token: 2h bf16, 4h fp32/autocast) and the final norm's tensors
 (measured exactly); backward adds one recomputed layer's activations at a time (not measured: assumed
-equal to a layer of the forward pass).
+equal to a layer of the forward pass). Autocast's bf16 copies of trainable fp32 weights stay in its cache
+until the autocast region (forward and backward, in ``train_step``) ends, checkpointed or not; copies of
+frozen weights are not cached, so under checkpointing only the recomputed layer's exist.
 """
 
 from __future__ import annotations
@@ -49,7 +57,9 @@ OVERHEAD_FIXED = 1.5 * GB
 # steady training loops; 5% of everything else is assumed
 FRAGMENTATION = 0.05
 LOGITS_SAVED_PER_VOCAB = 4
-LOGITS_PEAK_PER_VOCAB = 14
+LOGITS_PEAK_PER_VOCAB = 12
+# what the head's backward adds per vocabulary entry per token: the logits' gradient in fp32
+LOGITS_GRAD_PER_VOCAB = 4
 BNB_BLOCK = 256  # bitsandbytes' blockwise quantisation: one fp32 absmax per 256 elements, per state
 BNB_MIN_8BIT = 4096  # tensors smaller than this keep fp32 states (bitsandbytes' min_8bit_size)
 BNB_QMAPS = 2 * 256 * 4  # two shared fp32 quantisation maps of 256 entries per optimizer
@@ -184,32 +194,33 @@ def outside_activation_bytes(s: Shape, compute: str, checkpointing: bool = False
     return (6 if compute == "bf16" else 8) * s.hidden + rope + 12
 
 
-def activation_bytes(s: Shape, tokens: int, compute: str, checkpointing: bool, autocast_copies: int = 0) -> int:
+def autocast_copies(params: list[Param], checkpointing: bool, layers: int) -> int:
+    """Bytes of the bf16 weight copies autocast makes of fp32 Linear weights and keeps for backward: every
+    trainable one (autocast's cache) and the frozen ones (saved by their matmul; under checkpointing only
+    the recomputed layer's, about 1/``layers`` of them)."""
+    cached = sum(2 * p.numel for p in params if p.linear and p.itemsize == 4 and p.trainable)
+    frozen = sum(2 * p.numel for p in params if p.linear and p.itemsize == 4 and not p.trainable)
+    return cached + (frozen // max(1, layers) if checkpointing else frozen)
+
+
+def activation_bytes(s: Shape, tokens: int, compute: str, checkpointing: bool, autocast_copies: int = 0,
+                     at_loss: bool = False) -> int:
     """Activations of a micro-batch of ``tokens`` tokens (without the logits); ``autocast_copies`` bytes of
-    bf16 weight copies that autocast keeps (0 unless compute is autocast)."""
+    bf16 weight copies that autocast keeps (0 unless compute is autocast). ``at_loss``: what is alive when
+    the loss is backpropagated (under checkpointing, before any layer is recomputed)."""
     per_layer = layer_activation_bytes(s, compute)
     if checkpointing:  # every layer keeps its input; one layer is recomputed at a time in backward
         residual = 2 if compute == "bf16" else 4
-        layers = s.layers * residual * s.hidden + per_layer
-        autocast_copies = autocast_copies // max(1, s.layers)  # only the recomputed layer's copies live
+        layers = s.layers * residual * s.hidden + (0 if at_loss else per_layer)
     else:
         layers = s.layers * per_layer
     return tokens * (layers + outside_activation_bytes(s, compute, checkpointing)) + autocast_copies
 
 
 def logits_bytes(vocab: int, tokens: int, peak: bool = True) -> int:
-    """The loss' share: saved fp32 log-softmax (``peak=False``) or the backward peak (FACTS: ~14 x vocab)."""
+    """The loss' share: saved fp32 log-softmax (``peak=False``) or its backward peak (12 x vocab per token)."""
     return (LOGITS_PEAK_PER_VOCAB if peak else LOGITS_SAVED_PER_VOCAB) * vocab * tokens
 
 
 def overhead_bytes(allocated: int) -> int:
     return int(OVERHEAD_FIXED + FRAGMENTATION * allocated)
-
-
-def per_token_bytes(s: Shape, compute: str, checkpointing: bool) -> float:
-    """Bytes each extra token of the micro-batch costs (activations + logits peak + fragmentation)."""
-    residual = 2 if compute == "bf16" else 4
-    per_layer = layer_activation_bytes(s, compute)
-    layers = s.layers * residual * s.hidden + per_layer if checkpointing else s.layers * per_layer
-    outside = outside_activation_bytes(s, compute, checkpointing)
-    return (layers + outside + LOGITS_PEAK_PER_VOCAB * s.vocab) * (1 + FRAGMENTATION)

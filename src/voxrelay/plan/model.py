@@ -44,7 +44,9 @@ def collect(module: Any, layer_classes: tuple[type, ...]) -> tuple[list[Param], 
     ``layer_classes``, or the root (whatever is in no layer: embeddings, final norm, head)."""
     import torch
 
-    linear = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Linear)}
+    # Linears the forward runs (peft's modules_to_save keeps the replaced original beside the trained copy)
+    linear = {id(m.weight) for name, m in module.named_modules()
+              if isinstance(m, torch.nn.Linear) and "original_module" not in name.split(".")}
     params = [Param(tuple(p.shape), p.element_size(), p.requires_grad, id(p) in linear) for p in module.parameters()]
     units, in_layers = [], set()
     for m in module.modules():

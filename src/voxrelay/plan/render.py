@@ -48,7 +48,9 @@ def print_plan(plan: Plan, console: Console, mine: Strategy) -> None:
                       f"{ln.budget:,} tokens", highlight=False)
     for gpus in sorted({r.strategy.gpus for r in plan.rows}):
         table = Table(title=f"GB per GPU, {gpus} GPU{'s' * (gpus > 1)}, {ln.tokens:,} tokens per GPU micro-batch",
-                      caption="gc: gradient checkpointing; 8bit: AdamW8bit; max tokens: largest micro-batch that fits")
+                      caption="gc: gradient checkpointing; 8bit: AdamW8bit; max tokens: largest micro-batch that fits; "
+                              "total: weights + optimizer + the step's largest phase (the loss' peak comes before "
+                              "the gradients) + overhead, not the sum of the columns")
         table.add_column("strategy", no_wrap=True)
         for name in (*HEADERS, "fits", "max tokens"):
             table.add_column(name, justify="right", no_wrap=True)

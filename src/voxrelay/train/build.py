@@ -242,6 +242,18 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     return run
 
 
+def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Run:
+    """A :class:`Run` of ``model`` trained as ``voxrelay train`` trains it (train.lora, gradient checkpointing,
+    DDP or FSDP2 and the optimizer by the same code) with no data, checkpoints or monitor: what benches and
+    memory measurements step with ``train_step``. The caller has seeded the RNG."""
+    apply_lora(model, cfg.train.lora)
+    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing)
+    model.module.train()
+    module, optimizer = wrap_model(model, cfg, accelerator)
+    return Run(cfg, accelerator, model, module, optimizer, build_scheduler(cfg.train, optimizer),
+               None, [], None, None, None, None, None)
+
+
 def wrap_model(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator):
     """(module, optimizer) as the loop trains them. ddp: accelerate wraps the module (DDP when there are
     several processes). fsdp: our FSDP2 sharding, and accelerate does not wrap it (no DDP on top); the

@@ -1,0 +1,173 @@
+"""The peak of live tensor bytes on CPU, what ``torch.cuda.max_memory_allocated`` is on a GPU (less its
+512-byte block rounding): a dispatch mode that sees every storage an op creates, its ``resize_`` (FSDP2 frees
+and refills its unsharded parameters that way) and, by a weak reference, its release.
+
+    peak = Peak()
+    peak.adopt(tensors_that_already_exist)
+    with peak:
+        ...
+    peak.peak, peak.now
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+
+def _storages(t: object) -> Iterator[torch.UntypedStorage]:
+    """The storages behind ``t``: its own, or those of a wrapper subclass' inner tensors (DTensor's shard)."""
+    if not isinstance(t, torch.Tensor):
+        return
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        for name in names:
+            yield from _storages(getattr(t, name))
+    else:
+        yield t.untyped_storage()
+
+
+class Peak(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.now = 0
+        self.peak = 0
+        self._resize = None
+
+    def _count(self, delta: int) -> None:
+        self.now += delta
+        self.peak = max(self.peak, self.now)
+
+    def _add(self, st: torch.UntypedStorage) -> None:
+        if st in self.sizes or st.device.type == "meta":
+            return
+        size = [st.nbytes()]  # a box: resize_ changes it, the release returns what it then holds
+        self.sizes[st] = size
+        self._count(size[0])
+        weakref.finalize(st, lambda: self._count(-size[0]))
+
+    def adopt(self, tensors: Iterable[object]) -> None:
+        """Count tensors that existed before (parameters, buffers)."""
+        for t in tensors:
+            for st in _storages(t):
+                self._add(st)
+
+    def reset(self) -> None:
+        """Start a new peak from what is live now."""
+        self.peak = self.now
+
+    def __enter__(self):
+        original = self._resize = torch.UntypedStorage.resize_
+        sizes = self.sizes
+
+        def resize_(st, n):
+            box = sizes.get(st)
+            if box is None:
+                out = original(st, n)
+                self._add(st)
+                return out
+            self._count(n - box[0])
+            box[0] = n
+            return original(st, n)
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._resize
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.adopt(tree_leaves(out))
+        return out
+
+
+def _orpheus(tokenizer: Path, h: int, heads: int, kv: int, layers: int, *more: str) -> list[str]:
+    return ["model.family=orpheus", f"model.tokenizer={tokenizer}", f"model.hidden_size={h}",
+            f"model.num_heads={heads}", f"model.num_kv_heads={kv}", f"model.intermediate_size={3 * h}",
+            f"model.num_layers={layers}", "train.max_steps=100", "model.dropout=0.0", *more]
+
+
+def _batch(model, family: str, tokens: int) -> dict:
+    rng = np.random.default_rng(0)
+    if family == "orpheus":  # audio ids of the 156,940-way vocabulary, every position labelled
+        ids = rng.integers(128_266, 156_940, tokens)
+        return model.collate([{"input_ids": ids, "labels": ids.copy()}])
+    from voxrelay.data.shards import EncodedUtterance
+
+    frames = (tokens - 40) // 4  # codec_lm: 4 codes per frame after a short text
+    example = model.example(EncodedUtterance("x", "a sentence to read aloud", None, None, 1.0,
+                                             rng.integers(0, 256, (4, frames))))
+    return model.collate([example])
+
+
+def step_peak(overrides: list[str], tokens: int) -> tuple[int, dict, int]:
+    """(peak of live tensor bytes over a training step after the first, the plan's bytes for the same config
+    priced with the unfused optimizer CPU runs, the micro-batch's tokens)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from voxrelay.config import load_config
+    from voxrelay.models.registry import build_model
+    from voxrelay.plan import compute_mode, configured, per_gpu
+    from voxrelay.plan.model import data_spec, model_facts
+    from voxrelay.train.build import bare_run
+    from voxrelay.train.loop import train_step
+    from voxrelay.train.state import seed_everything
+
+    cfg = load_config(None, overrides)
+    AcceleratorState._reset_state()  # one per process; these rows differ in mixed precision
+    seed_everything(0)
+    model = build_model(cfg.model, data_spec(cfg, None), 0)
+    run = bare_run(model, cfg, Accelerator(mixed_precision=cfg.train.precision, cpu=True))
+    batch = _batch(model, cfg.model.family, tokens)
+    n = int(batch["attention_mask"].sum())
+    peak = Peak()
+    peak.adopt([*run.module.parameters(), *run.module.buffers()])
+    with peak:
+        for step in range(2):  # the first step creates the optimizer's states; the second is the steady one
+            if step == 1:
+                peak.reset()
+            train_step(run, [dict(batch, audio_seconds=1.0)])
+    facts, _ = model_facts(cfg, None)
+    st = configured(cfg, 1)
+    return peak.peak, per_gpu(facts, st, n, compute_mode(cfg, st.strategy), fused=False), n
+
+
+# Training steps held to the plan (tests/unit/test_plan_peak.py, bench/plan_accuracy.py), on shapes no constant
+# was fitted on. Attention dropout is 0: on CPU SDPA with dropout keeps tokens x tokens per head (the math
+# path); on a GPU flash attention keeps only its RNG state, which is what the plan prices.
+# name -> (family, (hidden, heads, kv heads, layers), overrides, tokens, the phase the plan finds at the peak)
+CPU_ROWS = {
+    # the 156,940-way loss outweighs a small model: the peak is the log-softmax's backward
+    "ddp-full-fp32-loss": ("orpheus", (320, 5, 1, 2), ["train.precision=no"], 512, "loss"),
+    # a wide model on a few tokens: the peak is the optimizer step (gradients + its temporaries), 8-bit states
+    "ddp-8bit-fp32-step": ("orpheus", (768, 12, 4, 1), ["train.precision=no", "train.optimizer=adamw_8bit"], 24,
+                           "step"),
+    # FSDP2 (one process) with LoRA and checkpointing: frozen base, adapters, modules_to_save copies
+    "fsdp-lora-gc-fp32": ("orpheus", (384, 6, 2, 2), ["train.precision=no", "train.strategy=fsdp",
+                                                      "train.lora=true", "train.gradient_checkpointing=true"], 128,
+                          "end"),
+    # bf16 autocast over fp32 master weights with checkpointing: autocast's cached weight copies live on
+    "ddp-gc-autocast": ("codec_lm", (384, 6, 6, 3), ["train.precision=bf16", "train.gradient_checkpointing=true",
+                                                     "model.frames_per_position=null",
+                                                     "model.text_position_scale=null",
+                                                     "model.audio_embedding=free"], 520, "layers"),
+}
+
+
+def row_overrides(name: str, tokenizer: Path) -> list[str]:
+    family, (h, heads, kv, layers), more, _, _ = CPU_ROWS[name]
+    if family == "orpheus":
+        return _orpheus(tokenizer, h, heads, kv, layers, *more)
+    return [f"model.hidden_size={h}", f"model.num_heads={heads}", f"model.intermediate_size={3 * h}",
+            f"model.num_layers={layers}", "train.max_steps=100", "model.dropout=0.0", *more]
