@@ -151,8 +151,10 @@ CPU_ROWS = {
     # the 156,940-way loss outweighs a small model: the peak is the log-softmax's backward
     "ddp-full-fp32-loss": ("orpheus", (320, 5, 1, 2), ["train.precision=no"], 512, "loss"),
     # a wide model on a few tokens: the peak is the optimizer step (gradients + its temporaries), 8-bit states
-    "ddp-8bit-fp32-step": ("orpheus", (768, 12, 4, 1), ["train.precision=no", "train.optimizer=adamw_8bit"], 24,
+    "ddp-8bit-fp32-step": ("orpheus", (512, 8, 2, 1), ["train.precision=no", "train.optimizer=adamw_8bit"], 24,
                            "step"),
+    # Lion (voxrelay's own, tensor by tensor on a GPU too): the step's temporaries
+    "ddp-lion-fp32-step": ("orpheus", (512, 8, 2, 1), ["train.precision=no", "train.optimizer=lion"], 24, "step"),
     # FSDP2 (one process) with LoRA and checkpointing: frozen base, adapters, modules_to_save copies
     "fsdp-lora-gc-fp32": ("orpheus", (384, 6, 2, 2), ["train.precision=no", "train.strategy=fsdp",
                                                       "train.lora=true", "train.gradient_checkpointing=true"], 128,

@@ -34,6 +34,7 @@ from voxrelay.plan.formulas import (
     GB,
     LOGITS_GRAD_PER_VOCAB,
     OVERHEAD_FIXED,
+    UNFUSED_OPTIMIZERS,
     Param,
     Shape,
     activation_bytes,
@@ -163,8 +164,9 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
     - ``end``: the backward's end: every gradient, autocast's cached copies, and the largest unit's gradient
       twice (an input embedding tied to the output layer gets a dense gradient of its own, added to the
       head's; under FSDP the unit is still gathered and its reduce-scatter output exists too);
-    - ``step``: the optimizer step. The fused AdamW voxrelay uses on a GPU makes no copies; the unfused one
-      (``fused=False``: CPU, offloaded states) makes two temporaries of the largest tensor it updates.
+    - ``step``: the optimizer step. The fused AdamW voxrelay uses on a GPU makes no copies, nor do
+      bitsandbytes' 8-bit kernels there (not measured: in place); the unfused AdamW (``fused=False``: CPU,
+      offloaded states), Lion and Adafactor make two temporaries of the largest tensor they update.
     """
     params, shape = facts.params[st.lora], facts.shape[st.lora]
     gc = st.gradient_checkpointing
@@ -173,6 +175,7 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
     item = 4 if compute == "fp32" else 2
     shards = st.gpus if st.strategy == "fsdp" else 1
     largest = max((p.shard_numel(shards) * p.itemsize for p in params if p.trainable), default=0)
+    fused = fused and st.optimizer not in UNFUSED_OPTIMIZERS
     if st.strategy == "fsdp":
         gathered, unit_grad = unit * item, 4 * unit_trainable  # fp32 reduce-scatter input of the unit
         local = 0 if st.cpu_offload else 1  # offloaded: parameters, gradients and states in CPU memory

@@ -60,6 +60,9 @@ LOGITS_SAVED_PER_VOCAB = 4
 LOGITS_PEAK_PER_VOCAB = 12
 # what the head's backward adds per vocabulary entry per token: the logits' gradient in fp32
 LOGITS_GRAD_PER_VOCAB = 4
+# optimizers whose step runs tensor by tensor in Python, on a GPU too (voxrelay's Lion, transformers' Adafactor):
+# two temporaries of the tensor being updated, like the unfused AdamW on CPU (peak of live tensors, measured)
+UNFUSED_OPTIMIZERS = ("lion", "adafactor")
 BNB_BLOCK = 256  # bitsandbytes' blockwise quantisation: one fp32 absmax per 256 elements, per state
 BNB_MIN_8BIT = 4096  # tensors smaller than this keep fp32 states (bitsandbytes' min_8bit_size)
 BNB_QMAPS = 2 * 256 * 4  # two shared fp32 quantisation maps of 256 entries per optimizer
