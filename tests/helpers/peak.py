@@ -113,6 +113,7 @@ def _batch(model, family: str, tokens: int) -> dict:
 def step_peak(overrides: list[str], tokens: int) -> tuple[int, dict, int]:
     """(peak of live tensor bytes over a training step after the first, the plan's bytes for the same config
     priced with the unfused optimizer CPU runs, the micro-batch's tokens)."""
+    import torch.distributed as dist
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -125,19 +126,25 @@ def step_peak(overrides: list[str], tokens: int) -> tuple[int, dict, int]:
     from voxrelay.train.state import seed_everything
 
     cfg = load_config(None, overrides)
+    had_group = dist.is_initialized()
     AcceleratorState._reset_state()  # one per process; these rows differ in mixed precision
-    seed_everything(0)
-    model = build_model(cfg.model, data_spec(cfg, None), 0)
-    run = bare_run(model, cfg, Accelerator(mixed_precision=cfg.train.precision, cpu=True))
-    batch = _batch(model, cfg.model.family, tokens)
-    n = int(batch["attention_mask"].sum())
-    peak = Peak()
-    peak.adopt([*run.module.parameters(), *run.module.buffers()])
-    with peak:
-        for step in range(2):  # the first step creates the optimizer's states; the second is the steady one
-            if step == 1:
-                peak.reset()
-            train_step(run, [dict(batch, audio_seconds=1.0)])
+    try:
+        seed_everything(0)
+        model = build_model(cfg.model, data_spec(cfg, None), 0)
+        run = bare_run(model, cfg, Accelerator(mixed_precision=cfg.train.precision, cpu=True))
+        batch = _batch(model, cfg.model.family, tokens)
+        n = int(batch["attention_mask"].sum())
+        peak = Peak()
+        peak.adopt([*run.module.parameters(), *run.module.buffers()])
+        with peak:
+            for step in range(2):  # the first step creates the optimizer's states; the second is the steady one
+                if step == 1:
+                    peak.reset()
+                train_step(run, [dict(batch, audio_seconds=1.0)])
+    finally:  # leave the process as it was for whatever runs next in it (other tests' Accelerator, group)
+        AcceleratorState._reset_state()
+        if dist.is_initialized() and not had_group:  # FSDP's world of one
+            dist.destroy_process_group()
     facts, _ = model_facts(cfg, None)
     st = configured(cfg, 1)
     return peak.peak, per_gpu(facts, st, n, compute_mode(cfg, st.strategy), fused=False), n
