@@ -147,32 +147,25 @@ def cpu_peak_rows(tokenizer: str) -> float:
 def recorded_rows(tokenizer: str) -> None:
     """The plan beside what an H200 measured (no GPU needed: the plan's own code on the same configs)."""
     import json
-    from pathlib import Path
 
+    from tests.helpers.peak import H200, recorded_plan
     from voxrelay.config import load_config
-    from voxrelay.plan import compute_mode, configured, per_gpu
     from voxrelay.plan.model import model_facts
 
-    recorded = json.loads((Path(__file__).resolve().parents[1] / "tests/fixtures/plan/h200_max_allocated.json")
-                          .read_text())
+    recorded = json.loads(H200.read_text())
     base = ["model.family=orpheus", f"model.tokenizer={tokenizer}", f"model.num_layers={recorded['layers']}",
             "train.precision=bf16", "train.max_steps=100"]
     facts, _ = model_facts(load_config(None, base), None)
-    for name, row in recorded["rows"].items():
-        cfg = load_config(None, [*base, *row["overrides"]])
-        st = configured(cfg, 1)
-        plan = per_gpu(facts, st, recorded["tokens"], compute_mode(cfg, st.strategy))
+    held = recorded["held_out"]  # VibeVoice-1.5B LoRA: fitted on nothing
+    rows = [(name, [*base, *row["overrides"]], recorded["tokens"], row["gb"], facts)
+            for name, row in recorded["rows"].items()]
+    rows.append((f"vibevoice-1.5B lora, {held['tokens']:,} tokens (held out)", held["overrides"], held["tokens"],
+                 held["gb"], None))
+    for name, overrides, tokens, measured, shared in rows:
+        plan = recorded_plan(overrides, tokens, shared)
         gb = (plan["total"] - plan["overhead"]) / 1e9
         print(f"h200 (recorded) {name:16s}: plan {gb:6.2f} GB (at {plan['peak_phase']}) | max_allocated "
-              f"{row['gb']:6.2f} GB, ratio {gb / row['gb']:.3f}", flush=True)
-    held = recorded["held_out"]  # VibeVoice-1.5B LoRA: fitted on nothing
-    cfg = load_config(None, held["overrides"])
-    st = configured(cfg, 1)
-    facts, _ = model_facts(cfg, None)
-    plan = per_gpu(facts, st, held["tokens"], compute_mode(cfg, st.strategy))
-    gb = (plan["total"] - plan["overhead"]) / 1e9
-    print(f"h200 (recorded) vibevoice-1.5B lora, {held['tokens']:,} tokens (held out): plan {gb:6.2f} GB (at "
-          f"{plan['peak_phase']}) | max_allocated {held['gb']:6.2f} GB, ratio {gb / held['gb']:.3f}", flush=True)
+              f"{measured:6.2f} GB, ratio {gb / measured:.3f}", flush=True)
 
 
 # CUDA rows: name -> (config overrides, what plan calls the strategy); each runs in its own process (its own

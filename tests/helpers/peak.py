@@ -180,3 +180,19 @@ def row_overrides(name: str, tokenizer: Path) -> list[str]:
         return _orpheus(tokenizer, h, heads, kv, layers, *more)
     return [f"model.hidden_size={h}", f"model.num_heads={heads}", f"model.intermediate_size={3 * h}",
             f"model.num_layers={layers}", "train.max_steps=100", "model.dropout=0.0", *more]
+
+
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "plan" / "h200_max_allocated.json"
+
+
+def recorded_plan(overrides: list[str], tokens: int, facts=None) -> dict:
+    """The plan's bytes (same code as ``voxrelay plan``) for a config the H200 measured; ``facts`` of a config
+    sharing its model (they hold both the full and the LoRA model) spare a meta build."""
+    from voxrelay.config import load_config
+    from voxrelay.plan import compute_mode, configured, per_gpu
+    from voxrelay.plan.model import model_facts
+
+    cfg = load_config(None, overrides)
+    facts = facts if facts is not None else model_facts(cfg, None)[0]
+    st = configured(cfg, 1)
+    return per_gpu(facts, st, tokens, compute_mode(cfg, st.strategy))

@@ -10,12 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.orpheus import save_llama3_tokenizer
-from tests.helpers.peak import CPU_ROWS, row_overrides, step_peak
+from tests.helpers.peak import CPU_ROWS, H200, recorded_plan, row_overrides, step_peak
 from voxrelay.config import load_config
-from voxrelay.plan import Strategy, compute_mode, configured, per_gpu
+from voxrelay.plan import Strategy, per_gpu
 from voxrelay.plan.model import model_facts
-
-H200 = Path(__file__).resolve().parents[1] / "fixtures" / "plan" / "h200_max_allocated.json"
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +39,7 @@ def test_plan_total_matches_max_memory_allocated_measured_on_an_h200(tokenizer: 
             "train.precision=bf16", "train.max_steps=100"]
     facts, _ = model_facts(load_config(None, base), None)  # with and without LoRA (the family's defaults)
     for name, row in recorded["rows"].items():
-        cfg = load_config(None, [*base, *row["overrides"]])
-        st = configured(cfg, 1)
-        plan = per_gpu(facts, st, recorded["tokens"], compute_mode(cfg, st.strategy))
+        plan = recorded_plan([*base, *row["overrides"]], recorded["tokens"], facts)
         ratio = (plan["total"] - plan["overhead"]) / (row["gb"] * 1e9)
         assert 0.98 <= ratio <= 1.10, (name, ratio, plan)
 
@@ -58,10 +54,7 @@ def test_plan_total_matches_a_gpu_measurement_no_constant_was_fitted_on(monkeypa
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     row = json.loads(H200.read_text())["held_out"]
-    cfg = load_config(None, row["overrides"])
-    facts, _ = model_facts(cfg, None)
-    st = configured(cfg, 1)
-    plan = per_gpu(facts, st, row["tokens"], compute_mode(cfg, st.strategy))
+    plan = recorded_plan(row["overrides"], row["tokens"])
     ratio = (plan["total"] - plan["overhead"]) / (row["gb"] * 1e9)
     assert 0.98 <= ratio <= 1.10, (ratio, plan)
 
