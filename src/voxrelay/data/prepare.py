@@ -4,7 +4,10 @@ Every row is validated; a bad row is rejected with its reason (``rejects.jsonl``
 with ``strict``, stops the run at the first one. Shards are committed one by one (a ``.done``
 marker after the Parquet file), so a killed prepare re-run skips what is committed. Several
 processes (torchrun/accelerate: RANK, WORLD_SIZE) split the shards; rank 0 fits the codec first
-and writes ``index.json`` last, once every shard is committed.
+and writes ``index.json`` last, once every shard is committed, unless the rejects stop it (no training
+row, or more than ``data.max_reject_fraction`` rejected: :mod:`voxrelay.data.rejects`). When every source
+is gone but the data is committed (a later session), the committed data stands
+(:mod:`voxrelay.data.sources_gone`).
 """
 
 from __future__ import annotations

@@ -43,9 +43,9 @@ def counted_reasons(rejects: list[dict], top: int = REASONS) -> list[str]:
     return lines
 
 
-def format_rejects(rejects: list[dict], prepared_uri: str, limit: int = LISTED) -> list[str]:
+def format_rejects(rejects: list[dict], prepared_uri: str, limit: int = LISTED, counted: bool = True) -> list[str]:
     """A header and one ``file:row id: reason`` line per reject (the first ``limit``), file paths relative to
-    the folder the sources share; the reasons counted when not every reject is listed."""
+    the folder the sources share; with ``counted``, the reasons counted when not every reject is listed."""
     where = [re.match(r"^(.*) (?:row|line) (\d+)$", r["where"]) for r in rejects]
     files = [m.group(1) for m in where if m and (os.path.isabs(m.group(1)) or storage.is_uri(m.group(1)))]
     base = _common_folder(files)
@@ -58,8 +58,8 @@ def format_rejects(rejects: list[dict], prepared_uri: str, limit: int = LISTED) 
             place = f"{path}:{m.group(2)}"
         lines.append(f"  {place} {r['id']}: {r['reason']}")
     if len(rejects) > limit:
-        lines.append(f"  ... and {len(rejects) - limit} more; the most common reasons:")
-        lines += [f"  {line}" for line in counted_reasons(rejects)]
+        lines.append(f"  ... and {len(rejects) - limit} more" + ("; the most common reasons:" if counted else ""))
+        lines += [f"  {line}" for line in counted_reasons(rejects)] if counted else []
     return lines
 
 
@@ -100,5 +100,4 @@ def gate(counts: dict[str, int], rejects: list[dict], max_fraction: float, eval_
 def stop_message(headline: str, rejects: list[dict], prepared_uri: str) -> str:
     """The message of a prepare that stops on its rejects: the headline, the reasons counted, the first rows."""
     lines = [f"{headline}. Most common reasons:", *(f"  {line}" for line in counted_reasons(rejects))]
-    lines += format_rejects(rejects, prepared_uri)[: LISTED + 1]  # (the reasons are counted above already)
-    return "\n".join(lines)
+    return "\n".join(lines + format_rejects(rejects, prepared_uri, counted=False))

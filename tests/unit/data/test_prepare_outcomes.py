@@ -165,3 +165,22 @@ def test_train_on_data_without_a_usable_row_exits_2_with_the_counts(env, monkeyp
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout + res.stderr
     assert "has no training rows (0 train, 1 eval, 4 rejected" in res.stderr, res.stderr
     assert "rejects.jsonl" in res.stderr and "voxrelay prepare" in res.stderr
+
+
+def test_the_terminal_lists_the_first_rejects_and_counts_the_reasons():
+    """45 rejects in a bucket source: 30 listed (paths relative to the source's folder, a URI), the rest counted;
+    reasons that differ only in a value count as one."""
+    from voxrelay.data.rejects import LISTED, format_rejects, stop_message
+
+    rejects = [{"id": f"u{i}", "where": f"s3://b/raw/train.jsonl line {i + 1}",
+                "reason": "empty text" if i % 3 else f"too short: 0.{i % 9}0 s < data.min_duration 1.0 s"}
+               for i in range(45)]
+    lines = format_rejects(rejects, "s3://b/root/prepared/x")
+    assert lines[0] == "45 rejected rows (all in s3://b/root/prepared/x/rejects.jsonl); paths relative to s3://b/raw:"
+    assert lines[1:LISTED + 1] == [f"  train.jsonl:{i + 1} u{i}: {r['reason']}" for i, r in enumerate(rejects[:LISTED])]
+    assert lines[LISTED + 1:] == ["  ... and 15 more; the most common reasons:", "  30 × empty text",
+                                  "  15 × like: too short: 0.00 s < data.min_duration 1.0 s"]
+    message = stop_message("prepare kept no row: 45 of 45 rows rejected", rejects, "s3://b/root/prepared/x")
+    assert message.splitlines()[:3] == ["prepare kept no row: 45 of 45 rows rejected. Most common reasons:",
+                                        "  30 × empty text", "  15 × like: too short: 0.00 s < data.min_duration 1.0 s"]
+    assert message.splitlines()[-1] == "  ... and 15 more"
