@@ -107,8 +107,10 @@ def prepare_cmd(
 def print_prepare_report(report) -> None:
     if not report.counts:  # a non-zero rank: rank 0 reports
         return
+    if report.note:
+        err.print(report.note, highlight=False, markup=False)
     if report.rejects:  # one line per reject (`file:row id reason`): readable at any width and in logs
-        from voxrelay.data.prepare import format_rejects
+        from voxrelay.data.rejects import format_rejects
 
         for line in format_rejects(report.rejects, report.prepared_uri):
             err.print(line, highlight=False, markup=False)

@@ -45,7 +45,8 @@ class SourceConfig(Section):
         "hf: a HF datasets dataset with an Audio column; demo: a generated eSpeak NG corpus"
     )
     path: str | None = Field(
-        None, description="Folder (folder, ljspeech), .jsonl file (jsonl), or load_from_disk folder (hf)"
+        None, description="Folder (folder, ljspeech), .jsonl file (jsonl), or save_to_disk folder (hf): a local "
+        "path or a gs:// / s3:// URI"
     )
     hub_id: str | None = Field(None, description="hf only: a hub dataset id, used when `path` is not set")
     hub_config: str | None = Field(None, description="hf only: dataset config name")
@@ -77,7 +78,7 @@ class SourceConfig(Section):
     @model_validator(mode="after")
     def _needs_location(self) -> SourceConfig:
         if self.type in ("folder", "ljspeech", "jsonl") and not self.path:
-            raise ValueError(f"source type '{self.type}' needs `path` (a local folder or file)")
+            raise ValueError(f"source type '{self.type}' needs `path` (a folder or file: local, gs:// or s3://)")
         if self.type == "hf" and not (self.path or self.hub_id):
             raise ValueError("source type 'hf' needs `path` (a load_from_disk folder) or `hub_id`")
         return self
@@ -92,6 +93,11 @@ class DataConfig(Section):
     max_duration: float = Field(20.0, gt=0, description="Seconds; longer clips are rejected")
     eval_size: int = Field(24, ge=0, description="Number of utterances held out for evaluation")
     shard_size: int = Field(256, gt=0, description="Utterances per Parquet shard")
+    max_reject_fraction: float = Field(
+        0.25, ge=0, le=1, description="prepare stops, naming the most common reasons, when more than this share of "
+        "the rows is rejected (a shared cause: a column, a path, a transcript format, a duration bound), instead "
+        "of committing the rest for `train`; 1: any share. A prepare that keeps no training row always stops",
+    )
     default_description: str | None = Field(
         None, description="Description given to rows without one, for a family that needs one per row (e.g. "
         "Parler-TTS); None: such rows are rejected, naming the row",

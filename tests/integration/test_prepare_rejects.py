@@ -18,7 +18,7 @@ def _run(tmp_path, *extra):
     config.write_text(
         f"root: {tmp_path / 'bucket'}\n"
         f"data: {{name: mixed, sources: [{{type: folder, path: {data}}}], max_duration: {MAX_DURATION},"
-        " eval_size: 1}\n"
+        " eval_size: 1, max_reject_fraction: 1.0}\n"  # 9 of 12 rows are broken on purpose
         "codec: {num_codebooks: 2, codebook_size: 8}\n"
     )
     # a narrow terminal: the summary must still show every file, row, id and reason whole

@@ -13,6 +13,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from voxrelay import storage
 from voxrelay.data.types import RowError, Utterance
 
 # Key of ``Utterance.extra`` holding still-encoded audio (e.g. the bytes of an HF Audio column):
@@ -21,16 +22,21 @@ AUDIO_BYTES_KEY = "audio_bytes"
 
 
 def load_audio(path: str | Path) -> tuple[np.ndarray, int]:
-    """Decode an audio file (wav, flac, ogg, ... anything libsndfile reads).
+    """Decode an audio file (wav, flac, ogg, ... anything libsndfile reads): a local path or a ``gs://`` /
+    ``s3://`` URI, read through :mod:`voxrelay.storage` by ranges (the object is streamed, not copied first).
 
     Returns ``(wav, sample_rate)``: wav float32 ``[N]`` for a mono file, ``[N, C]`` otherwise.
     Raises FileNotFoundError when the file is missing and ``sf.LibsndfileError`` (a RuntimeError)
     when it cannot be decoded.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"audio file {str(p)!r} does not exist")
-    wav, sr = sf.read(str(p), dtype="float32", always_2d=False)
+    if not storage.is_uri(str(path)):
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"audio file {str(p)!r} does not exist")
+        wav, sr = sf.read(str(p), dtype="float32", always_2d=False)
+        return np.asarray(wav, dtype=np.float32), int(sr)
+    with storage.open_read(str(path)) as f:
+        wav, sr = sf.read(f, dtype="float32", always_2d=False)
     return np.asarray(wav, dtype=np.float32), int(sr)
 
 

@@ -37,17 +37,36 @@ def shard_params(cfg: RunConfig, codec: AudioCodec, codec_sha: str | None,
     """What the shards' content depends on. ``required``: the text fields the model family needs in every
     row (its data needs); recorded, with the default they get, only when there are any (the identity of
     data prepared for a family without such needs stays what it always was)."""
-    params = codec_params(cfg, codec) | {
-        "codec.state_sha256": codec_sha,
-        "data.min_duration": cfg.data.min_duration,
-        "data.max_duration": cfg.data.max_duration,
-    }
+    params = codec_params(cfg, codec) | {"codec.state_sha256": codec_sha} | _data_params(cfg, required)
     if cfg.codec.batch_size > 1 and hasattr(codec, "encode_batch"):  # padding reaches the last frames' codes
         params["codec.batch_size"] = cfg.codec.batch_size
+    return params
+
+
+def _data_params(cfg: RunConfig, required: tuple[str, ...]) -> dict[str, Any]:
+    params: dict[str, Any] = {"data.min_duration": cfg.data.min_duration, "data.max_duration": cfg.data.max_duration}
     if required:
         params["data.required_fields"] = list(required)
         params |= {f"data.default_{name}": getattr(cfg.data, f"default_{name}", None) for name in required}
     return params
+
+
+def config_changes(cfg: RunConfig, committed: dict[str, Any]) -> list[str]:
+    """What this config would change in prepared data made with the parameters ``committed`` (its identity's),
+    told from the config alone, without the sources or a pretrained codec's weights: the duration bounds, the
+    family's needs, and the codec (every setting of one built from the config, the type and path of a
+    pretrained one). ``codec.batch_size`` is not compared."""
+    from voxrelay.codecs.registry import PRETRAINED_CODECS, build_codec
+
+    needs = cfg.model.data_needs()
+    new = _data_params(cfg, needs.fields)
+    if needs.max_seconds is not None:
+        new["data.max_seconds"] = needs.max_seconds
+    if cfg.codec.type in PRETRAINED_CODECS:
+        new |= {"codec.type": cfg.codec.type, "codec.path": cfg.codec.path}
+    else:
+        new |= codec_params(cfg, build_codec(cfg.codec))
+    return changed_keys({k: committed.get(k) for k in new}, new)
 
 
 def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

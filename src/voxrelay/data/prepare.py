@@ -4,19 +4,18 @@ Every row is validated; a bad row is rejected with its reason (``rejects.jsonl``
 with ``strict``, stops the run at the first one. Shards are committed one by one (a ``.done``
 marker after the Parquet file), so a killed prepare re-run skips what is committed. Several
 processes (torchrun/accelerate: RANK, WORLD_SIZE) split the shards; rank 0 fits the codec first
-and writes ``index.json`` last, once every shard is committed.
+and writes ``index.json`` last, once every shard is committed, unless the rejects stop it (no training
+row, or more than ``data.max_reject_fraction`` rejected: :mod:`voxrelay.data.rejects`). When every source
+is gone but the data is committed (a later session), the committed data stands
+(:mod:`voxrelay.data.sources_gone`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
-import re
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,13 +25,16 @@ from voxrelay.codecs.base import AudioCodec, FittableCodec
 from voxrelay.codecs.registry import build_codec, codec_from_description
 from voxrelay.config import RunConfig
 from voxrelay.data import identity as ident
+from voxrelay.data import rejects as rj
 from voxrelay.data import rowindex
 from voxrelay.data import shards as sh
 from voxrelay.data.audio import load_utterance_audio
-from voxrelay.data.needs import family_needs, missing_field
+from voxrelay.data.encode import StrictStop, encode_shard
+from voxrelay.data.needs import family_needs
 from voxrelay.data.shards import PrepareError, load_index
-from voxrelay.data.sources import read_source
-from voxrelay.data.types import RowError, Utterance
+from voxrelay.data.sources import SourceMissing, read_source
+from voxrelay.data.sources_gone import SourcesGone, committed_without_sources
+from voxrelay.data.types import PrepareReport, RowError, Utterance
 from voxrelay.models.base import DataNeeds
 from voxrelay.paths import cache_dir, rank_world
 
@@ -41,27 +43,25 @@ FIT_CLIPS = 1500
 WAIT_TIMEOUT_S = 6 * 3600
 
 
-@dataclass
-class PrepareReport:
-    prepared_uri: str
-    counts: dict[str, int]
-    hours: float
-    rejects: list[dict] = field(default_factory=list)
-    skipped_shards: int = 0
-    written_shards: int = 0
-
-
 def collect_rows(cfg: RunConfig) -> list[Utterance]:
     """All source rows in a stable order; a duplicate id gets its ``problem`` set like any bad row,
-    so every reject is reported in one place (the shard that holds it)."""
-    rows, seen = [], {}
+    so every reject is reported in one place (the shard that holds it). Raises :class:`SourcesGone` when
+    every source is missing, the first source's :class:`SourceMissing` when some are."""
+    rows, seen, missing = [], {}, []
     workdir = str(cache_dir("sources"))
     for src in cfg.data.sources:
-        for utt in read_source(src, workdir):
-            if utt.problem is None and utt.id in seen:
-                utt.problem = f"duplicate id {utt.id!r} (first seen at {seen[utt.id]}); ids must be unique"
-            seen.setdefault(utt.id, utt.where)
-            rows.append(utt)
+        try:
+            for utt in read_source(src, workdir):
+                if utt.problem is None and utt.id in seen:
+                    utt.problem = f"duplicate id {utt.id!r} (first seen at {seen[utt.id]}); ids must be unique"
+                seen.setdefault(utt.id, utt.where)
+                rows.append(utt)
+        except SourceMissing as err:
+            missing.append(err)
+    if missing and len(missing) == len(cfg.data.sources):
+        raise SourcesGone([str(e) for e in missing])
+    if missing:
+        raise missing[0]
     return rows
 
 
@@ -78,10 +78,20 @@ def plan_shards(rows: list[Utterance], eval_size: int, shard_size: int) -> dict[
     return plan
 
 
-def _reject(utt: Utterance, reason: str, strict: bool) -> dict:
-    if strict:
-        raise PrepareError(f"{utt.where} (id {utt.id!r}): {reason} (run without --strict to skip bad rows)")
-    return {"id": utt.id, "where": utt.where, "reason": reason}
+def _check_usable(rows: list[Utterance], cfg: RunConfig, strict: bool, rank: int) -> None:
+    """Stop before the codec is built when no row is usable: every reject listed (or, with ``strict``, the
+    first) and written to rejects.jsonl."""
+    if any(u.problem is None for u in rows):
+        return
+    if not rows:
+        raise PrepareError(f"the sources hold no rows ({', '.join(s.path or s.type for s in cfg.data.sources)}); "
+                           "check data.sources")
+    rejects = [{"id": u.id, "where": u.where, "reason": u.problem} for u in rows]
+    stop = StrictStop(rejects[0]) if strict else PrepareError(rj.stop_message(
+        f"prepare kept no row: {len(rows)} of {len(rows)} rows rejected", rejects, cfg.prepared_uri))
+    if rank == 0:
+        rj.write(cfg.prepared_uri, rejects[:1] if strict else rejects)
+    raise stop
 
 
 def _load_codec(cfg: RunConfig, codec: AudioCodec, rows: list[Utterance], rank: int) -> str | None:
@@ -99,18 +109,22 @@ def _load_codec(cfg: RunConfig, codec: AudioCodec, rows: list[Utterance], rank: 
     if rank == 0 and not storage.exists(state_uri):
         rng = np.random.default_rng(cfg.train.seed)
         pick = rng.permutation(len(rows))[:FIT_CLIPS]
-        wavs = []
+        wavs, failed = [], []
         for i in sorted(pick):
-            if rows[i].problem is not None:
-                continue
             try:
+                if rows[i].problem is not None:
+                    raise RowError(rows[i].problem)
                 wavs.append(
                     load_utterance_audio(rows[i], codec.sample_rate, cfg.data.min_duration, cfg.data.max_duration)
                 )
-            except RowError:
-                continue  # rejected (with its reason) when its shard is encoded
+            except RowError as err:  # else rejected (with its reason) when its shard is encoded
+                failed.append({"id": rows[i].id, "where": rows[i].where, "reason": str(err)})
         if not wavs:
-            raise PrepareError("no usable audio to fit the codec on: every row was rejected (see above)")
+            rj.write(cfg.prepared_uri, failed)
+            headline = (f"prepare kept no row: {len(rows)} of {len(rows)} rows rejected" if len(pick) == len(rows)
+                        else f"no row to fit the codec on: the {len(pick)} rows sampled (of {len(rows)}) were all "
+                        "rejected")
+            raise PrepareError(rj.stop_message(headline, failed, cfg.prepared_uri))
         t0 = time.time()
         codec.fit(wavs, seed=cfg.train.seed)
         log.info("fitted %s on %d clips in %.1fs", codec.name, len(wavs), time.time() - t0)
@@ -156,64 +170,10 @@ def _wait_for(uri: str, what: str, timeout: float = WAIT_TIMEOUT_S, ready=None) 
         time.sleep(1.0)
 
 
-def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, strict: bool, keep_audio: bool,
-                 needs: DataNeeds = DataNeeds()):
-    """Validate + encode a shard's rows -> (encoded rows, rejects); ``keep_audio`` stores the
-    reference recording too (eval split: MCD-DTW is scored against it); ``needs``: the family's (text fields
-    every row must have, its check of a row). Rows are read a few batches at a time (bounded memory); with
-    ``codec.batch_size`` > 1 a codec that can encodes clips of similar length together."""
-    good, rejects = [], []
-    chunk = 8 * cfg.codec.batch_size
-    for start in range(0, len(utts), chunk):
-        loaded = []
-        for utt in utts[start : start + chunk]:
-            if utt.problem is None:
-                utt.problem = missing_field(utt, cfg, needs.fields)
-            if utt.problem is None and needs.row_check is not None:
-                utt.problem = needs.row_check(utt.text, utt.num_speakers, utt.speaker)
-            if utt.problem is not None:
-                rejects.append(_reject(utt, utt.problem, strict))
-                continue
-            try:
-                loaded.append((utt, load_utterance_audio(utt, codec.sample_rate, cfg.data.min_duration,
-                                                         cfg.data.max_duration)))
-            except RowError as err:
-                rejects.append(_reject(utt, str(err), strict))
-        if needs.max_seconds is not None:
-            long = [(u, w) for u, w in loaded if len(w) / codec.sample_rate > needs.max_seconds]
-            rejects += [_reject(u, f"audio of {len(w) / codec.sample_rate:.1f} s is too long: {needs.max_seconds_why}",
-                                strict) for u, w in long]
-            loaded = [(u, w) for u, w in loaded if len(w) / codec.sample_rate <= needs.max_seconds]
-        for (utt, wav), codes in zip(loaded, _encode_all([w for _, w in loaded], codec, cfg), strict=True):
-            codes = np.asarray(codes)
-            if codes.ndim != 2 or codes.shape[0] != codec.num_codebooks or codes.shape[1] == 0:
-                rejects.append(_reject(utt, f"codec returned codes of shape {codes.shape}", strict))
-                continue
-            good.append(sh.EncodedUtterance(
-                id=utt.id, text=utt.text, speaker=utt.speaker, description=utt.description,
-                duration=len(wav) / codec.sample_rate, codes=codes.astype(np.int16),
-                ref_audio=wav if keep_audio and not getattr(codec, "continuous", False) else None))
-    return good, rejects
-
-
-def _encode_all(wavs: list[np.ndarray], codec: AudioCodec, cfg: RunConfig) -> list[np.ndarray]:
-    """Codes of every clip, in order: one at a time, or in batches of ``codec.batch_size`` clips of similar
-    length (sorted, so little of a batch is padding)."""
-    size = cfg.codec.batch_size
-    if size <= 1 or not hasattr(codec, "encode_batch"):
-        return [codec.encode(w) for w in wavs]
-    order = sorted(range(len(wavs)), key=lambda i: len(wavs[i]))
-    out: list = [None] * len(wavs)
-    for start in range(0, len(order), size):
-        group = order[start : start + size]
-        for i, codes in zip(group, codec.encode_batch([wavs[i] for i in group]), strict=True):
-            out[i] = codes
-    return out
-
-
 def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utterance]], params: dict):
-    """Merge the shard markers into rejects.jsonl and write index.json (the commit marker) last;
-    files whose content would not change are left as they are."""
+    """Merge the shard markers into rejects.jsonl and write index.json (the commit marker) last, unless the
+    rejects stop it (:func:`voxrelay.data.rejects.gate`: then no index.json is left, as the shards it would
+    name are not committed); files whose content would not change are left as they are."""
     prepared = cfg.prepared_uri
     shard_infos, rejects, counts, seconds, speakers, ids = [], [], Counter(), 0.0, set(), {}
     metas: dict[str, list[dict]] = {}
@@ -227,9 +187,7 @@ def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utteran
         speakers.update(marker["speakers"])
         shard_infos.append({"name": name, "split": split, "rows": marker["rows"], "seconds": marker["seconds"]})
         metas.setdefault(split, []).append(marker.get("rows_meta") or rowindex.meta_of_shard(prepared, name))
-    rejects_uri, text = storage.join(prepared, sh.REJECTS_FILE), "".join(json.dumps(r) + "\n" for r in rejects)
-    if not storage.exists(rejects_uri) or storage.read_text(rejects_uri) != text:
-        storage.write_text(rejects_uri, text)
+    rj.write(prepared, rejects)
     index = {
         "format_version": sh.FORMAT_VERSION,
         "name": cfg.data.name,
@@ -244,6 +202,10 @@ def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utteran
         "row_index": {split: rowindex.write_row_index(prepared, split, m) for split, m in metas.items()},
     }
     index_uri = storage.join(prepared, sh.INDEX_FILE)
+    refusal = rj.gate(index["counts"], rejects, cfg.data.max_reject_fraction, cfg.data.eval_size)
+    if refusal:
+        storage.delete(index_uri)  # an index of the shards before this prepare re-encoded them
+        raise PrepareError(rj.stop_message(refusal, rejects, prepared))
     old = storage.read_json(index_uri) if storage.exists(index_uri) else {}
     if {k: v for k, v in old.items() if k != "created"} != index:
         index["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -316,9 +278,11 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     rank, world = rank_world()
     prepared = cfg.prepared_uri
     storage.check_root(cfg.root)
-    rows = collect_rows(cfg)
-    if not any(u.problem is None for u in rows):
-        raise PrepareError("the sources yielded no usable rows; check data.sources paths (see rejects above)")
+    try:
+        rows = collect_rows(cfg)
+    except SourcesGone as gone:  # a later session of a notebook: the data is in the bucket, the raw files not
+        return committed_without_sources(cfg, gone, rank)
+    _check_usable(rows, cfg, strict, rank)
     codec = build_codec(cfg.codec)
     if hasattr(codec, "to") and torch.cuda.is_available():
         codec.to("cuda")  # a neural codec encodes on the GPU when there is one (prepare only, not at training)
@@ -328,6 +292,24 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     if needs.max_seconds is not None:  # which rows are kept depends on it (model.max_length)
         params["data.max_seconds"] = needs.max_seconds
     plan = plan_shards(rows, cfg.data.eval_size, cfg.data.shard_size)
+    try:
+        skipped, written = _encode_shards(cfg, codec, plan, params, needs, strict, rank, world)
+    except StrictStop as stop:
+        rj.write(prepared, [stop.reject])
+        raise
+    if rank != 0:
+        return PrepareReport(prepared, {}, 0.0, [], skipped, written)
+    for name in plan:
+        _wait_for(sh.marker_uri(prepared, name), f"shard {name} from another process")
+    index, rejects = _write_index(cfg, codec, plan, params)
+    return PrepareReport(prepared, index["counts"], index["hours"], rejects, skipped, written)
+
+
+def _encode_shards(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utterance]], params: dict,
+                   needs: DataNeeds, strict: bool, rank: int, world: int) -> tuple[int, int]:
+    """Encode and commit this process's shards (a shard committed with the same rows and parameters is
+    reused) -> (shards reused, shards written)."""
+    prepared = cfg.prepared_uri
     written = skipped = 0
     for i, (name, utts) in enumerate(plan.items()):
         if i % world != rank:
@@ -351,32 +333,7 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
         storage.write_json(sh.marker_uri(prepared, name), marker)  # the shard's commit
         written += 1
         log.info("shard %s: %d rows, %d rejected", name, len(good), len(rejects))
-    if rank != 0:
-        return PrepareReport(prepared, {}, 0.0, [], skipped, written)
-    for name in plan:
-        _wait_for(sh.marker_uri(prepared, name), f"shard {name} from another process")
-    index, rejects = _write_index(cfg, codec, plan, params)
-    return PrepareReport(prepared, index["counts"], index["hours"], rejects, skipped, written)
-
-
-def format_rejects(rejects: list[dict], prepared_uri: str, limit: int = 30) -> list[str]:
-    """A header and one ``file:row id: reason`` line per reject (the first ``limit``), file paths
-    relative to the folder the sources share."""
-    where = [re.match(r"^(.*) (?:row|line) (\d+)$", r["where"]) for r in rejects]
-    files = [m.group(1) for m in where if m and os.path.isabs(m.group(1))]
-    base = os.path.commonpath(files) if files else ""
-    base = os.path.dirname(base) if base in files else base  # one file: relative to its folder
-    lines = [f"{len(rejects)} rejected rows (all in {storage.join(prepared_uri, sh.REJECTS_FILE)})"
-             + (f"; paths relative to {base}:" if base else ":")]
-    for r, m in zip(rejects[:limit], where, strict=False):
-        place = r["where"]
-        if m:
-            path = os.path.relpath(m.group(1), base) if base and os.path.isabs(m.group(1)) else m.group(1)
-            place = f"{path}:{m.group(2)}"
-        lines.append(f"  {place} {r['id']}: {r['reason']}")
-    if len(rejects) > limit:
-        lines.append(f"  ... and {len(rejects) - limit} more")
-    return lines
+    return skipped, written
 
 
 def load_prepared_codec(prepared_uri: str, index: dict | None = None) -> AudioCodec:

@@ -3,20 +3,28 @@
 One reader per ``SourceConfig.type`` (see :data:`READERS`). Row-level problems never raise: the
 row is yielded with ``problem`` set and ``where`` naming the file and row, so ``prepare`` can
 report every bad row at once. Structural problems (no metadata file, an unknown header, a
-broken JSONL line, a missing column) raise :class:`SourceError`. Audio is not opened here:
-missing or corrupt audio is found by :func:`voxrelay.data.audio.load_utterance_audio`.
+broken JSONL line, a missing column) raise :class:`SourceError`; a source that is not there at all
+raises :class:`SourceMissing`. Audio is not opened here: missing or corrupt audio is found by
+:func:`voxrelay.data.audio.load_utterance_audio`.
+
+Every location (``path``, the audio and text paths inside a source) may be a local path or a ``gs://`` /
+``s3://`` URI: files are read through :mod:`voxrelay.storage`, line by line or by ranges, never copied
+whole; a path inside a source must stay inside its folder (:func:`voxrelay.storage.inside`).
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
+from voxrelay import storage
 from voxrelay.config import SourceConfig
 from voxrelay.data.audio import AUDIO_BYTES_KEY
 from voxrelay.data.types import Utterance
@@ -33,37 +41,48 @@ class SourceError(UserError, ValueError):
     """A source that cannot be read at all; the message names the file and the fix."""
 
 
-def _inside(root: Path, raw: str) -> tuple[Path | None, str | None]:
-    """Resolve ``raw`` (relative to ``root``, or absolute) -> (path, None) or (None, reason).
+class SourceMissing(SourceError):
+    """A source whose ``path`` does not exist (a folder not on this machine, an object not in the bucket)."""
 
-    Symlinks are resolved first so that a link pointing outside cannot smuggle in other files.
-    """
-    candidate = Path(raw) if Path(raw).is_absolute() else root / raw
+
+def _missing(location: str, what: str) -> SourceMissing:
+    scheme = re.match(r"^([a-z][a-z0-9]+):/(?!/)", location)  # "s3:/b/x": a URI that went through a Path
+    hint = f"; a bucket location is written {scheme.group(1)}://bucket/path" if scheme else ""
+    return SourceMissing(f"{location}: not found; {what}{hint}")
+
+
+def _inside(root: str, raw: str) -> tuple[str | None, str | None]:
+    """Where ``raw`` (relative to ``root``, or absolute) is -> (location, None) or (None, reason)."""
     try:
-        resolved = candidate.resolve()
-    except (OSError, ValueError, RuntimeError) as err:  # a NUL byte, a symlink loop
-        return None, f"path {raw!r} is not usable ({err})"
-    if not resolved.is_relative_to(root.resolve()):
-        return None, f"path {raw!r} is outside the dataset folder {str(root)!r}; keep files inside it"
-    return resolved, None
+        return storage.inside(root, raw), None
+    except storage.OutsideRoot as err:
+        return None, str(err)
 
 
-def _read_text_file(root: Path, raw: str) -> tuple[str | None, str | None]:
+def _read_text_file(root: str, raw: str) -> tuple[str | None, str | None]:
     """The stripped UTF-8 content of a transcript file -> (text, None) or (None, reason)."""
     path, reason = _inside(root, raw)
     if path is None:
         return None, reason
     try:
-        return path.read_text(encoding="utf-8-sig").strip(), None
+        return storage.read_bytes(path).decode("utf-8-sig").strip(), None
     except FileNotFoundError:
         return None, f"text file missing: {raw}"
     except UnicodeDecodeError:
         return None, f"text file {raw} is not UTF-8; re-save it as UTF-8"
+    except IsADirectoryError:
+        return None, f"text file {raw} is a folder"
     except OSError as e:
         return None, f"text file {raw} is unreadable ({e.strerror or e})"
 
 
-def _folder_row(root: Path, row: dict, where: str, n_fields: int) -> Utterance:
+def _open_lines(location: str):
+    """A text file of a source (local or in a bucket), read as it is iterated; a BOM is dropped
+    (spreadsheet programs often prepend one, which would corrupt the first column's name)."""
+    return io.TextIOWrapper(storage.open_read(location), encoding="utf-8-sig", newline="")
+
+
+def _folder_row(root: str, row: dict, where: str, n_fields: int) -> Utterance:
     """One metadata.csv row -> Utterance (``problem`` set when the row is bad)."""
     extra_values = row.pop(None, None)  # csv.DictReader puts surplus values under the key None
     get = {k: (v or "").strip() for k, v in row.items() if k is not None}
@@ -102,13 +121,14 @@ def read_folder(path: str | Path) -> Iterator[Utterance]:
 
     ``where`` is ``"<path>/metadata.csv row N"`` with N the line in the file (header = row 1).
     """
-    root = Path(path)
-    meta = root / METADATA
-    if not meta.is_file():
+    root = str(path)
+    meta = storage.join(root, METADATA)
+    if not storage.exists(meta):
+        if not storage.exists(root):
+            raise _missing(root, f"a folder source needs a folder with a {METADATA}")
         raise SourceError(f"{meta}: not found; a folder source needs a {METADATA}: {_FOLDER_HEADER_HINT}")
     try:
-        # utf-8-sig: spreadsheet programs often prepend a BOM, which would corrupt the name "id"
-        with open(meta, encoding="utf-8-sig", newline="") as f:
+        with _open_lines(meta) as f:
             reader = csv.DictReader(f, skipinitialspace=True)
             fields = [(name or "").strip() for name in (reader.fieldnames or [])]
             reader.fieldnames = fields
@@ -130,40 +150,46 @@ def _read_folder_source(src: SourceConfig, workdir: Path) -> Iterator[Utterance]
 
 def _read_ljspeech(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
     """LJSpeech layout: ``metadata.csv`` lines ``id|text|normalized_text`` (no header), ``wavs/<id>.wav``."""
-    root = Path(src.path)
-    meta = root / METADATA
-    if not meta.is_file():
+    root = str(src.path)
+    meta = storage.join(root, METADATA)
+    if not storage.exists(meta):
+        if not storage.exists(root):
+            raise _missing(root, "an ljspeech source needs a folder with metadata.csv and wavs/")
         raise SourceError(f"{meta}: not found; an ljspeech source needs metadata.csv (id|text|normalized_text)")
     try:
-        lines = meta.read_text(encoding="utf-8-sig").splitlines()
+        with _open_lines(meta) as f:
+            first = True
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                if first and "|" not in line:
+                    raise SourceError(
+                        f"{meta}: first line has no '|' so this is not LJSpeech's id|text|normalized_text; "
+                        "for a comma-separated metadata.csv with a header use `type: folder`"
+                    )
+                first = False
+                yield _ljspeech_row(root, line, f"{meta} row {n}")
     except UnicodeDecodeError as e:
         raise SourceError(f"{meta}: not UTF-8 ({e.reason} at byte {e.start}); re-save it as UTF-8") from None
-    first = next((line for line in lines if line.strip()), "")
-    if first and "|" not in first:
-        raise SourceError(
-            f"{meta}: first line has no '|' so this is not LJSpeech's id|text|normalized_text; "
-            "for a comma-separated metadata.csv with a header use `type: folder`"
-        )
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        parts = [p.strip() for p in line.split("|")]
-        utt = Utterance(id=parts[0], text="", where=f"{meta} row {n}")
-        if not parts[0]:
-            utt.problem = "missing field: id"
-        else:
-            audio, utt.problem = _inside(root, f"wavs/{parts[0]}.wav")
-            utt.audio_path = str(audio) if audio else None
-            # the normalised column spells out numbers and abbreviations: what the audio says
-            utt.text = next((p for p in reversed(parts[1:3]) if p), "")
-            if len(parts) < 2:
-                utt.problem = utt.problem or "missing field: text (expected id|text|normalized_text)"
-            elif not utt.text:
-                utt.problem = utt.problem or "empty text"
-        yield utt
 
 
-def _jsonl_audio(utt: Utterance, root: Path, value: object, column: str) -> None:
+def _ljspeech_row(root: str, line: str, where: str) -> Utterance:
+    parts = [p.strip() for p in line.rstrip("\r\n").split("|")]
+    utt = Utterance(id=parts[0], text="", where=where)
+    if not parts[0]:
+        utt.problem = "missing field: id"
+        return utt
+    utt.audio_path, utt.problem = _inside(root, f"wavs/{parts[0]}.wav")
+    # the normalised column spells out numbers and abbreviations: what the audio says
+    utt.text = next((p for p in reversed(parts[1:3]) if p), "")
+    if len(parts) < 2:
+        utt.problem = utt.problem or "missing field: text (expected id|text|normalized_text)"
+    elif not utt.text:
+        utt.problem = utt.problem or "empty text"
+    return utt
+
+
+def _jsonl_audio(utt: Utterance, root: str, value: object, column: str) -> None:
     """Fill the audio of ``utt`` from a JSONL value: a path, ``{"path"}`` or ``{"array", "sampling_rate"}``."""
     if isinstance(value, dict) and value.get("array") is not None:
         utt.audio = np.asarray(value["array"], dtype=np.float32)
@@ -179,11 +205,11 @@ def _jsonl_audio(utt: Utterance, root: Path, value: object, column: str) -> None
 
 def _read_jsonl(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
     """One JSON object per line with the columns named by ``src.*_column``."""
-    path = Path(src.path)
-    if not path.is_file():
-        raise SourceError(f"{path}: not found; a jsonl source needs `path` to name a .jsonl file")
-    root = path.parent
-    with open(path, encoding="utf-8-sig") as f:
+    path = str(src.path)
+    if not storage.exists(path):
+        raise _missing(path, "a jsonl source needs `path` to name a .jsonl file")
+    root, stem = storage.parent(path), storage.basename(path).rsplit(".", 1)[0]
+    with _open_lines(path) as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -196,7 +222,7 @@ def _read_jsonl(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
             if not isinstance(obj, dict):
                 raise SourceError(f"{path} line {n}: a {type(obj).__name__}, not a JSON object")
             text = obj.get(src.text_column)
-            utt = Utterance(id=str(obj.get("id") or f"{path.stem}-{n}"), text="", where=f"{path} line {n}")
+            utt = Utterance(id=str(obj.get("id") or f"{stem}-{n}"), text="", where=f"{path} line {n}")
             utt.text = text.strip() if isinstance(text, str) else ""
             utt.speaker = _optional_str(obj, src.speaker_column)
             utt.description = _optional_str(obj, src.description_column)
@@ -216,39 +242,42 @@ def _optional_str(obj: dict, column: str | None) -> str | None:
 
 
 def _load_hf(src: SourceConfig):
-    """The Dataset of ``src.split`` from ``load_from_disk`` or the hub (imported lazily)."""
+    """The rows of ``src.split``: a save_to_disk folder (``path``, local or in a bucket) or a hub dataset."""
+    from voxrelay.data.saved_dataset import LoadedDataset, SavedDataset
+
+    if src.path:
+        if not storage.exists(src.path):
+            raise _missing(src.path, "an hf source `path` is a folder written by save_to_disk")
+        return SavedDataset.open(src.path, src.split)
     import datasets
 
-    if src.path:
-        if not Path(src.path).exists():
-            raise SourceError(f"{src.path}: not found; an hf source `path` is a folder written by save_to_disk")
-        ds = datasets.load_from_disk(src.path)
-    else:
-        ds = datasets.load_dataset(src.hub_id, src.hub_config, split=src.split)
+    ds = datasets.load_dataset(src.hub_id, src.hub_config, split=src.split)
     if isinstance(ds, datasets.DatasetDict):
         if src.split not in ds:
-            raise SourceError(f"{src.path}: no split {src.split!r}; set `split` to one of {sorted(ds)}")
+            raise SourceError(f"{src.hub_id}: no split {src.split!r}; set `split` to one of {sorted(ds)}")
         ds = ds[src.split]
-    return ds
+    return LoadedDataset(ds)
 
 
-def _hf_roots(src: SourceConfig) -> list[Path]:
-    """Where the audio files of an hf row without bytes may be: inside the load_from_disk folder,
-    or, for a hub dataset, inside the Hugging Face caches its files were downloaded to."""
-    if src.path:
-        return [Path(src.path)]
+_EMBED_HINT = "or embed the audio in the dataset (cast the column to datasets.Audio() before save_to_disk)"
+
+
+def _hub_roots() -> list[Path]:
+    """Where the audio files of a hub dataset's row without bytes may be: the Hugging Face caches its files
+    were downloaded to."""
     import datasets
     from huggingface_hub import constants
 
     return [Path(datasets.config.HF_DATASETS_CACHE), Path(constants.HF_HUB_CACHE)]
 
 
-def _hf_audio_path(raw: str, roots: list[Path]) -> tuple[str | None, str | None]:
-    """An hf row's audio path, checked like the other sources' -> (path, None) or (None, reason).
-
-    A shared dataset must not make ``prepare`` read (and upload into shards) other files of this
-    machine: relative paths resolve against the first root, and the result must lie inside a root.
-    """
+def _hf_audio_path(raw: str, src: SourceConfig) -> tuple[str | None, str | None]:
+    """An hf row's audio path, checked like the other sources' -> (path, None) or (None, reason): inside the
+    save_to_disk folder (relative paths resolve against it), or inside the caches of a hub dataset."""
+    if src.path:
+        path, reason = _inside(src.path, raw)
+        return path, reason and f"audio {reason}; keep the audio files inside it, {_EMBED_HINT}"
+    roots = _hub_roots()
     try:
         resolved = (Path(raw) if Path(raw).is_absolute() else roots[0] / raw).resolve()  # symlinks too
     except (OSError, ValueError, RuntimeError) as err:  # a NUL byte, a symlink loop
@@ -256,10 +285,8 @@ def _hf_audio_path(raw: str, roots: list[Path]) -> tuple[str | None, str | None]
     if any(resolved.is_relative_to(root.resolve()) for root in roots):
         return str(resolved), None
     where = " or ".join(repr(str(r)) for r in roots)
-    return None, (
-        f"audio path {raw!r} is outside the dataset folder {where}; keep the audio files inside it, or embed "
-        "the audio in the dataset (cast the column to datasets.Audio() before save_to_disk)"
-    )
+    return None, f"audio path {raw!r} is outside the dataset folder {where}; keep the audio files inside it, " \
+        + _EMBED_HINT
 
 
 def _metadata(src: SourceConfig) -> dict[str, str | None] | None:
@@ -275,15 +302,13 @@ def _metadata(src: SourceConfig) -> dict[str, str | None] | None:
     for column, key in ((src.id_column, "id_column"), (src.description_column, "description_column")):
         if not column or column not in ds.column_names:
             raise SourceError(f"{label}: no column {column!r} to join on; set `{key}` to one of {ds.column_names}")
-    ds = ds.select_columns([src.id_column, src.description_column])
-    return {str(row[src.id_column]): _optional_str(row, src.description_column) for row in ds}
+    return {str(row[src.id_column]): _optional_str(row, src.description_column)
+            for row in ds.rows([src.id_column, src.description_column])}
 
 
 def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
-    """A HF datasets Dataset with an audio column; audio stays encoded until ``load_utterance_audio``.
+    """A HF datasets dataset with an audio column; audio stays encoded until ``load_utterance_audio``.
     With a metadata dataset, each row's description comes from the metadata row of the same id."""
-    import datasets
-
     ds = _load_hf(src)
     descriptions = _metadata(src)
     label = f"{src.path or src.hub_id}[{src.split}]"
@@ -295,12 +320,7 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
                           f"{ds.column_names}")
     optional = [c for c in (src.id_column, src.speaker_column, src.description_column)
                 if c and c in ds.column_names and (descriptions is None or c != src.description_column)]
-    ds = ds.select_columns([src.audio_column, src.text_column, *optional])
-    if isinstance(ds.features[src.audio_column], datasets.Audio):
-        # datasets 5 decodes Audio through torchcodec; keep the encoded bytes and use soundfile instead
-        ds = ds.cast_column(src.audio_column, datasets.Audio(decode=False))
-    roots = _hf_roots(src)
-    for i, row in enumerate(ds):
+    for i, row in enumerate(ds.rows(list(dict.fromkeys([src.audio_column, src.text_column, *optional])))):
         text = row.get(src.text_column)
         utt = Utterance(id=str(row.get(src.id_column) or f"{src.split}-{i}"), text="", where=f"{label} row {i}")
         utt.text = text.strip() if isinstance(text, str) else ""
@@ -314,7 +334,7 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
             utt.audio, utt.sample_rate = np.asarray(value["array"], np.float32), value.get("sampling_rate")
         elif isinstance(value, dict | str) and (value.get("path") if isinstance(value, dict) else value):
             raw = value.get("path") if isinstance(value, dict) else value
-            utt.audio_path, utt.problem = _hf_audio_path(str(raw), roots)
+            utt.audio_path, utt.problem = _hf_audio_path(str(raw), src)
         else:
             utt.problem = f"missing field: {src.audio_column}"
         if not utt.problem and not utt.text:

@@ -11,7 +11,8 @@ import numpy as np
 class Utterance:
     """One row of a source, before validation.
 
-    Either ``audio_path`` (a local file) or ``audio`` + ``sample_rate`` (decoded samples) is set.
+    Either ``audio_path`` (a local file or a ``gs://`` / ``s3://`` URI) or ``audio`` + ``sample_rate`` (decoded
+    samples) is set.
     ``where`` names the row for error messages, e.g. ``"data/metadata.csv row 12"``.
     ``problem`` is set by a reader when the row is already known to be bad (empty text, a path
     that escapes the dataset folder, a missing text file...); prepare rejects it with that reason.
@@ -28,6 +29,20 @@ class Utterance:
     num_speakers: int | None = None
     problem: str | None = None
     extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class PrepareReport:
+    """What a ``prepare`` did: ``counts`` (train, eval, rejected; empty on a rank that does not report),
+    ``rejects`` (every one), shards written and reused, and ``note``: a line to show before the summary."""
+
+    prepared_uri: str
+    counts: dict[str, int]
+    hours: float
+    rejects: list[dict] = field(default_factory=list)
+    skipped_shards: int = 0
+    written_shards: int = 0
+    note: str | None = None
 
 
 class RowError(ValueError):

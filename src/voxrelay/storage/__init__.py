@@ -40,12 +40,15 @@ from voxrelay.storage.core import (
     write_text,
 )
 from voxrelay.storage.counters import op_counts
+from voxrelay.storage.names import OutsideRoot, basename, inside, is_uri, parent
 
 __all__ = [
+    "OutsideRoot",
     "PreconditionFailed",
     "StorageDenied",
     "StorageError",
     "StorageUnavailable",
+    "basename",
     "check_root",
     "create_new",
     "delete",
@@ -54,13 +57,16 @@ __all__ = [
     "file_sizes",
     "fsync_file",
     "get_file",
+    "inside",
     "is_local",
     "is_transient",
+    "is_uri",
     "join",
     "listdir",
     "local_path",
     "op_counts",
     "open_read",
+    "parent",
     "put_file",
     "read_bytes",
     "tree_sizes",

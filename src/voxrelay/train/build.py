@@ -34,7 +34,7 @@ from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, USAGE_FILE, 
 from voxrelay.plan.fit import check_fits, gpu_memory
 from voxrelay.quality.scorer import Scorer
 from voxrelay.train import state as st
-from voxrelay.train.data import build_stream, eval_split
+from voxrelay.train.data import build_stream, check_trainable, eval_split
 from voxrelay.train.evaluate import SAMPLES_DIR
 from voxrelay.train.launch_env import apply_accelerate_env
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available
@@ -179,6 +179,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     usage = UsageLog.start(cfg.run_uri, cfg.cost, world, ranks.main, fresh, lease.check if lease else None)
     ranks.on_main(usage.check_budget)  # cost.budget spent: refused before weights and data are loaded
     index = load_index(cfg.prepared_uri)
+    check_trainable(cfg.prepared_uri, index)
     check_fits(cfg, index, world, gpu_memory())  # on a GPU: stop now, with the plan, if it will not fit
     hub_cache.from_bucket(cfg, accelerator.is_local_main_process, accelerator.wait_for_everyone)
     codec = load_prepared_codec(cfg.prepared_uri, index)

@@ -76,15 +76,31 @@ def example_lengths(model: FamilyModel, cfg: RunConfig, index: dict, rows: RowIn
     return lengths
 
 
+def check_trainable(prepared_uri: str, index: dict) -> None:
+    """Stop, with the counts and the fix, before anything is built on prepared data without a training row
+    (data committed by a voxrelay whose prepare did not refuse it)."""
+    counts = index.get("counts", {})
+    if not counts.get("train"):
+        raise UserError(
+            f"the prepared data at {prepared_uri} has no training rows ({counts.get('train', 0)} train, "
+            f"{counts.get('eval', 0)} eval, {counts.get('rejected', 0)} rejected; the reasons are in "
+            f"{prepared_uri.rstrip('/')}/rejects.jsonl): fix the sources or data.eval_size and run `voxrelay prepare` "
+            "again (it now stops, naming the reasons, when it keeps no training row)")
+
+
 def _kept(model: FamilyModel, lengths: np.ndarray) -> np.ndarray:
     """Positions of the rows whose example fits ``max_length`` (the others are left out, with a warning)."""
     keep = np.flatnonzero(lengths <= model.max_length).astype(np.int32)
+    key = model.max_length_key
+    if not len(keep):
+        raise UserError(
+            f"none of the {len(lengths)} training rows fits {key}={model.max_length} (their examples take "
+            f"{int(lengths.min())} to {int(lengths.max())} tokens): raise {key} to at least {int(lengths.min())} "
+            f"({int(lengths.max())} keeps every row), or prepare shorter clips (data.max_duration)")
     if len(keep) < len(lengths):
         log.warning("%d of %d rows are longer than %s=%d and left out of training (raise it to keep them; the "
-                    "longest is %d tokens)", len(lengths) - len(keep), len(lengths), model.max_length_key,
-                    model.max_length, int(lengths.max()))
-    if not len(keep):
-        raise ValueError(f"no training row fits {model.max_length_key}={model.max_length}; raise it")
+                    "longest is %d tokens)", len(lengths) - len(keep), len(lengths), key, model.max_length,
+                    int(lengths.max()))
     return keep
 
 

@@ -117,7 +117,11 @@ def test_a_row_the_family_refuses_is_rejected_with_its_reason(tmp_path, monkeypa
 
 
 def test_audio_longer_than_the_family_allows_is_rejected_naming_the_limit(tmp_path, monkeypatch):
+    from voxrelay.data.shards import PrepareError
+
     needs = DataNeeds(max_seconds=0.5, max_seconds_why="model.max_length=4 allows at most 0.5 s; raise it")
-    report, index = _prepare(tmp_path, monkeypatch, needs)
-    assert len(report.rejects) == 5 and "model.max_length=4 allows at most 0.5 s" in report.rejects[0]["reason"]
-    assert "audio of 0.8 s is too long" in report.rejects[0]["reason"]
+    with pytest.raises(PrepareError, match=r"prepare kept no row: 5 of 5 rows rejected") as stop:  # every row
+        _prepare(tmp_path, monkeypatch, needs)
+    assert "5 × audio of 0.8 s is too long: model.max_length=4 allows at most 0.5 s" in str(stop.value)
+    rejects = (tmp_path / "root" / "prepared" / "demo" / "rejects.jsonl").read_text().splitlines()
+    assert len(rejects) == 5 and "model.max_length=4 allows at most 0.5 s" in rejects[0]

@@ -17,7 +17,7 @@ from tests.helpers.datasets import (
 )
 from voxrelay.config import SourceConfig
 from voxrelay.data.audio import load_utterance_audio
-from voxrelay.data.sources import READERS, SourceError, demo_folder, read_source
+from voxrelay.data.sources import READERS, SourceError, SourceMissing, demo_folder, read_source
 from voxrelay.data.types import RowError
 
 
@@ -93,6 +93,9 @@ def test_folder_unquoted_comma_and_missing_fields(tmp_path):
 
 
 def test_folder_structural_errors(tmp_path):
+    with pytest.raises(SourceMissing, match="nothing: not found; a folder source needs a folder with a metadata.csv"):
+        _read(tmp_path, type="folder", path=str(tmp_path / "nothing"))
+    (tmp_path / "nothing").mkdir()  # the folder is there, its metadata.csv is not
     with pytest.raises(SourceError, match="metadata.csv: not found"):
         _read(tmp_path, type="folder", path=str(tmp_path / "nothing"))
     (tmp_path / "c").mkdir()
