@@ -33,6 +33,7 @@ from voxrelay.data.needs import family_needs, missing_field
 from voxrelay.data.shards import PrepareError, load_index
 from voxrelay.data.sources import read_source
 from voxrelay.data.types import RowError, Utterance
+from voxrelay.data.voice_prompts import encode_prompts
 from voxrelay.models.base import DataNeeds
 from voxrelay.paths import cache_dir, rank_world
 
@@ -162,7 +163,7 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
     reference recording too (eval split: MCD-DTW is scored against it); ``needs``: the family's (text fields
     every row must have, its check of a row). Rows are read a few batches at a time (bounded memory); with
     ``codec.batch_size`` > 1 a codec that can encodes clips of similar length together."""
-    good, rejects = [], []
+    good, rejects, prompts, clips = [], [], {}, {}  # clips: prompt path -> codes (rows share a few prompts)
     chunk = 8 * cfg.codec.batch_size
     for start in range(0, len(utts), chunk):
         loaded = []
@@ -170,13 +171,16 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
             if utt.problem is None:
                 utt.problem = missing_field(utt, cfg, needs.fields)
             if utt.problem is None and needs.row_check is not None:
-                utt.problem = needs.row_check(utt.text, utt.num_speakers, utt.speaker)
+                prompts_given = (len(utt.voice_prompts),) if needs.voice_prompts else ()
+                utt.problem = needs.row_check(utt.text, utt.num_speakers, utt.speaker, *prompts_given)
             if utt.problem is not None:
                 rejects.append(_reject(utt, utt.problem, strict))
                 continue
             try:
-                loaded.append((utt, load_utterance_audio(utt, codec.sample_rate, cfg.data.min_duration,
-                                                         cfg.data.max_duration)))
+                wav = load_utterance_audio(utt, codec.sample_rate, cfg.data.min_duration, cfg.data.max_duration)
+                if needs.voice_prompts:  # kept with the row (prepared data needs no access to the source later)
+                    prompts[id(utt)] = encode_prompts(utt, codec, cfg.data.max_duration, clips)
+                loaded.append((utt, wav))
             except RowError as err:
                 rejects.append(_reject(utt, str(err), strict))
         if needs.max_seconds is not None:
@@ -192,7 +196,8 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
             good.append(sh.EncodedUtterance(
                 id=utt.id, text=utt.text, speaker=utt.speaker, description=utt.description,
                 duration=len(wav) / codec.sample_rate, codes=codes.astype(np.int16),
-                ref_audio=wav if keep_audio and not getattr(codec, "continuous", False) else None))
+                ref_audio=wav if keep_audio and not getattr(codec, "continuous", False) else None,
+                voice_prompts=prompts.get(id(utt), ())))
     return good, rejects
 
 
@@ -327,6 +332,8 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     params = ident.shard_params(cfg, codec, _load_codec(cfg, codec, rows, rank), needs.fields)
     if needs.max_seconds is not None:  # which rows are kept depends on it (model.max_length)
         params["data.max_seconds"] = needs.max_seconds
+    if needs.voice_prompts and any(u.voice_prompts for u in rows):  # the rows then hold their prompts' codes
+        params["data.voice_prompts"] = True
     plan = plan_shards(rows, cfg.data.eval_size, cfg.data.shard_size)
     written = skipped = 0
     for i, (name, utts) in enumerate(plan.items()):

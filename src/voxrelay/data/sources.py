@@ -20,12 +20,14 @@ import numpy as np
 from voxrelay.config import SourceConfig
 from voxrelay.data.audio import AUDIO_BYTES_KEY
 from voxrelay.data.types import Utterance
+from voxrelay.data.voice_prompts import prompt_refs
 from voxrelay.errors import UserError
 
 METADATA = "metadata.csv"
 _FOLDER_HEADER_HINT = (
     "the first line must be `id,audio_path,text_path` (optionally followed by `,num_speakers,duration_sec`) "
-    "or `id,audio_path,text`; paths are relative to the folder"
+    "or `id,audio_path,text`, with optional `speaker`, `description`, `voice_prompts` columns; paths are "
+    "relative to the folder"
 )
 
 
@@ -46,6 +48,11 @@ def _inside(root: Path, raw: str) -> tuple[Path | None, str | None]:
     if not resolved.is_relative_to(root.resolve()):
         return None, f"path {raw!r} is outside the dataset folder {str(root)!r}; keep files inside it"
     return resolved, None
+
+
+def _as_str(found: tuple[Path | None, str | None]) -> tuple[str | None, str | None]:
+    path, reason = found
+    return (str(path) if path else None), reason
 
 
 def _read_text_file(root: Path, raw: str) -> tuple[str | None, str | None]:
@@ -85,6 +92,8 @@ def _folder_row(root: Path, row: dict, where: str, n_fields: int) -> Utterance:
     utt.text = text or ""
     utt.speaker = get.get("speaker") or None
     utt.description = get.get("description") or None
+    utt.voice_prompts = prompt_refs(get.get("voice_prompts"), lambda p: _as_str(_inside(root, p)), utt,
+                                    "voice_prompts")
     if get.get("duration_sec"):
         utt.extra["duration_sec"] = get["duration_sec"]
     if get.get("num_speakers"):
@@ -201,6 +210,9 @@ def _read_jsonl(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
             utt.speaker = _optional_str(obj, src.speaker_column)
             utt.description = _optional_str(obj, src.description_column)
             _jsonl_audio(utt, root, obj.get(src.audio_column), src.audio_column)
+            if src.voice_prompts_column:
+                utt.voice_prompts = prompt_refs(obj.get(src.voice_prompts_column), lambda p: _as_str(_inside(root, p)),
+                                                utt, src.voice_prompts_column)
             if not utt.problem and not isinstance(text, str):
                 utt.problem = f"missing field: {src.text_column}"
             elif not utt.problem and not utt.text:
@@ -293,12 +305,13 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
     if descriptions is not None and src.id_column not in ds.column_names:
         raise SourceError(f"{label}: no column {src.id_column!r} to join the metadata on; set `id_column` to one of "
                           f"{ds.column_names}")
-    optional = [c for c in (src.id_column, src.speaker_column, src.description_column)
+    optional = [c for c in (src.id_column, src.speaker_column, src.description_column, src.voice_prompts_column)
                 if c and c in ds.column_names and (descriptions is None or c != src.description_column)]
     ds = ds.select_columns([src.audio_column, src.text_column, *optional])
     if isinstance(ds.features[src.audio_column], datasets.Audio):
         # datasets 5 decodes Audio through torchcodec; keep the encoded bytes and use soundfile instead
         ds = ds.cast_column(src.audio_column, datasets.Audio(decode=False))
+    ds = _undecoded_prompts(ds, src.voice_prompts_column)
     roots = _hf_roots(src)
     for i, row in enumerate(ds):
         text = row.get(src.text_column)
@@ -317,9 +330,24 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
             utt.audio_path, utt.problem = _hf_audio_path(str(raw), roots)
         else:
             utt.problem = f"missing field: {src.audio_column}"
+        if src.voice_prompts_column:
+            utt.voice_prompts = prompt_refs(row.get(src.voice_prompts_column), lambda p: _hf_audio_path(p, roots),
+                                            utt, src.voice_prompts_column)
         if not utt.problem and not utt.text:
             utt.problem = "empty text" if isinstance(text, str) else f"missing field: {src.text_column}"
         yield utt
+
+
+def _undecoded_prompts(ds, column: str | None):
+    """``ds`` with a voice-prompts column of Audio (or a list of Audio) left encoded, as the audio column is."""
+    import datasets
+
+    feature = ds.features.get(column) if column else None
+    if isinstance(feature, datasets.Audio):
+        return ds.cast_column(column, datasets.Audio(decode=False))
+    if isinstance(getattr(feature, "feature", None), datasets.Audio):  # List(Audio()) / Sequence(Audio())
+        return ds.cast_column(column, type(feature)(datasets.Audio(decode=False)))
+    return ds
 
 
 def demo_folder(src: SourceConfig, workdir: str | Path) -> Path:
