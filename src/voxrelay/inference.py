@@ -36,6 +36,7 @@ from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.errors import UserError, one_line
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request
+from voxrelay.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_key_mapping, module_keys
 from voxrelay.models.registry import build_model, load_model
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem
 from voxrelay.train.resume import BASE_HASH
@@ -53,8 +54,6 @@ CODEC_JSON = "codec.json"
 CODEC_STATE = "codec.safetensors"
 VOXRELAY_FORMAT = "voxrelay"  # export's default: what synthesize/eval load back (upstream-loadable where it can be)
 LORA_NOTE = "lora"  # key of voxrelay.json in an adapter-only export: how to rebuild the base
-ADAPTER_CONFIG = "adapter_config.json"  # peft's file names
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 log = logging.getLogger(__name__)
 
 
@@ -142,10 +141,11 @@ def _load_adapter_export(path: Path) -> FamilyModel:
                              f"here: {e}; {fix}") from None
     check_base(note.get("base_hash"), base_hash(model.module), str(note.get("base")),
                f"cannot load the adapter-only export {path}", fix)
+    prefix = getattr(model, "upstream_prefix", "")  # the transformers model's place in module (the adapter's root)
     with quiet_peft():
-        model.module = peft.PeftModel.from_pretrained(model.module, str(path))
+        model.module = peft.PeftModel.from_pretrained(model.module, str(path), key_mapping=adapter_key_mapping(prefix))
     with safe_open(str(path / ADAPTER_WEIGHTS), "pt") as f:
-        saved = set(f.keys())
+        saved = module_keys(set(f.keys()), prefix)
     expected = set(peft.get_peft_model_state_dict(model.module))
     if saved != expected:  # peft only warns about missing adapter tensors (they would stay at their init)
         raise InferenceError(f"{path / ADAPTER_WEIGHTS} does not fit {ADAPTER_CONFIG}: missing "
