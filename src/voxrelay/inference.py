@@ -229,18 +229,40 @@ def build_request(model: FamilyModel, codec: AudioCodec, text: str | None, scrip
         if len(voices) > 1:
             raise InferenceError(f"model.family={model.family} speaks one voice at a time: give one --voice NAME")
         return Request(text, voices[0] if voices else None, description)
+    clips = read_voice_prompts(voices, int(codec.sample_rate))
+    return Request(text, None, description, tuple(clips[i] for i in sorted(clips)))
+
+
+def read_voice_prompts(voices: list[str], rate: int | None = None) -> dict[int, np.ndarray]:
+    """Speaker -> its clip (mono float32, resampled to ``rate`` when given) of ``--voice`` options in the
+    clone-from-prompt form; malformed options, gaps, missing or unreadable files are refused naming them."""
     clips: dict[int, np.ndarray] = {}
     for spec in voices:
         index, _, path = spec.rpartition("=") if "=" in spec else ("0", "", spec)
         if not index.isdigit() or int(index) in clips:
             raise InferenceError(f"--voice {spec!r}: write SPEAKER=FILE with each speaker once, e.g. --voice 0=a.wav")
-        clips[int(index)] = _voice_clip(path, int(codec.sample_rate), spec)
+        clips[int(index)] = _voice_clip(path, rate, spec)
     if clips and sorted(clips) != list(range(len(clips))):
         raise InferenceError(f"--voice gives speakers {sorted(clips)}: give speakers 0, 1, ... without gaps")
-    return Request(text, None, description, tuple(clips[i] for i in sorted(clips)))
+    return clips
 
 
-def _voice_clip(path: str, rate: int, spec: str) -> np.ndarray:
+def check_voice_prompts(source: str, voices: list[str] | None) -> None:
+    """Before a model is loaded: read every ``--voice`` clip when ``source`` (a run or export folder) takes voice
+    prompts (its family, from its JSON/YAML); a source that cannot be read is left to the load to report."""
+    from voxrelay.status import StatusError, voice_input
+
+    if not voices:
+        return
+    try:
+        takes_prompts = voice_input(source).prompts
+    except (StatusError, OSError, ValueError, yaml.YAMLError):
+        return
+    if takes_prompts:
+        read_voice_prompts(list(voices))
+
+
+def _voice_clip(path: str, rate: int | None, spec: str) -> np.ndarray:
     try:
         wav, sr = load_audio(path)
     except (OSError, RuntimeError) as e:
@@ -249,8 +271,9 @@ def _voice_clip(path: str, rate: int, spec: str) -> np.ndarray:
     wav = wav.mean(axis=1) if wav.ndim == 2 else wav
     if wav.size == 0:
         raise InferenceError(f"--voice {spec!r}: {path!r} holds no audio")
-    if sr != rate:
-        log.info("--voice %s: resampled from %d Hz to %d Hz", spec, sr, rate)
+    if rate is None or sr == rate:
+        return wav
+    log.info("--voice %s: resampled from %d Hz to %d Hz", spec, sr, rate)
     return resample(wav, sr, rate)
 
 
