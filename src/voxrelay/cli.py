@@ -223,13 +223,15 @@ def synthesize_cmd(
     temperature: float = typer.Option(0.8, "--temperature", help="Sampling temperature (0 = greedy)"),
 ):
     """Speak TEXT (or a --script) with a trained model into a wav file."""
-    from voxrelay.inference import build_request, check_synthesis_args, load_any, read_text_or_script, synthesize
+    from voxrelay import inference as inf
 
-    check_synthesis_args(output, temperature, max_seconds=max_seconds)  # before the model loads
-    text = read_text_or_script(text, script)  # before the model loads
-    model, codec, what = load_any(run, step)
-    request = build_request(model, codec, text, None, voice, description)
-    seconds = synthesize(model, codec, request, output, temperature=temperature, seed=seed, max_seconds=max_seconds)
+    inf.check_synthesis_args(output, temperature, max_seconds=max_seconds)  # before the model loads
+    text = inf.read_text_or_script(text, script)  # before the model loads
+    inf.check_voice_prompts(run, voice)  # every clip read before the model loads
+    model, codec, what = inf.load_any(run, step)
+    request = inf.build_request(model, codec, text, None, voice, description)
+    seconds = inf.synthesize(model, codec, request, output, temperature=temperature, seed=seed,
+                             max_seconds=max_seconds)
     err.print(f"{what}: {seconds:.2f} s of audio")
     out.print(str(output), highlight=False)
 
@@ -264,13 +266,21 @@ def eval_cmd(
 
 @app.command("voices")
 def voices_cmd(run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>) or an export folder")):
-    """List the voices (speakers) a run knows, one per line, for `synthesize --voice`."""
-    from voxrelay.status import run_voices
+    """List the voices (speakers) a run knows, one per line, for `synthesize --voice`; for a model that clones
+    voices from prompts, say how to pass them."""
+    from voxrelay.status import voice_input
 
-    voices = run_voices(run)
-    if not voices:
+    voices = voice_input(run)
+    if voices.prompts:
+        err.print(f"{run}: model.family={voices.family} clones each speaker of a script from a voice prompt (a few "
+                  "seconds of that speaker alone) and has no named voices. Give one clip per speaker, numbered in "
+                  "the order of the script's labels ([SPEAKER_A] or Speaker 0 is 0, the next 1): voxrelay synthesize "
+                  f"{run} --script dialogue.txt --voice 0=alice.wav --voice 1=bob.wav -o out.wav (one speaker: "
+                  "--voice clip.wav); without --voice it speaks in voices of its own", highlight=False)
+        return
+    if not voices.names:
         err.print(f"{run}: a single-speaker model (no --voice needed)")
-    for name in voices:
+    for name in voices.names:
         out.print(name, highlight=False)
 
 

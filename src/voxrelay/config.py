@@ -55,6 +55,11 @@ class SourceConfig(Section):
     text_column: str = Field("text", description="hf/jsonl: column holding the transcript")
     speaker_column: str | None = Field("speaker", description="hf/jsonl: column holding the speaker name")
     description_column: str | None = Field("description", description="hf/jsonl: column with a description")
+    voice_prompts_column: str | None = Field(
+        "voice_prompts", description="hf/jsonl: column with a row's voice prompts, one clip per speaker in the order "
+        "of its labels (a path or a list of paths, as community fine-tuning datasets write them); folder "
+        "sources read a `voice_prompts` column of paths separated by `;`",
+    )
     minutes: float = Field(20.0, gt=0, description="demo only: minutes of audio to generate")
     voices: list[str] = Field(
         default_factory=lambda: ["en-us", "en-gb+f3", "en-us+m3", "en-gb-scotland+f2"],

@@ -36,6 +36,7 @@ from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.errors import UserError, one_line
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request
+from voxrelay.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_key_mapping, module_keys
 from voxrelay.models.registry import build_model, load_model
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem
 from voxrelay.train.resume import BASE_HASH
@@ -53,8 +54,6 @@ CODEC_JSON = "codec.json"
 CODEC_STATE = "codec.safetensors"
 VOXRELAY_FORMAT = "voxrelay"  # export's default: what synthesize/eval load back (upstream-loadable where it can be)
 LORA_NOTE = "lora"  # key of voxrelay.json in an adapter-only export: how to rebuild the base
-ADAPTER_CONFIG = "adapter_config.json"  # peft's file names
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 log = logging.getLogger(__name__)
 
 
@@ -142,10 +141,11 @@ def _load_adapter_export(path: Path) -> FamilyModel:
                              f"here: {e}; {fix}") from None
     check_base(note.get("base_hash"), base_hash(model.module), str(note.get("base")),
                f"cannot load the adapter-only export {path}", fix)
+    prefix = getattr(model, "upstream_prefix", "")  # the transformers model's place in module (the adapter's root)
     with quiet_peft():
-        model.module = peft.PeftModel.from_pretrained(model.module, str(path))
+        model.module = peft.PeftModel.from_pretrained(model.module, str(path), key_mapping=adapter_key_mapping(prefix))
     with safe_open(str(path / ADAPTER_WEIGHTS), "pt") as f:
-        saved = set(f.keys())
+        saved = module_keys(set(f.keys()), prefix)
     expected = set(peft.get_peft_model_state_dict(model.module))
     if saved != expected:  # peft only warns about missing adapter tensors (they would stay at their init)
         raise InferenceError(f"{path / ADAPTER_WEIGHTS} does not fit {ADAPTER_CONFIG}: missing "
@@ -229,18 +229,40 @@ def build_request(model: FamilyModel, codec: AudioCodec, text: str | None, scrip
         if len(voices) > 1:
             raise InferenceError(f"model.family={model.family} speaks one voice at a time: give one --voice NAME")
         return Request(text, voices[0] if voices else None, description)
+    clips = read_voice_prompts(voices, int(codec.sample_rate))
+    return Request(text, None, description, tuple(clips[i] for i in sorted(clips)))
+
+
+def read_voice_prompts(voices: list[str], rate: int | None = None) -> dict[int, np.ndarray]:
+    """Speaker -> its clip (mono float32, resampled to ``rate`` when given) of ``--voice`` options in the
+    clone-from-prompt form; malformed options, gaps, missing or unreadable files are refused naming them."""
     clips: dict[int, np.ndarray] = {}
     for spec in voices:
         index, _, path = spec.rpartition("=") if "=" in spec else ("0", "", spec)
         if not index.isdigit() or int(index) in clips:
             raise InferenceError(f"--voice {spec!r}: write SPEAKER=FILE with each speaker once, e.g. --voice 0=a.wav")
-        clips[int(index)] = _voice_clip(path, int(codec.sample_rate), spec)
+        clips[int(index)] = _voice_clip(path, rate, spec)
     if clips and sorted(clips) != list(range(len(clips))):
         raise InferenceError(f"--voice gives speakers {sorted(clips)}: give speakers 0, 1, ... without gaps")
-    return Request(text, None, description, tuple(clips[i] for i in sorted(clips)))
+    return clips
 
 
-def _voice_clip(path: str, rate: int, spec: str) -> np.ndarray:
+def check_voice_prompts(source: str, voices: list[str] | None) -> None:
+    """Before a model is loaded: read every ``--voice`` clip when ``source`` (a run or export folder) takes voice
+    prompts (its family, from its JSON/YAML); a source that cannot be read is left to the load to report."""
+    from voxrelay.status import StatusError, voice_input
+
+    if not voices:
+        return
+    try:
+        takes_prompts = voice_input(source).prompts
+    except (StatusError, OSError, ValueError, yaml.YAMLError):
+        return
+    if takes_prompts:
+        read_voice_prompts(list(voices))
+
+
+def _voice_clip(path: str, rate: int | None, spec: str) -> np.ndarray:
     try:
         wav, sr = load_audio(path)
     except (OSError, RuntimeError) as e:
@@ -249,8 +271,9 @@ def _voice_clip(path: str, rate: int, spec: str) -> np.ndarray:
     wav = wav.mean(axis=1) if wav.ndim == 2 else wav
     if wav.size == 0:
         raise InferenceError(f"--voice {spec!r}: {path!r} holds no audio")
-    if sr != rate:
-        log.info("--voice %s: resampled from %d Hz to %d Hz", spec, sr, rate)
+    if rate is None or sr == rate:
+        return wav
+    log.info("--voice %s: resampled from %d Hz to %d Hz", spec, sr, rate)
     return resample(wav, sr, rate)
 
 

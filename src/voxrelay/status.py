@@ -211,19 +211,36 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def run_voices(source: str) -> list[str]:
-    """The speakers (voices) a run folder or an export folder knows, for ``synthesize --voice``;
-    [] for a single-speaker model. Reads JSON/YAML only (no model is loaded)."""
+@dataclass(frozen=True)
+class VoiceInput:
+    """How a model is given its voices: ``names`` of the training data's voices (``synthesize --voice NAME``;
+    none: a single-speaker model), or, when ``prompts``, a reference clip per speaker of the script
+    (``--voice 0=a.wav --voice 1=b.wav``), for a family that clones voices from prompts."""
+
+    family: str
+    prompts: bool
+    names: list[str]
+
+
+def voice_input(source: str) -> VoiceInput:
+    """What a run folder or an export folder takes as voices (JSON/YAML only: no model is loaded)."""
+    from voxrelay.models.configs import DEFAULT_FAMILY, FAMILY_CONFIGS
+
     if storage.is_local(source) and (Path(storage.local_path(source)) / EXPORT_META).is_file():
-        return list(json.loads((Path(storage.local_path(source)) / EXPORT_META).read_text()).get("speakers", []))
-    snapshot = storage.join(source, CONFIG_SNAPSHOT)
-    if not storage.exists(snapshot):
-        raise StatusError(f"{source} is neither a run folder (no {CONFIG_SNAPSHOT}) nor an export folder (no "
-                          f"{EXPORT_META}); pass <root>/runs/<name> or a folder written by `voxrelay export`")
-    cfg = located(yaml.safe_load(storage.read_text(snapshot)) or {}, source)
-    root, data = cfg.get("root", "."), (cfg.get("data") or {}).get("name", "demo")
-    index_uri = storage.join(root, "prepared", data, "index.json")
-    if not storage.exists(index_uri):
-        raise StatusError(f"the prepared data of {source} ({index_uri}) is gone; re-run `voxrelay prepare` with the "
-                          "run's config to restore it")
-    return list(storage.read_json(index_uri).get("speakers", []))
+        meta = json.loads((Path(storage.local_path(source)) / EXPORT_META).read_text())
+        family, names = meta.get("family", DEFAULT_FAMILY), list(meta.get("speakers", []))
+    else:
+        snapshot = storage.join(source, CONFIG_SNAPSHOT)
+        if not storage.exists(snapshot):
+            raise StatusError(f"{source} is neither a run folder (no {CONFIG_SNAPSHOT}) nor an export folder (no "
+                              f"{EXPORT_META}); pass <root>/runs/<name> or a folder written by `voxrelay export`")
+        cfg = located(yaml.safe_load(storage.read_text(snapshot)) or {}, source)
+        family = (cfg.get("model") or {}).get("family", DEFAULT_FAMILY)
+        root, data = cfg.get("root", "."), (cfg.get("data") or {}).get("name", "demo")
+        index_uri = storage.join(root, "prepared", data, "index.json")
+        if not storage.exists(index_uri):
+            raise StatusError(f"the prepared data of {source} ({index_uri}) is gone; re-run `voxrelay prepare` with "
+                              "the run's config to restore it")
+        names = list(storage.read_json(index_uri).get("speakers", []))
+    section = FAMILY_CONFIGS.get(family)
+    return VoiceInput(family, bool(section is not None and section().data_needs().voice_prompts), names)

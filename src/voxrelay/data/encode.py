@@ -12,6 +12,7 @@ from voxrelay.data.audio import load_utterance_audio
 from voxrelay.data.needs import missing_field
 from voxrelay.data.shards import PrepareError
 from voxrelay.data.types import RowError, Utterance
+from voxrelay.data.voice_prompts import encode_prompts
 from voxrelay.models.base import DataNeeds
 
 
@@ -37,7 +38,7 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
     reference recording too (eval split: MCD-DTW is scored against it); ``needs``: the family's (text fields
     every row must have, its check of a row). Rows are read a few batches at a time (bounded memory); with
     ``codec.batch_size`` > 1 a codec that can encodes clips of similar length together."""
-    good, rejects = [], []
+    good, rejects, prompts, clips = [], [], {}, {}  # clips: prompt path -> codes (rows share a few prompts)
     chunk = 8 * cfg.codec.batch_size
     for start in range(0, len(utts), chunk):
         loaded = []
@@ -45,13 +46,16 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
             if utt.problem is None:
                 utt.problem = missing_field(utt, cfg, needs.fields)
             if utt.problem is None and needs.row_check is not None:
-                utt.problem = needs.row_check(utt.text, utt.num_speakers, utt.speaker)
+                prompts_given = (len(utt.voice_prompts),) if needs.voice_prompts else ()
+                utt.problem = needs.row_check(utt.text, utt.num_speakers, utt.speaker, *prompts_given)
             if utt.problem is not None:
                 rejects.append(_reject(utt, utt.problem, strict))
                 continue
             try:
-                loaded.append((utt, load_utterance_audio(utt, codec.sample_rate, cfg.data.min_duration,
-                                                         cfg.data.max_duration)))
+                wav = load_utterance_audio(utt, codec.sample_rate, cfg.data.min_duration, cfg.data.max_duration)
+                if needs.voice_prompts:  # kept with the row (prepared data needs no access to the source later)
+                    prompts[id(utt)] = encode_prompts(utt, codec, cfg.data.max_duration, clips)
+                loaded.append((utt, wav))
             except RowError as err:
                 rejects.append(_reject(utt, str(err), strict))
         if needs.max_seconds is not None:
@@ -67,7 +71,8 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
             good.append(sh.EncodedUtterance(
                 id=utt.id, text=utt.text, speaker=utt.speaker, description=utt.description,
                 duration=len(wav) / codec.sample_rate, codes=codes.astype(np.int16),
-                ref_audio=wav if keep_audio and not getattr(codec, "continuous", False) else None))
+                ref_audio=wav if keep_audio and not getattr(codec, "continuous", False) else None,
+                voice_prompts=prompts.get(id(utt), ())))
     return good, rejects
 
 

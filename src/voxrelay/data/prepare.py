@@ -291,6 +291,8 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     params = ident.shard_params(cfg, codec, _load_codec(cfg, codec, rows, rank), needs.fields)
     if needs.max_seconds is not None:  # which rows are kept depends on it (model.max_length)
         params["data.max_seconds"] = needs.max_seconds
+    if needs.voice_prompts and any(u.voice_prompts for u in rows):  # the rows then hold their prompts' codes
+        params["data.voice_prompts"] = True
     plan = plan_shards(rows, cfg.data.eval_size, cfg.data.shard_size)
     try:
         skipped, written = _encode_shards(cfg, codec, plan, params, needs, strict, rank, world)

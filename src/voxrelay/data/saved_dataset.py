@@ -88,7 +88,10 @@ class LoadedDataset:
 
         ds = self.ds.select_columns(columns)
         for column in columns:
-            if isinstance(ds.features[column], datasets.Audio):
-                # datasets 5 decodes Audio through torchcodec; keep the encoded bytes and use soundfile instead
+            # datasets 5 decodes Audio through torchcodec; keep the encoded bytes and use soundfile instead
+            feature = ds.features[column]
+            if isinstance(feature, datasets.Audio):
                 ds = ds.cast_column(column, datasets.Audio(decode=False))
+            elif isinstance(getattr(feature, "feature", None), datasets.Audio):  # List(Audio()): voice prompts
+                ds = ds.cast_column(column, type(feature)(datasets.Audio(decode=False)))
         yield from ds

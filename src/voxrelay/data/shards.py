@@ -10,7 +10,9 @@ Layout of ``<root>/prepared/<data.name>/``::
 
 Columns: id, text, speaker, description (str), duration (float32, seconds), num_frames (int32),
 codes (binary: int16 [K, T] row-major, K = index["num_codebooks"]), ref_audio (binary: int16 PCM
-at the codec's sample rate; eval split only, empty for train: the reference MCD-DTW scores against).
+at the codec's sample rate; eval split only, empty for train: the reference MCD-DTW scores against),
+voice_prompts (list of binary: each clip's codes, int16 [K, T] row-major, one per speaker of the transcript, for a
+family that clones voices from prompts; empty otherwise and absent in shards of older versions).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ SCHEMA = pa.schema(
         ("num_frames", pa.int32()),
         ("codes", pa.binary()),
         ("ref_audio", pa.binary()),
+        ("voice_prompts", pa.list_(pa.binary())),
     ]
 )
 
@@ -66,6 +69,7 @@ class EncodedUtterance:
     duration: float
     codes: np.ndarray  # int16 [K, T]
     ref_audio: np.ndarray | None = None  # float32 [N] at the codec rate (eval split only)
+    voice_prompts: tuple[np.ndarray, ...] = ()  # int16 [K, T] per speaker, in the order of its labels
 
 
 def shard_uri(prepared: str, name: str) -> str:
@@ -87,6 +91,7 @@ def encode_table(rows: list[EncodedUtterance]) -> bytes:
         "num_frames": [int(r.codes.shape[1]) for r in rows],
         "codes": [np.ascontiguousarray(r.codes, dtype=np.int16).tobytes() for r in rows],
         "ref_audio": [b"" if r.ref_audio is None else _pcm16(r.ref_audio) for r in rows],
+        "voice_prompts": [[np.ascontiguousarray(p, dtype=np.int16).tobytes() for p in r.voice_prompts] for r in rows],
     }
     buf = io.BytesIO()
     pq.write_table(pa.table(cols, schema=SCHEMA), buf, compression="zstd")
@@ -112,6 +117,8 @@ def decode_table(data: bytes, num_codebooks: int) -> list[EncodedUtterance]:
                 duration=float(table["duration"][i]),
                 codes=codes,
                 ref_audio=_from_pcm16(table["ref_audio"][i]) if table.get("ref_audio") else None,
+                voice_prompts=tuple(np.frombuffer(p, dtype=np.int16).reshape(num_codebooks, -1)
+                                    for p in (table["voice_prompts"][i] or [])) if "voice_prompts" in table else (),
             )
         )
     return out

@@ -28,12 +28,14 @@ from voxrelay import storage
 from voxrelay.config import SourceConfig
 from voxrelay.data.audio import AUDIO_BYTES_KEY
 from voxrelay.data.types import Utterance
+from voxrelay.data.voice_prompts import prompt_refs
 from voxrelay.errors import UserError
 
 METADATA = "metadata.csv"
 _FOLDER_HEADER_HINT = (
     "the first line must be `id,audio_path,text_path` (optionally followed by `,num_speakers,duration_sec`) "
-    "or `id,audio_path,text`; paths are relative to the folder"
+    "or `id,audio_path,text`, with optional `speaker`, `description`, `voice_prompts` columns; paths are "
+    "relative to the folder"
 )
 
 
@@ -104,6 +106,8 @@ def _folder_row(root: str, row: dict, where: str, n_fields: int) -> Utterance:
     utt.text = text or ""
     utt.speaker = get.get("speaker") or None
     utt.description = get.get("description") or None
+    utt.voice_prompts = prompt_refs(get.get("voice_prompts"), lambda p: _inside(root, p), utt,
+                                    "voice_prompts")
     if get.get("duration_sec"):
         utt.extra["duration_sec"] = get["duration_sec"]
     if get.get("num_speakers"):
@@ -227,6 +231,9 @@ def _read_jsonl(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
             utt.speaker = _optional_str(obj, src.speaker_column)
             utt.description = _optional_str(obj, src.description_column)
             _jsonl_audio(utt, root, obj.get(src.audio_column), src.audio_column)
+            if src.voice_prompts_column:
+                utt.voice_prompts = prompt_refs(obj.get(src.voice_prompts_column), lambda p: _inside(root, p),
+                                                utt, src.voice_prompts_column)
             if not utt.problem and not isinstance(text, str):
                 utt.problem = f"missing field: {src.text_column}"
             elif not utt.problem and not utt.text:
@@ -318,7 +325,7 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
     if descriptions is not None and src.id_column not in ds.column_names:
         raise SourceError(f"{label}: no column {src.id_column!r} to join the metadata on; set `id_column` to one of "
                           f"{ds.column_names}")
-    optional = [c for c in (src.id_column, src.speaker_column, src.description_column)
+    optional = [c for c in (src.id_column, src.speaker_column, src.description_column, src.voice_prompts_column)
                 if c and c in ds.column_names and (descriptions is None or c != src.description_column)]
     for i, row in enumerate(ds.rows(list(dict.fromkeys([src.audio_column, src.text_column, *optional])))):
         text = row.get(src.text_column)
@@ -337,9 +344,13 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
             utt.audio_path, utt.problem = _hf_audio_path(str(raw), src)
         else:
             utt.problem = f"missing field: {src.audio_column}"
+        if src.voice_prompts_column:
+            utt.voice_prompts = prompt_refs(row.get(src.voice_prompts_column), lambda p: _hf_audio_path(p, src),
+                                            utt, src.voice_prompts_column)
         if not utt.problem and not utt.text:
             utt.problem = "empty text" if isinstance(text, str) else f"missing field: {src.text_column}"
         yield utt
+
 
 
 def demo_folder(src: SourceConfig, workdir: str | Path) -> Path:

@@ -14,6 +14,8 @@ class Utterance:
     Either ``audio_path`` (a local file or a ``gs://`` / ``s3://`` URI) or ``audio`` + ``sample_rate`` (decoded
     samples) is set.
     ``where`` names the row for error messages, e.g. ``"data/metadata.csv row 12"``.
+    ``voice_prompts``: audio-only utterances, one reference clip per speaker of the transcript in the order of
+    its labels (:mod:`voxrelay.data.voice_prompts`), for a family that clones voices from prompts.
     ``problem`` is set by a reader when the row is already known to be bad (empty text, a path
     that escapes the dataset folder, a missing text file...); prepare rejects it with that reason.
     """
@@ -28,6 +30,7 @@ class Utterance:
     description: str | None = None
     num_speakers: int | None = None
     problem: str | None = None
+    voice_prompts: list[Utterance] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
 

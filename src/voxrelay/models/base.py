@@ -307,8 +307,10 @@ class DataNeeds:
     codec: str | None = None
     fields: tuple[str, ...] = ()
     audio_rate: int | None = None  # the family learns from the audio itself, stored at this rate (codec.type=pcm)
-    # why a row (text, num_speakers, speaker) cannot be used, or None: prepare rejects it with that reason
-    row_check: Callable[[str, int | None, str | None], str | None] | None = None
+    # why a row (text, num_speakers, speaker; + its number of voice prompts when ``voice_prompts``) cannot be
+    # used, or None: prepare rejects it with that reason
+    row_check: Callable[..., str | None] | None = None
+    voice_prompts: bool = False  # the family clones voices from prompts: prepare keeps a row's voice_prompts
     max_seconds: float | None = None  # longest audio a row may have (prepare rejects longer ones with max_seconds_why)
     max_seconds_why: str = ""  # the limit's reason and fix, e.g. "model.max_length=4096 allows at most 540 s"
 

@@ -7,9 +7,12 @@ stays frozen. Training applies it as one of its strategies (:mod:`voxrelay.train
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import re
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from voxrelay.config import ConfigError
@@ -86,6 +89,47 @@ def quiet_peft() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         yield
+
+
+ADAPTER_CONFIG = "adapter_config.json"  # peft's file names
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+_PEFT_ROOT = "base_model.model."  # peft's prefix of every saved key
+
+
+def save_adapter(module: torch.nn.Module, folder: Path, prefix: str = "") -> None:
+    """peft's adapter files of ``module`` (a ``PeftModel``) in ``folder``, laid out for the transformers model at
+    ``prefix`` inside the wrapped module (e.g. ``net.``: a family's training wrapper around it): keys without the
+    prefix, and an ``adapter_config.json`` naming that model's class and checkpoint, so that
+    ``PeftModel.from_pretrained(<class>.from_pretrained(base), folder)`` and ``AutoPeftModel`` apply it."""
+    from safetensors.torch import load_file, save_file
+
+    module.save_pretrained(str(folder))
+    if not prefix:
+        return
+    inner = module.get_base_model().get_submodule(prefix.rstrip("."))
+    weights = folder / ADAPTER_WEIGHTS
+    state = load_file(str(weights))
+    outside = [k for k in state if not k.startswith(_PEFT_ROOT + prefix)]
+    assert not outside, f"trained weights outside the {type(inner).__name__} at {prefix!r}: {outside[:3]}"
+    save_file({_PEFT_ROOT + k[len(_PEFT_ROOT + prefix):]: v for k, v in state.items()}, str(weights),
+              metadata={"format": "pt"})
+    config = json.loads((folder / ADAPTER_CONFIG).read_text())
+    config["auto_mapping"] = {"base_model_class": type(inner).__name__, "parent_library": type(inner).__module__}
+    config["base_model_name_or_path"] = getattr(inner, "name_or_path", None) or None
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def adapter_key_mapping(prefix: str) -> dict[str, str] | None:
+    """peft's ``key_mapping`` that puts the keys of an adapter saved by :func:`save_adapter` (no ``prefix``) back
+    under ``prefix``; keys already there (adapter files written before, of the wrapper itself) stay."""
+    return {rf"^(?!{re.escape(prefix)})": prefix} if prefix else None
+
+
+def module_keys(saved: set[str], prefix: str) -> set[str]:
+    """The keys of an adapter file as the wrapped module names them (see :func:`adapter_key_mapping`)."""
+    if not prefix:
+        return set(saved)
+    return {k if k.startswith(_PEFT_ROOT + prefix) else _PEFT_ROOT + prefix + k.removeprefix(_PEFT_ROOT) for k in saved}
 
 
 def _linear_names(module: torch.nn.Module) -> list[str]:

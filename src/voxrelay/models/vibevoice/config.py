@@ -93,8 +93,8 @@ class VibeVoiceFamilyConfig(BaseModel):
 
     def data_needs(self) -> DataNeeds:
         """The audio itself at 24 kHz (the family encodes it with its own frozen tokenizers), transcripts whose
-        speakers match ``num_speakers``, audio that fits ``max_length``."""
+        speakers match ``num_speakers`` (and the row's voice prompts, kept with it), audio that fits ``max_length``."""
         limit = self.max_seconds()
-        return DataNeeds(audio_rate=SAMPLE_RATE, row_check=check_transcript, max_seconds=limit,
+        return DataNeeds(audio_rate=SAMPLE_RATE, row_check=check_transcript, voice_prompts=True, max_seconds=limit,
                          max_seconds_why=f"model.max_length={self.max_length} allows at most {limit:g} s of audio "
                          "(7.5 latents per second); raise model.max_length or cut the clip")

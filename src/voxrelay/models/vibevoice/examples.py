@@ -12,10 +12,10 @@ One example (``n`` = latents of a clip, one per 3200 samples, rounded up)::
     <|vision_start|><|vision_pad|> x n<|vision_end|><|endoftext|>        <- the target: every token here is a
                                                                             CE target, each latent a diffusion one
 
-Voice prompts: for speaker ``i`` of a row, another row whose only voice is the same voice (its ``speaker``
-column names one voice, the one the row names for ``i``), never the row itself, chosen by ``train.seed`` and
-the row's id. A speaker without one goes without a prompt; ``voice_prompt_drop_rate`` of the rows (chosen the
-same way) train with none.
+Voice prompts: a row's own (its ``voice_prompts`` column, one clip per speaker, kept by ``prepare``); else for
+speaker ``i`` of a row, another row whose only voice is the same voice (its ``speaker`` column names one voice,
+the one the row names for ``i``), never the row itself, chosen by ``train.seed`` and the row's id. A speaker
+without one goes without a prompt; ``voice_prompt_drop_rate`` of the rows (chosen the same way) train with none.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -55,6 +56,30 @@ def _unit(*parts: object) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
+class Prompt(NamedTuple):
+    """The voice prompt of a speaker: the audio of ``row`` (another clip of the voice), or, with ``index``, the
+    row's own ``voice_prompts[index]``."""
+
+    row: object
+    index: int | None = None
+
+    @property
+    def key(self) -> int:
+        """The clip's key in the encoders' cache (:func:`clip_key`)."""
+        return clip_key(self.row.id if self.index is None else f"{self.row.id}\x1fvoice prompt {self.index}")
+
+    def size(self) -> int:
+        """Samples of the clip (read from the row's metadata when it is the row's audio)."""
+        if self.index is None:
+            return _samples_in(self.row)
+        return int(np.asarray(self.row.voice_prompts[self.index]).shape[-1])
+
+    def samples(self) -> np.ndarray:
+        if self.index is None:
+            return samples(self.row)
+        return _normalized(self.row.voice_prompts[self.index])
+
+
 @dataclass
 class ExampleMaker:
     """Turns rows into token ids and clips. ``tokenizer``: the Qwen2 tokenizer; ``ids``: the special token ids
@@ -70,17 +95,23 @@ class ExampleMaker:
 
     def use_corpus(self, rows: Sequence) -> None:
         """The rows voice prompts are taken from: those whose speaker column names a single voice. Says (a
-        warning) which voices have no such clip: their speakers train without a prompt."""
+        warning) how many rows have no way to a prompt (no ``voice_prompts`` of their own, no ``speaker`` column),
+        and which voices have no such clip: their speakers train without a prompt."""
         pool: dict[str, list] = {}
         named: set[str] = set()
+        bare = 0
         for row in rows:
             voices = voices_of(getattr(row, "speaker", None))
             named.update(voices)
+            bare += not voices and not getattr(row, "voice_prompts", ())
             if len(voices) == 1 and len(parse_script(row.text)[1]) == 1:
                 pool.setdefault(voices[0], []).append(row)
         self.corpus = {voice: sorted(found, key=lambda r: r.id) for voice, found in pool.items()}
-        if not named:
-            log.warning("no row names its voices (a `speaker` column): every row trains without voice prompts")
+        if bare:
+            log.warning("%d of %d training rows have no voice prompts (no `voice_prompts` column) and name no voices "
+                        "(no `speaker` column): they train without voice prompts, so the model learns to clone "
+                        "voices from fewer examples. Give each dialogue a `voice_prompts` column: one clip per "
+                        "speaker, in the order of its labels (README: VibeVoice, voice prompts)", bare, len(rows))
         lonely = sorted(v for v in named if len(pool.get(v, [])) < 2)
         if lonely:
             log.warning("%d voice(s) have fewer than 2 one-voice clips, so some of their rows train without a voice "
@@ -90,11 +121,15 @@ class ExampleMaker:
     def latents(self, samples: int) -> int:
         return math.ceil(samples / self.hop)
 
-    def prompts(self, row, count: int) -> dict[int, object]:
-        """Speaker -> the row whose clip is the voice prompt each speaker of ``row`` gets (may be none)."""
+    def prompts(self, row, count: int) -> dict[int, Prompt]:
+        """Speaker -> the voice prompt each speaker of ``row`` gets (may be none): the row's own prompts when it
+        has one per speaker, else other clips of the voices its speaker column names."""
         if _unit(self.seed, row.id, "drop") < self.drop_rate:
             return {}
-        return self.prompts_for(getattr(row, "speaker", None), count, row.id)
+        own = getattr(row, "voice_prompts", None) or ()
+        if len(own) == count:
+            return {i: Prompt(row, i) for i in range(count)}
+        return {i: Prompt(r) for i, r in self.prompts_for(getattr(row, "speaker", None), count, row.id).items()}
 
     def prompts_for(self, speaker: str | None, count: int, avoid: str | None = None) -> dict[int, object]:
         """Speaker -> a row of the corpus whose clip is a prompt of the voice ``speaker`` (a speaker column)
@@ -126,7 +161,7 @@ class ExampleMaker:
         turns, labels = parse_script(row.text)
         target = samples(row)
         chosen = self.prompts(row, len(labels))
-        prompts = {i: samples(r) for i, r in chosen.items()}
+        prompts = {i: p.samples() for i, p in chosen.items()}
         clips = [prompts[i] for i in sorted(prompts)]
         expanded = self.prompt_ids(turns, {i: len(c) for i, c in prompts.items()})
         pad = self.ids["pad"]
@@ -135,7 +170,7 @@ class ExampleMaker:
         input_ids = np.asarray(expanded, dtype=np.int64)
         targets = np.full_like(input_ids, -100)
         targets[start:-1] = input_ids[start + 1:]
-        keys = [clip_key(chosen[i].id) for i in sorted(chosen)] + [clip_key(row.id)]
+        keys = [chosen[i].key for i in sorted(chosen)] + [clip_key(row.id)]
         return {"input_ids": input_ids, "labels": targets, "clips": [*clips, target],
                 "is_target": np.asarray([False] * len(clips) + [True]), "clip_keys": np.asarray(keys, dtype=np.int64)}
 
@@ -145,7 +180,7 @@ class ExampleMaker:
             raise ModelLoadError("the tokenizer of model.init_from is not at hand (a hub id not downloaded): pass "
                                  "`voxrelay plan --seq-len N`, or set model.init_from / model.tokenizer to a folder")
         turns, labels = parse_script(row.text)  # the example's size without reading its audio
-        sizes = {i: _samples_in(r) for i, r in self.prompts(row, len(labels)).items()}
+        sizes = {i: p.size() for i, p in self.prompts(row, len(labels)).items()}
         return len(self.prompt_ids(turns, sizes)) + self.latents(_samples_in(row)) + 2  # + end of speech, of text
 
 
@@ -185,7 +220,12 @@ def _samples_in(row) -> int:
 def samples(row) -> np.ndarray:
     """A prepared row's audio as float32 samples (the data is prepared with codec.type=pcm: int16 [1, N]),
     normalised as VibeVoice's feature extractor does."""
-    return normalize(np.asarray(row.codes, dtype=np.float32).reshape(-1) / PCM_SCALE)
+    return _normalized(row.codes)
+
+
+def _normalized(codes: np.ndarray) -> np.ndarray:
+    """Samples stored with codec.type=pcm (int16 [1, N]) as VibeVoice's feature extractor gives them."""
+    return normalize(np.asarray(codes, dtype=np.float32).reshape(-1) / PCM_SCALE)
 
 
 def normalize(wav: np.ndarray, target_dbfs: float = -25.0, eps: float = 1e-6) -> np.ndarray:

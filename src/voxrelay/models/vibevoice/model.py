@@ -26,6 +26,7 @@ from voxrelay.models.base import (
     module_classes,
 )
 from voxrelay.models.hf import read_meta, write_meta
+from voxrelay.models.lora import save_adapter
 from voxrelay.models.vibevoice import examples as ex
 from voxrelay.models.vibevoice.config import SAMPLE_RATE
 from voxrelay.models.vibevoice.ema import DiffusionEma
@@ -48,6 +49,7 @@ class VibeVoice(DiffusionEma):
     request_fields: tuple[str, ...] = ("voice_prompts",)
     uses_corpus = True  # voice prompts of the training data's voices (a row's, or a request's speaker column)
     speakers: list[str] = []  # voices come as prompts (or a row's speaker column), not as trained names
+    upstream_prefix = "net."  # transformers' model inside module: adapter-only exports are laid out for it
 
     def __init__(self, module: Any, maker: ex.ExampleMaker, max_length: int, settings: dict[str, Any]) -> None:
         super().__init__(settings.get("ema_decay"))
@@ -153,8 +155,8 @@ class VibeVoice(DiffusionEma):
             if gen is not None:  # what upstream generation builds its sampler from (diffusers)
                 gen.noise_scheduler_class = "DPMSolverMultistepScheduler"
                 gen.noise_scheduler_config = {"beta_schedule": "squaredcos_cap_v2", "prediction_type": "v_prediction"}
-            if hasattr(self.module, "peft_config"):  # adapter-only export: peft's files of the wrapper
-                self.module.save_pretrained(str(folder))
+            if hasattr(self.module, "peft_config"):  # adapter-only export: peft's files, for transformers' class
+                save_adapter(self.module, folder, self.upstream_prefix)
             else:
                 net.save_pretrained(str(folder))
         self.maker.tokenizer.save_pretrained(str(folder))
