@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import fsspec
 
 from voxrelay.errors import UserError
+from voxrelay.paths import writing
 from voxrelay.storage.counters import CLASS_A, CLASS_B, count
 
 log = logging.getLogger(__name__)
@@ -361,7 +362,7 @@ def write_bytes(uri: str, data: bytes) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
         try:
-            with os.fdopen(fd, "wb") as f:
+            with writing(path), os.fdopen(fd, "wb") as f:  # a full disk names the file, not nothing
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
