@@ -13,8 +13,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from voxrelay.cli_paths import GIVEN, explain, reads, voice_files, writes
+from voxrelay.cli_paths import reads, user_message, voice_files, writes
 from voxrelay.errors import UserError
+from voxrelay.paths import GIVEN
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -392,7 +393,7 @@ def main() -> None:
         _setup_logging()
         app()
     except (UserError, OSError) as e:
-        if (message := str(e) if isinstance(e, UserError) else explain(e)) is None:
+        if (message := user_message(e, OWN_LINES.verbose)) is None:
             raise  # an OSError not on a path of the user's: a bug, shown whole
         err.print(f"[red]error:[/red] {escape(message)}", highlight=False)  # a message is text, not markup
         sys.exit(2)

@@ -6,39 +6,23 @@ check runs before the command's body imports torch or loads a model, so a path t
 written fails in a second instead of after minutes of work. The check does what the command will do
 (opens the file, lists the folder, creates and removes a file in the folder it writes): ``os.access`` says
 yes to root everywhere and to anyone on /proc or /sys. Remote URIs (gs://, s3://) are the storage layer's
-to check. Every local path checked is kept in :data:`GIVEN`: :func:`voxrelay.cli.main` turns an OSError on
-one of them (a disk that fills up at the end) into exit 2 naming the option, the path and the errno's
-meaning, and what was written before it stays where it is.
+to check. Every local path checked is remembered (:data:`voxrelay.paths.GIVEN`): :func:`voxrelay.cli.main`
+turns an OSError on one of them (a disk that fills up at the end) into exit 2 naming the option, the path
+and the errno's meaning (:func:`voxrelay.paths.explain`); what was written before it stays where it is.
 """
 
 from __future__ import annotations
 
-import errno
-import os
+import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import typer
 
-from voxrelay.paths import check_path
+from voxrelay.errors import UserError
+from voxrelay.paths import check_path, explain
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac")
-FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
-@dataclass(frozen=True)
-class Given:
-    """A local path the user gave: as written, absolute, the option it came from and the fix to offer."""
-
-    label: str
-    shown: str
-    path: str
-    fix: str
-
-
-GIVEN: list[Given] = []  # this process's command's paths, in the order they were checked
 
 
 def _values(value: Any) -> list[str]:
@@ -81,9 +65,7 @@ def _role(writes: bool, folder: bool, fix: str, pick: Callable[[Any], list[str]]
             local = _local(shown)
             if local is None:
                 continue
-            label = _label(param)
-            check_path(local, label, fix, writes=writes, folder=folder)
-            GIVEN.append(Given(label, shown, os.path.abspath(local), fix))
+            check_path(local, _label(param), fix, writes=writes, folder=folder)  # remembered for explain()
         return value
 
     check.path_role = ("write" if writes else "read", "folder" if folder else "file")  # for the tests
@@ -102,24 +84,14 @@ def writes(fix: str, folder: bool = False) -> Callable[..., Any]:
     return _role(True, folder, fix, _values)
 
 
-def _related(at: str, given: Given) -> bool:
-    """``at`` is the given path, inside it, or a folder above it (one that could not be made)."""
-    return at == given.path or at.startswith(given.path.rstrip("/") + "/") or given.path.startswith(
-        at.rstrip("/") + "/")
 
 
-def explain(err: OSError) -> str | None:
-    """The one-line message of an OSError on a path the user gave (None for any other): the option, the path,
-    the errno's meaning, where, and what to do."""
-    if not err.errno:
-        return None
-    for name in (err.filename, err.filename2):
-        if name is None:
-            continue
-        at = os.path.abspath(os.fsdecode(name))
-        for given in reversed(GIVEN):
-            if _related(at, given):
-                where = "" if at == given.path else f" ({Path(at)})"
-                room = "make room on that disk, or " if err.errno in FULL else ""
-                return f"{given.label} {given.shown!r}: {os.strerror(err.errno)}{where}; {room}{given.fix}"
-    return None
+def user_message(err: UserError | OSError, verbose: bool = False) -> str | None:
+    """The one line to exit 2 with: a user error's message, or an OSError's on a path the user gave (with
+    ``verbose`` its traceback too, to stderr); None for any other OSError (a bug: shown whole)."""
+    if isinstance(err, UserError):
+        return str(err)
+    message = explain(err)
+    if message is not None and verbose:
+        traceback.print_exc()
+    return message

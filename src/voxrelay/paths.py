@@ -10,6 +10,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from voxrelay.errors import UserError
@@ -29,38 +30,27 @@ class PathError(UserError):
 
 
 def probe_write(folder: str | Path) -> None:
-    """Create, write a byte to and remove a file in ``folder`` (made for the probe where missing, and removed
-    again): raises the OSError a real write there would meet, its ``filename`` the folder (or the missing one
-    that could not be made). ``os.access`` is not enough: it says yes to root everywhere, and to anyone on
-    /proc or /sys, where creating a file fails."""
+    """Create, write a byte to and remove a file in ``folder``, or where it is missing in the folder above it
+    that exists (where its first part will be made): raises the OSError a real write there would meet, its
+    ``filename`` that folder. ``os.access`` is not enough: it says yes to root everywhere, and to anyone on
+    /proc or /sys, where creating a file fails. Nothing is made for the check (a folder made and removed
+    again would race with another process, a rank of the same job, checking the same new folder)."""
     folder = Path(folder).absolute()
-    missing = []
-    at = folder
-    while not at.exists() and at != at.parent:
-        missing.append(at)
-        at = at.parent
-    made: list[Path] = []
+    at = next(p for p in (folder, *folder.parents) if p.exists())
+    if not at.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(at))
+    probe = at / f".voxrelay-probe-{os.getpid()}-{os.urandom(4).hex()}"
     try:
-        for sub in reversed(missing):
-            with contextlib.suppress(FileExistsError):  # another process made it meanwhile
-                os.mkdir(sub)
-                made.append(sub)
-        probe = folder / f".voxrelay-probe-{os.getpid()}"
-        try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        except OSError as err:
-            raise _at(err, folder) from None
-        try:
-            os.write(fd, b"\0")  # a full disk takes a name but not a byte
-        except OSError as err:
-            raise _at(err, folder) from None
-        finally:
-            os.close(fd)
-            os.unlink(probe)
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError as err:
+        raise _at(err, at) from None
+    try:
+        os.write(fd, b"\0")  # a full disk takes a name but not a byte
+    except OSError as err:
+        raise _at(err, at) from None
     finally:
-        for sub in reversed(made):
-            with contextlib.suppress(OSError):
-                os.rmdir(sub)
+        os.close(fd)
+        os.unlink(probe)
 
 
 def _at(err: OSError, path: str | Path) -> OSError:
@@ -109,12 +99,55 @@ def why(err: OSError, path: str | Path | None = None) -> str:
 
 def check_path(path: str | Path, label: str, fix: str, writes: bool = False, folder: bool = False) -> None:
     """Refuse (:class:`PathError`) a local ``path`` given as ``label`` (``-o``, ``RUN``) that cannot be read,
-    or with ``writes`` written: ``label 'path' cannot be written: <errno meaning>; <fix>``."""
+    or with ``writes`` written: ``label 'path' cannot be written: <errno meaning>; <fix>``; else remember it."""
     try:
         (check_output if writes else check_input)(path, folder)
     except OSError as err:
         verb = "written" if writes else "read"
         raise PathError(f"{label} {str(path)!r} cannot be {verb}: {why(err, path)}; {fix}") from None
+    remember(label, path, fix)
+
+
+@dataclass(frozen=True)
+class Given:
+    """A local path the user gave: as written, absolute, where it came from (``-o``, ``root``), the fix."""
+
+    label: str
+    shown: str
+    path: str
+    fix: str
+
+
+GIVEN: list[Given] = []  # this process's: the CLI names the one an OSError is on (voxrelay.cli.main)
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def remember(label: str, path: str | Path, fix: str) -> None:
+    """Note a local path the user gave (checked): an OSError on it, later, is then the user's to fix."""
+    GIVEN.append(Given(label, str(path), os.path.abspath(path), fix))
+
+
+def _related(at: str, given: Given) -> bool:
+    """``at`` is the given path, inside it, or a folder above it (one that could not be made)."""
+    return at == given.path or at.startswith(given.path.rstrip("/") + "/") or given.path.startswith(
+        at.rstrip("/") + "/")
+
+
+def explain(err: OSError) -> str | None:
+    """The one-line message of an OSError on a path the user gave (None for any other): where it came from, the
+    path, the errno's meaning, the file it happened to, and what to do."""
+    if not err.errno:
+        return None
+    for name in (err.filename, err.filename2):
+        if name is None:
+            continue
+        at = os.path.abspath(os.fsdecode(name))
+        for given in reversed(GIVEN):
+            if _related(at, given):
+                where = "" if at == given.path else f" ({at})"
+                room = "make room on that disk, or " if err.errno in FULL else ""
+                return f"{given.label} {given.shown!r}: {os.strerror(err.errno)}{where}; {room}{given.fix}"
+    return None
 
 
 def output_problem(path: str | Path) -> str | None:

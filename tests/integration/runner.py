@@ -73,8 +73,8 @@ def in_mount_namespace(setup: str, args: list[str], env: dict, log: Path, after:
     script = f'set -e; {setup}; set +e; "$@" > "{log}" 2>&1; rc=$?; {after}; exit $rc'
     res = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
                           sys.executable, "-m", "voxrelay", *args], env=env, capture_output=True, text=True,
-                         timeout=timeout)
-    return res.returncode, log.read_text() + res.stderr, res.stdout
+                         errors="replace", timeout=timeout)
+    return res.returncode, log.read_text(errors="replace") + res.stderr, res.stdout
 
 
 def free_port() -> int:

@@ -217,3 +217,16 @@ def test_a_checked_output_leaves_no_trace(places, monkeypatch, capsys) -> None:
                          str(places / "new" / "sub" / "c.yaml")], monkeypatch, capsys)
     assert code == 2 and "not.json" in out, out
     assert sorted(p.name for p in places.iterdir()) == ["a-file", "a-folder", "good.txt", "not.json"]
+
+
+@pytest.mark.parametrize("root", ["/sys/vr", "/proc/voxrelay-missing/vr", "a-file/vr"])
+def test_a_root_that_cannot_be_written_is_exit_2_before_prepare_reads_a_source(root, places, monkeypatch,
+                                                                                capsys) -> None:
+    """``root`` comes from the config, not from an option: the storage layer checks it the same way (a file
+    created and removed), before the sources are read."""
+    root = str(places / root) if not root.startswith("/") else root
+    code, out = _invoke(["prepare", str(cli.demo_config_path()), f"root={root}"], monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in out, out
+    lines = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and f"root {root!r}" in lines[0], out
+    assert any(meaning in lines[0] for meaning in MEANINGS) and "set `root`" in lines[0], out

@@ -252,7 +252,7 @@ def check_root(uri: str) -> None:
 
 def _check_local_root(uri: str, path: Path) -> None:
     """A local root is a folder, or can be made one (before minutes of work that could not be written)."""
-    from voxrelay.paths import output_problem
+    from voxrelay.paths import output_problem, remember
 
     if (problem := output_problem(path / "x")) is not None:
         raise StorageError(f"root {uri!r}: {problem}; set `root` to a folder you can write (or a new path)")
@@ -261,6 +261,7 @@ def _check_local_root(uri: str, path: Path) -> None:
     except OSError as err:
         raise StorageError(f"root {uri!r} cannot be created ({err.strerror or err}); set `root` to a folder "
                            "you can write") from None
+    remember("root", path, "set `root` to a folder you can write")  # a full disk later: exit 2 naming it
 
 
 def join(base: str, *parts: str) -> str:
