@@ -13,7 +13,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from voxrelay.cli_paths import reads, user_message, voice_files, writes
 from voxrelay.errors import UserError
+from voxrelay.paths import GIVEN
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -26,7 +28,10 @@ err = Console(stderr=True, soft_wrap=True)
 
 OVERRIDES = typer.Argument(None, help="key.sub=value overrides, e.g. root=/tmp/vr train.max_steps=100")
 # a str, not a Path: Path("gs://b/x.yaml") is "gs:/b/x.yaml"
-CONFIG = typer.Argument(..., help="YAML config: a local path, or a gs:// / s3:// URI of one in the bucket")
+CONFIG = typer.Argument(..., help="YAML config: a local path, or a gs:// / s3:// URI of one in the bucket",
+                        callback=reads("pass the path (or gs:// / s3:// URI) of a YAML config file"))
+# every path parameter checks its path as it is parsed (voxrelay.cli_paths), before any model loads
+A_RUN = reads("pass a run folder <root>/runs/<name> or a folder written by `voxrelay export`", folder=True)
 
 
 class OwnLines(logging.Filter):
@@ -192,7 +197,8 @@ def plan_cmd(
 
 @app.command("status")
 def status_cmd(
-    run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>), local or remote"),
+    run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>), local or remote", callback=reads(
+        "pass the run folder <root>/runs/<name> (it exists once `voxrelay train` has started)", folder=True)),
     cost: bool = typer.Option(False, "--cost", help="Also estimate the spend (USD) so far and to finish: GPU-hours, "
                               "storage requests, egress, replication, checkpoints stored, at the run's cost.* prices"),
 ):
@@ -204,15 +210,16 @@ def status_cmd(
 
 @app.command("synthesize")
 def synthesize_cmd(
-    run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>) or an export folder"),
+    run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>) or an export folder", callback=A_RUN),
     text: str = typer.Argument(None, help="Text to speak (or --script)"),
-    output: Path = typer.Option(..., "-o", "--output", help="Output .wav"),
+    output: Path = typer.Option(..., "-o", "--output", help="Output .wav", callback=writes("pass another -o")),
     voice: list[str] = typer.Option(
         None, "--voice", help="Speaker of the training data (`voxrelay voices RUN` lists them; default: the first); "
         "for a family that clones voices from prompts: SPEAKER=clip.wav, once per speaker of the script",
+        callback=reads("pass SPEAKER=FILE with a wav or flac file", pick=voice_files),
     ),
     script: Path = typer.Option(None, "--script", help="A text file to speak instead of TEXT: `Speaker 0: ...` or "
-                                "`[SPEAKER_A] ...` lines for a dialogue"),
+                                "`[SPEAKER_A] ...` lines for a dialogue", callback=reads("pass a UTF-8 text file")),
     max_seconds: float = typer.Option(20.0, "--max-seconds", help="Longest audio to generate"),
     description: str = typer.Option(
         None, "--description", help="How the voice should sound, for a family that conditions on a description "
@@ -238,12 +245,14 @@ def synthesize_cmd(
 
 @app.command("eval")
 def eval_cmd(
-    run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>) or an export folder (with --texts)"),
+    run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>) or an export folder (with --texts)",
+                              callback=A_RUN),
     step: int = typer.Option(None, "--step", help="Checkpoint step (default: the newest valid)"),
     all_steps: bool = typer.Option(False, "--all", help="Every checkpoint the run keeps, a table row each"),
     texts: Path = typer.Option(None, "--texts", help="Speak these instead of the held-out texts: one per line, "
                                "`speaker|text` for a voice, or a .jsonl file of {text, speaker, description, id} "
-                               "(no references: WER/CER only)"),
+                               "(no references: WER/CER only)",
+                               callback=reads("pass a UTF-8 text file, one text per line")),
     num: int = typer.Option(None, "--num", min=1, help="Only the first N texts (training's evals speak "
                             "train.eval_synth of them: --num that gives its numbers; default: all held-out texts)"),
     asr_model: str = typer.Option(None, "--asr-model", help="Whisper for WER/CER instead of the run's eval.asr.model"),
@@ -265,7 +274,8 @@ def eval_cmd(
 
 
 @app.command("voices")
-def voices_cmd(run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>) or an export folder")):
+def voices_cmd(run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>) or an export folder",
+                                         callback=A_RUN)):
     """List the voices (speakers) a run knows, one per line, for `synthesize --voice`; for a model that clones
     voices from prompts, say how to pass them."""
     from voxrelay.status import voice_input
@@ -286,8 +296,10 @@ def voices_cmd(run: str = typer.Argument(..., help="Run folder (<root>/runs/<nam
 
 @app.command("export")
 def export_cmd(
-    run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>)"),
-    output: Path = typer.Option(..., "-o", "--output", help="Output folder"),
+    run: str = typer.Argument(..., help="Run folder (<root>/runs/<name>)",
+                              callback=reads("pass a run folder <root>/runs/<name>", folder=True)),
+    output: Path = typer.Option(..., "-o", "--output", help="Output folder",
+                                callback=writes("pass another -o (a new or empty folder)", folder=True)),
     step: int = typer.Option(None, "--step", help="Checkpoint step (default: latest valid)"),
     adapter_only: bool = typer.Option(
         False, "--adapter-only", help="LoRA runs: write the adapter (peft files) instead of the merged model; "
@@ -316,18 +328,16 @@ from voxrelay.models.registry import IMPORTERS  # noqa: E402 (torch-free: names 
 def import_cmd(
     kind: str = typer.Argument(..., help="What FILE is, an upstream training config of a family: "
                                + ", ".join(IMPORTERS)),
-    file: Path = typer.Argument(..., help="The upstream file"),
-    output: Path = typer.Option(..., "-o", "--output", help="The voxrelay config (YAML) to write"),
+    file: Path = typer.Argument(..., help="The upstream file", callback=reads("pass the upstream file")),
+    output: Path = typer.Option(..., "-o", "--output", help="The voxrelay config (YAML) to write",
+                                callback=writes("pass another -o (the .yaml file to write)")),
 ):
     """Turn an upstream training config into a voxrelay config; prints every field dropped and why."""
     from voxrelay.models.registry import get_importer
-    from voxrelay.paths import output_problem
+    from voxrelay.paths import write_file
 
-    if (problem := "it is a folder" if output.is_dir() else output_problem(output)) is not None:
-        raise UserError(f"-o {str(output)!r} cannot be written: {problem}; pass the path of a .yaml file to write")
     text, notes = get_importer(kind)(file)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
+    write_file(output, text.encode("utf-8"))
     for note in notes:
         err.print(f"note: {note}", highlight=False)
     out.print(str(output), highlight=False)
@@ -335,7 +345,8 @@ def import_cmd(
 
 @app.command("demo")
 def demo_cmd(
-    root: str = typer.Option("./voxrelay-data", "--root", help="Storage root (local folder, gs://, s3://)"),
+    root: str = typer.Option("./voxrelay-data", "--root", help="Storage root (local folder, gs://, s3://)",
+                             callback=writes("pass another --root, or a gs:// / s3:// URI", folder=True)),
     steps: int = typer.Option(None, "--steps", min=1, help="Training steps (default: the demo config's)"),
     list_voices: bool = typer.Option(False, "--list-voices", help="Print the eSpeak NG voices a demo source can use"),
 ):
@@ -383,16 +394,20 @@ from voxrelay import cli_ops  # noqa: E402,F401 (registers `doctor` and `sweep` 
 
 
 def main() -> None:
-    """Entry point: a :class:`UserError` exits 2 with its message, Ctrl-C exits 130; neither prints a traceback.
+    """Entry point: a :class:`UserError`, or an OSError on a path the user gave (a disk full at the end), exits
+    2 with one line, Ctrl-C exits 130; neither prints a traceback.
 
     Training handles SIGINT itself (saves, exit 130); typer turns a KeyboardInterrupt inside a
     command into exit 130 as well; this catches the ones outside (start-up, logging set-up).
     """
+    GIVEN.clear()
     try:
         _setup_logging()
         app()
-    except UserError as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)  # a message is text, not markup
+    except (UserError, OSError) as e:
+        if (message := user_message(e, OWN_LINES.verbose)) is None:
+            raise  # an OSError not on a path of the user's: a bug, shown whole
+        err.print(f"[red]error:[/red] {escape(message)}", highlight=False)  # a message is text, not markup
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted", highlight=False)

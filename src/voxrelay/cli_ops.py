@@ -7,6 +7,7 @@ import typer
 from rich.console import Console
 
 from voxrelay.cli import CONFIG, OVERRIDES, app, err, out
+from voxrelay.cli_paths import reads, sweep_file
 
 
 @app.command("doctor")
@@ -39,7 +40,8 @@ def doctor_cmd(
 @app.command("sweep")
 def sweep_cmd(
     args: list[str] = typer.Argument(..., help="SWEEP.yaml [overrides for every experiment], or `status SWEEP.yaml "
-                                     "[overrides]` for the table and the plot"),
+                                     "[overrides]` for the table and the plot", callback=reads(
+                                         "pass the path (or gs:// / s3:// URI) of a sweep YAML file", pick=sweep_file)),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Train failed experiments again (once each)"),
 ):
     """Run a grid/list of experiments (a worker: any number, on any machines; re-run to go on), or `sweep status`."""

@@ -16,6 +16,7 @@ seeded random init) and its hash; synthesis rebuilds that base, checks the hash 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
 import math
@@ -38,7 +39,7 @@ from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request
 from voxrelay.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_key_mapping, module_keys
 from voxrelay.models.registry import build_model, load_model
-from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem
+from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem, write_file, writing
 from voxrelay.train.resume import BASE_HASH
 from voxrelay.train.strategies import (
     apply_lora,
@@ -198,8 +199,9 @@ def synthesize(
         request = dataclasses.replace(request, speaker=model.speakers[0])
     max_frames = int(max_seconds * (getattr(model, "frame_rate", None) or codec.frame_rate))
     speech = model.speak(request, codec, max_frames=max_frames, temperature=temperature, top_k=top_k, seed=seed)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    sf.write(str(out), speech.wav, speech.sample_rate, subtype="PCM_16")
+    wav = io.BytesIO()  # written whole, then put in place: libsndfile's errors on a file lose the errno
+    sf.write(wav, speech.wav, speech.sample_rate, format="WAV", subtype="PCM_16")
+    write_file(out, wav.getvalue())
     return len(speech.wav) / speech.sample_rate
 
 
@@ -323,7 +325,8 @@ def export_run(run_uri: str, out_dir: str | Path, step: int | None = None, adapt
     if adapter_only and fmt != VOXRELAY_FORMAT:
         raise InferenceError(f"--adapter-only writes peft's files; --format {fmt} writes a whole model: pick one")
     model, codec, at, note = _load_run(run_uri, step)
-    export(model, codec, out_dir, note, adapter_only, fmt)
+    with writing(out_dir):  # a full disk at safetensors' write names the folder
+        export(model, codec, out_dir, note, adapter_only, fmt)
     return at
 
 

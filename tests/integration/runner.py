@@ -65,6 +65,18 @@ def can_hide_folders() -> bool:
     return probe.returncode == 0
 
 
+def in_mount_namespace(setup: str, args: list[str], env: dict, log: Path, after: str = "true",
+                       timeout: float = 300) -> tuple[int, str, str]:
+    """``voxrelay ARGS`` after the shell commands ``setup`` (mounts: a small tmpfs, a read-only bind) in a mount
+    namespace of its own, where the mounts vanish with it (needs what :func:`can_hide_folders` checks):
+    (exit code, its output (kept in ``log``), what the shell commands ``after`` print there afterwards)."""
+    script = f'set -e; {setup}; set +e; "$@" > "{log}" 2>&1; rc=$?; {after}; exit $rc'
+    res = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                          sys.executable, "-m", "voxrelay", *args], env=env, capture_output=True, text=True,
+                         errors="replace", timeout=timeout)
+    return res.returncode, log.read_text(errors="replace") + res.stderr, res.stdout
+
+
 def free_port() -> int:
     import socket
 

@@ -114,6 +114,6 @@ def test_gcsfuse_root_is_recognised_and_its_bucket_checked(tmp_path, monkeypatch
 def test_bad_config_is_a_user_error(tmp_path):
     """The CLI's entry point turns a UserError into exit 2 with its message and no traceback."""
     res = runner.invoke(app, ["doctor", str(tmp_path / "missing.yaml")])
-    assert isinstance(res.exception, UserError) and "does not exist" in str(res.exception)
+    assert isinstance(res.exception, UserError) and "No such file or directory" in str(res.exception)
     res = runner.invoke(app, ["doctor", str(demo_config_path()), "cache.min_free_gb=-1"])
     assert isinstance(res.exception, UserError) and "cache.min_free_gb" in str(res.exception)

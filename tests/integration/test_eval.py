@@ -105,7 +105,7 @@ def test_eval_of_an_export_speaks_the_given_texts(trained, tmp_path):
 @pytest.mark.parametrize(("args", "message"), [
     (("{export}",), "holds no held-out data: pass --texts FILE"),
     (("{export}", "--texts", "{empty}"), "no texts in it"),
-    (("{export}", "--texts", "{empty}.missing"), "cannot read it"),
+    (("{export}", "--texts", "{empty}.missing"), "cannot be read: No such file or directory"),
     (("{export}", "--step", "4", "--texts", "{texts}"), "--step/--all apply to run folders"),
     (("{root}",), "is not a run folder"),
 ])

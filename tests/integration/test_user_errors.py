@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runner import CONFIG, env_for, voxrelay
+from tests.integration.runner import CONFIG, can_hide_folders, env_for, in_mount_namespace, voxrelay
 from tests.integration.tiny import tiny
 
 
@@ -94,7 +94,8 @@ CASES: dict[str, Case] = {
     "unknown-demo-voice": lambda w: (
         w.prepare("data.sources=[{type: demo, minutes: 0.1, voices: [xx-nope]}]"),
         ["no voice 'xx-nope'", "voxrelay demo --list-voices"], {}),
-    "config-file-missing": lambda w: (["prepare", f"{w.tmp}/absent.yaml"], ["absent.yaml' does not exist"], {}),
+    "config-file-missing": lambda w: (
+        ["prepare", f"{w.tmp}/absent.yaml"], ["CONFIG", "absent.yaml' cannot be read: No such file or directory"], {}),
     "config-file-not-yaml": lambda w: (["train", f"{w.tmp}/notyaml.yaml"], ["notyaml.yaml: not valid YAML"], {}),
     "override-without-equals": lambda w: (w.prepare("train.max_steps"), ["'train.max_steps' is not key=value"], {}),
     "unknown-key": lambda w: (w.prepare("train.max_stepz=3"), ["train.max_stepz: unknown key"], {}),
@@ -146,7 +147,8 @@ CASES: dict[str, Case] = {
         ["demo", "--steps", "1", "--root", f"{w.tmp}/notyaml.yaml"], ["notyaml.yaml is a file, not a folder"], {}),
     "train-root-under-a-file": lambda w: (
         w.train(f"root={w.tmp}/notyaml.yaml/root"), ["notyaml.yaml is a file, not a folder", "set `root`"], {}),
-    "plan-config-missing": lambda w: (["plan", f"{w.tmp}/absent.yaml"], ["absent.yaml' does not exist"], {}),
+    "plan-config-missing": lambda w: (
+        ["plan", f"{w.tmp}/absent.yaml"], ["absent.yaml' cannot be read: No such file or directory"], {}),
     "synthesize-output-under-a-file": lambda w: (
         ["synthesize", w.run, "Hello.", "-o", f"{w.tmp}/notyaml.yaml/a.wav"],
         ["notyaml.yaml is a file, not a folder", "pass another -o"], {}),
@@ -161,7 +163,7 @@ CASES: dict[str, Case] = {
     "eval-texts-missing": lambda w: (["eval", w.run, "--texts", str(w.tmp / "absent.txt")], ["absent.txt"], {}),
     "eval-texts-empty": lambda w: (["eval", w.run, "--texts", str(w.tmp / "empty.txt")], ["no texts in it"], {}),
     "export-output-is-a-file": lambda w: (
-        ["export", w.run, "-o", f"{w.tmp}/notyaml.yaml"], ["notyaml.yaml' is a file"], {}),
+        ["export", w.run, "-o", f"{w.tmp}/notyaml.yaml"], ["notyaml.yaml is a file, not a folder"], {}),
     "export-output-under-a-file": lambda w: (
         ["export", w.run, "-o", f"{w.tmp}/notyaml.yaml/exp"], ["notyaml.yaml is a file, not a folder"], {}),
     "import-file-missing": lambda w: (
@@ -236,3 +238,58 @@ def test_a_copied_root_works_from_any_working_directory(world: World, tmp_path: 
         away.rename(world.root)
 
 
+
+
+# A disk that fills up while a command writes, and a read-only mount, as users meet them: a real tmpfs of a few
+# pages and a real read-only mount, in a mount namespace of the command's own. The tmpfs: 16 pages, filled but
+# for 2: the check's probe (one byte, one page) passes, an output of more than 8 KiB does not fit.
+FULL_DISK = ('mount -t tmpfs -o size=64k tmpfs "$D" && (cat /dev/zero > "$D/filler" 2>/dev/null || true) '
+             '&& truncate -s -8192 "$D/filler"')
+needs_mounts = pytest.mark.skipif(not can_hide_folders(), reason="needs unshare and mount (root or user namespaces)")
+
+
+def _one_error_line(output: str, *parts: str) -> None:
+    """exit 2's one line: ``error: `` and ``parts`` (the option, the path, the errno's meaning); no traceback."""
+    assert "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and all(part in lines[0] for part in parts), output
+
+
+@needs_mounts
+def test_synthesize_onto_a_full_disk_is_exit_2_and_keeps_the_previous_take(world: World, tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    take = disk / "take.wav"  # 0.7 s of audio, 22 KB
+    setup = f'D="{disk}"; {FULL_DISK} && printf "the previous take" > "{take}"'
+    code, output, after = in_mount_namespace(setup, ["synthesize", world.run, "Hello.", "-o", str(take)],
+                                             world.env, tmp_path / "log", after=f'cat "{take}"; echo; ls -A "{disk}"')
+    assert code == 2, output
+    _one_error_line(output, "-o", str(take), "No space left on device", "make room")
+    assert after.split() == ["the", "previous", "take", "filler", "take.wav"], after  # replaced only when complete
+
+
+@needs_mounts
+def test_export_onto_a_full_disk_is_exit_2_naming_its_folder(world: World, tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    code, output, after = in_mount_namespace(f'D="{disk}"; {FULL_DISK}', ["export", world.run, "-o", str(disk / "e")],
+                                             world.env, tmp_path / "log", after=f'ls -A "{disk}/e"')
+    assert code == 2, output
+    _one_error_line(output, "-o", str(disk / "e"), "No space left on device")
+    assert "config.json" in after.split(), after  # what was written before the disk filled stays
+
+
+@needs_mounts
+def test_a_read_only_mount_is_refused_before_the_model_loads(world: World, tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    out = ro / "missing" / "exp"  # os.access said "not writable by this user", not why
+    code, output, _ = in_mount_namespace(f'mount -t tmpfs -o ro tmpfs "{ro}"', ["export", world.run, "-o", str(out)],
+                                         world.env, tmp_path / "log")
+    assert code == 2, output
+    _one_error_line(output, "-o", str(out), "Read-only file system")
+    # eval writes into the run folder: a run on a read-only mount is refused before minutes of scoring
+    setup = f'mount --bind "{world.run}" "{world.run}" && mount -o remount,bind,ro "{world.run}"'
+    code, output, _ = in_mount_namespace(setup, ["eval", world.run], world.env, tmp_path / "log2")
+    assert code == 2 and "evaluating" not in output, output
+    _one_error_line(output, "RUN", world.run, "Read-only file system")

@@ -18,6 +18,7 @@ import soundfile as sf
 
 from voxrelay import storage
 from voxrelay.errors import UserError
+from voxrelay.paths import check_path
 from voxrelay.quality.config import EvalConfig
 from voxrelay.quality.samples import TextRow, generate_samples, held_out_loss
 from voxrelay.quality.scorer import Scorer
@@ -175,6 +176,9 @@ def evaluate_source(source: str, step: int | None = None, all_steps: bool = Fals
         model, codec = load_from_export(storage.local_path(source))
         metrics, _, _ = evaluate_step(model, codec, rows, 0, scorer_for(None, asr_model))
         return [("export", metrics)]
+    if storage.is_local(source):  # results go into the run folder: checked before minutes of scoring
+        check_path(storage.local_path(source), "RUN", "copy the run folder to where you can write (eval writes "
+                   f"{EVAL_DIR}/ and eval.png into it)", writes=True, folder=True)
     cfg = run_config(source)
     scorer = scorer_for(cfg, asr_model)
     out = []

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import fsspec
 
 from voxrelay.errors import UserError
+from voxrelay.paths import writing
 from voxrelay.storage.counters import CLASS_A, CLASS_B, count
 
 log = logging.getLogger(__name__)
@@ -251,7 +252,7 @@ def check_root(uri: str) -> None:
 
 def _check_local_root(uri: str, path: Path) -> None:
     """A local root is a folder, or can be made one (before minutes of work that could not be written)."""
-    from voxrelay.paths import output_problem
+    from voxrelay.paths import output_problem, remember
 
     if (problem := output_problem(path / "x")) is not None:
         raise StorageError(f"root {uri!r}: {problem}; set `root` to a folder you can write (or a new path)")
@@ -260,6 +261,7 @@ def _check_local_root(uri: str, path: Path) -> None:
     except OSError as err:
         raise StorageError(f"root {uri!r} cannot be created ({err.strerror or err}); set `root` to a folder "
                            "you can write") from None
+    remember("root", path, "set `root` to a folder you can write")  # a full disk later: exit 2 naming it
 
 
 def join(base: str, *parts: str) -> str:
@@ -361,7 +363,7 @@ def write_bytes(uri: str, data: bytes) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
         try:
-            with os.fdopen(fd, "wb") as f:
+            with writing(path), os.fdopen(fd, "wb") as f:  # a full disk names the file, not nothing
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
