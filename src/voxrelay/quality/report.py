@@ -87,11 +87,11 @@ def _jsonl_texts(path: Path, lines: list[str]) -> list[TextRow]:
 
 
 def held_out_rows(cfg, model) -> list:
-    """The run's held-out rows in the order training evaluates them (sorted by id, too long ones left out)."""
-    from voxrelay.data.loader import PreparedDataset
+    """The run's held-out rows as training evaluates them: its eval split (sorted by id), too long ones left out."""
+    from voxrelay.data.prepare import load_index
+    from voxrelay.train.data import eval_split
 
-    rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval").rows, key=lambda r: r.id)
-    return [r for r in rows if model.length(r) <= model.max_length]
+    return [r for r in eval_split(cfg, load_index(cfg.prepared_uri)) if model.length(r) <= model.max_length]
 
 
 def evaluate_step(model, codec, rows: list, step: int, scorer: Scorer, loss_rows: list | None = None,
