@@ -1,6 +1,6 @@
 """One evaluation of a model, shared by training's evals (:mod:`voxrelay.train.evaluate`) and ``voxrelay eval``
 (:mod:`voxrelay.quality.report`) so that both give the same numbers on the same checkpoint: the same context
-(:func:`eval_context`: the family's eval weights, e.g. VibeVoice's EMA head; its generators and the process RNG
+(:func:`eval_context`: the family's eval weights, e.g. an EMA of its weights; its generators and the process RNG
 seeded from ``train.seed``), the same sampling seeds (``step * 1000 + i``) and the same parts, each guarded on its
 own (:class:`EvalParts`): a part that fails is a warning naming it, counted in ``eval/failed_parts``, and what the
 other parts computed is still logged (an eval that disappeared whole would hide its loss from early stopping and
