@@ -1,7 +1,8 @@
 """Speech scores as a user meets them: every eval of `voxrelay train` logs WER/CER and speaker
 similarity (metrics, TensorBoard text, samples/step-N/scores.jsonl); `voxrelay eval` scores any
-checkpoint the same way (same seeds: the same transcripts as training's eval at that step), a table
-for --all, the plot <run>/eval.png, --texts on an export; bad input is one line and exit 2."""
+checkpoint exactly as training's eval did at that step, for every family (the same weights, seeds and
+texts); a model that stops at once is evaluated, not lost; a table for --all, the plot <run>/eval.png,
+--texts on an export; bad input is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from tests.integration.runner import CONFIG, env_for, voxrelay
 from tests.integration.tiny import tiny
+from voxrelay.cli import app
 
 # the demo's phoneme input end to end (train, checkpoint, eval, export, eval of the export)
 SCORED = ("eval.asr={}", "eval.speaker_similarity=true", "train.eval_synth=2", "eval.temperature=0.5",
-          "model.tokenizer=phonemes")
+          "model.tokenizer=phonemes", "model.dropout=0.1")
 
 
 @pytest.fixture(scope="module")
@@ -57,23 +60,160 @@ def test_every_training_eval_logs_wer_cer_and_speaker_similarity(trained):
     assert heard.startswith(f"text: {rows[0]['text']}") and f"heard: {rows[0]['transcript']}" in heard
 
 
-def test_eval_of_a_checkpoint_reproduces_trainings_eval_at_that_step(trained):
-    _, env, run = trained
-    # training spoke the first 2 held-out texts (train.eval_synth) with these seeds: --num 2
-    res = voxrelay("eval", str(run), "--step", "6", "--num", "2", "--json", env=env)
-    assert res.returncode == 0, res.stderr
-    (result,) = [json.loads(line) for line in res.stdout.splitlines()]
-    training = next(m for m in _jsonl(run / "metrics.jsonl") if m["step"] == 6 and "eval/loss" in m)
-    assert result["step"] == 6 and set(result) - {"step"} == set(training) - {"step", "time"}
-    for key, value in training.items():
-        if key.startswith("eval/"):
-            assert result[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
-    on_demand = _jsonl(run / "eval" / "step-00000006" / "scores.jsonl")
-    assert on_demand == _jsonl(run / "samples" / "step-00000006" / "scores.jsonl")
-    # by default every held-out text (3 here)
-    res = voxrelay("eval", str(run), "--step", "6", env=env)
-    assert res.returncode == 0, res.stderr
-    assert len(_jsonl(run / "eval" / "step-00000006" / "scores.jsonl")) == 3
+def _eval(run: Path, *args) -> list[dict]:
+    """`voxrelay eval RUN ARGS --json` in this process: one result per step."""
+    res = CliRunner().invoke(app, ["eval", str(run), *map(str, args), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+
+
+class TinyRuns:
+    """Tiny runs of the model families trained in this process (each family's parts and data made once), with the
+    settings of its end-to-end test (dropout on: an eval that left dropout on would differ); 2 steps, training's
+    evals at steps 0 and 2 speak the first held-out text (train.eval_synth=1)."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.made: dict[str, tuple[str, object]] = {}
+
+    def settings(self, family: str) -> tuple[str, object]:
+        if family not in self.made:
+            self.made[family] = _family_settings(family, self.base / family)
+        return self.made[family]
+
+    def train(self, family: str, *extra: str):
+        from voxrelay.config import load_config
+        from voxrelay.data.prepare import prepare
+        from voxrelay.train.build import build_run
+        from voxrelay.train.loop import train
+
+        config, settings = self.settings(family)
+        cfg = load_config(config, settings(str(self.base / family / "root"), "train.max_steps=2", "train.eval_every=2",
+                                           "checkpoint.every_steps=2", "train.eval_synth=1", *extra))
+        prepare(cfg)  # once per family: the data is found prepared afterwards
+        run = build_run(cfg)
+        assert train(run).exit_code == 0
+        return run
+
+
+def _family_settings(family: str, parts: Path) -> tuple[str, object]:
+    """(config file, settings function) of ``family``'s end-to-end test, its tiny parts written under ``parts``."""
+    if family == "orpheus":
+        from tests.helpers.orpheus import save_llama3_tokenizer, save_tiny_llama, save_tiny_snac
+        from tests.integration import test_orpheus as t
+
+        save_tiny_llama(parts / "orpheus", save_llama3_tokenizer(parts / "llama3-tokenizer"))
+        save_tiny_snac(parts / "snac")
+        settings = t.settings(parts)
+        return t.EXAMPLE, lambda root, *extra: settings(root, "eval.asr=null", "eval.speaker_similarity=false", *extra)
+    if family == "parler":
+        from tests.helpers.parler import make_parler_corpus, save_parts
+        from tests.helpers.speech import SENTENCES
+        from tests.integration import test_parler as t
+
+        return t.EXAMPLE, t.settings(save_parts(parts / "parts"), make_parler_corpus(parts / "corpus", SENTENCES[:5]))
+    from tests.helpers.vibevoice import save_tiny_vibevoice
+    from tests.integration import test_vibevoice as t
+
+    return t.EXAMPLE, t.settings(save_tiny_vibevoice(parts / "tiny-vibevoice"))  # speaker similarity on
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    import huggingface_hub.constants
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the runs of `trained` (OMP_NUM_THREADS=1): the same arithmetic
+    with pytest.MonkeyPatch.context() as mp:
+        base = tmp_path_factory.mktemp("families")
+        mp.setenv("VOXRELAY_CACHE", str(base / "cache"))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # (read at import: set both)
+        yield TinyRuns(base)
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("family", ["codec_lm", "orpheus", "parler", "vibevoice"])
+def test_voxrelay_eval_equals_trainings_eval_on_the_same_checkpoint(family, trained, tiny_runs, monkeypatch):
+    """`voxrelay eval --step N --num <train.eval_synth>` gives exactly the numbers training's eval logged at step N:
+    the same weights (VibeVoice: its diffusion head's EMA), the family's generators seeded alike (VibeVoice's
+    σ-VAE and diffusion noise), the same texts and sampling seeds. Exactly: one process, one thread, the same
+    operations on the same tensors (training's eval runs on the weights the checkpoint then saves)."""
+    if family == "codec_lm":  # the demo family: the run trained above (a CLI train, Whisper and speaker similarity)
+        base, _, run = trained
+        monkeypatch.setenv("VOXRELAY_CACHE", str(base / "cache"))
+        step, num = 6, 2
+    else:
+        run, step, num = tiny_runs.train(family, f"name={family}-eval").local_dir, 2, 1
+    training = next(m for m in _jsonl(run / "metrics.jsonl") if m["step"] == step and "eval/loss" in m)
+    (result,) = _eval(run, "--step", step, "--num", num)
+    assert result.pop("step") == step and training.pop("step") == step and training.pop("time")
+    assert {k: (v, training.get(k)) for k, v in result.items() if v != training.get(k)} == {}
+    assert set(result) == set(training)
+    on_demand = _jsonl(run / "eval" / f"step-{step:08d}" / "scores.jsonl")
+    assert on_demand == _jsonl(run / "samples" / f"step-{step:08d}" / "scores.jsonl")
+
+
+def test_eval_speaks_every_held_out_text_by_default(trained, monkeypatch):
+    base, _, run = trained
+    monkeypatch.setenv("VOXRELAY_CACHE", str(base / "cache"))
+    (result,) = _eval(run, "--step", "6")
+    assert result["step"] == 6 and len(_jsonl(run / "eval" / "step-00000006" / "scores.jsonl")) == 3
+
+
+def test_a_model_that_stops_at_once_is_evaluated_not_lost(tiny_runs, monkeypatch, caplog, tmp_path):
+    """A model that ends every utterance before its first frame (VibeVoice's EOS made certain by a logits
+    processor): each eval is logged whole — loss, stopped_frac 1, empty_frac 1, length ratio 0, silence 1 — its
+    empty clips reach TensorBoard and the samples folder, early stopping and keep_best see its loss; `voxrelay eval`
+    says the same, with references (held-out) and without (--texts)."""
+    import logging
+
+    import soundfile as sf
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from voxrelay.models.vibevoice.modeling import VibeVoiceTrainer
+
+    class EndAtOnce(LogitsProcessor):
+        def __init__(self, eos: int):
+            self.eos = eos
+
+        def __call__(self, input_ids, scores):
+            return torch.full_like(scores, -torch.inf).index_fill_(1, torch.tensor([self.eos]), 0.0)
+
+    generate = VibeVoiceTrainer.generate_speech
+
+    def ends_at_once(self, **kwargs):
+        return generate(self, logits_processor=LogitsProcessorList([EndAtOnce(kwargs["eos_token_id"])]), **kwargs)
+
+    monkeypatch.setattr(VibeVoiceTrainer, "generate_speech", ends_at_once)
+    caplog.set_level(logging.WARNING)
+    run = tiny_runs.train("vibevoice", "name=stops-at-once", "checkpoint.keep_best=true")
+    folder = run.local_dir
+    evals = [m for m in _jsonl(folder / "metrics.jsonl") if "eval/loss" in m]
+    assert [m["step"] for m in evals] == [0, 2], caplog.text
+    for m in evals:
+        found = [m.get(k) for k in ("eval/empty_frac", "eval/stopped_frac", "eval/length_ratio", "eval/silent_frac")]
+        assert found == [1.0, 1.0, 0.0, 1.0], m
+        assert "eval/failed_parts" not in m and "eval/mcd_dtw" not in m, m  # no audio: no distance to measure
+    assert "failed" not in caplog.text
+    assert run.loop.best_eval_loss == min(m["eval/loss"] for m in evals)  # early stopping counted both
+    (saved,) = [c for c in run.checkpoints.store.list() if c.step == 2]
+    assert saved.metrics["eval/loss"] == evals[-1]["eval/loss"]  # what keep_best compares
+    events = EventAccumulator(str(folder / "tensorboard"), size_guidance={"audio": 0}).Reload()
+    assert [e.step for e in events.Audio("eval/sample_0")] == [0, 2]
+    (clip,) = (folder / "samples" / "step-00000002").glob("*.wav")
+    assert sf.info(clip).frames == 0
+
+    (result,) = _eval(folder, "--step", "2", "--num", "1")
+    assert result == {"step": 2, **{k: v for k, v in evals[-1].items() if k not in ("step", "time")}}
+    texts = tmp_path / "texts.txt"
+    texts.write_text("en-us|Hello there.\n")
+    (spoken,) = _eval(folder, "--step", "2", "--texts", texts)
+    assert [spoken.get(k) for k in ("eval/empty_frac", "eval/stopped_frac", "eval/silent_frac")] == [1.0] * 3, spoken
+    assert sf.info(folder / "eval" / "step-00000002" / "text-0001.wav").frames == 0
 
 
 def test_eval_all_prints_a_table_per_checkpoint_and_writes_the_plot(trained):

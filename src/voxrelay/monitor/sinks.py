@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from voxrelay import storage
-from voxrelay.errors import UserError
+from voxrelay.errors import UserError, one_line
 from voxrelay.paths import METRICS_FILE
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,12 @@ class TensorBoardSink:
         self.writer.flush()
 
     def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None:
-        self.writer.add_audio(tag, np.clip(wav, -1, 1)[None, :], step, sample_rate=sample_rate)
+        """``wav`` float [N] at ``sample_rate``; a clip under 2 samples (a model that stopped at once generates none)
+        is written as 2 samples of silence: TensorBoard refuses shorter ones, and the step must still show a clip."""
+        wav = np.clip(np.asarray(wav, dtype=np.float32).reshape(-1), -1, 1)
+        if wav.size < 2:
+            wav = np.zeros(2, dtype=np.float32)
+        self.writer.add_audio(tag, wav[None, :], step, sample_rate=sample_rate)
         self.writer.flush()
 
     def log_text(self, step: int, tag: str, text: str) -> None:
@@ -125,7 +130,8 @@ class WandbSink:
 
 
 class Monitor:
-    """Fans metrics out to the sinks; only rank 0 has sinks."""
+    """Fans metrics out to the sinks; only rank 0 has sinks. An eval gives its audio and transcripts to each sink
+    itself (:mod:`voxrelay.train.evaluate`: one sink failing is one part of the eval failing)."""
 
     def __init__(self, sinks: list[MetricSink], local_dir: Path | None, run_uri: str,
                  guard: Callable[[], None] | None = None):
@@ -136,16 +142,14 @@ class Monitor:
         self._sync_thread: threading.Thread | None = None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Each sink on its own: one that fails (a full disk under TensorBoard's folder) is a warning, and the
+        others still get the metrics (metrics.jsonl is what early stopping's record and ``status`` read)."""
         for sink in self.sinks:
-            sink.log(step, metrics)
-
-    def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None:
-        for sink in self.sinks:
-            sink.log_audio(step, tag, wav, sample_rate)
-
-    def log_text(self, step: int, tag: str, text: str) -> None:
-        for sink in self.sinks:
-            sink.log_text(step, tag, text)
+            try:
+                sink.log(step, metrics)
+            except Exception as err:  # noqa: BLE001 (any sink's own error: the other sinks must still write)
+                log.warning("the metrics of step %d were not written to %s (%s: %s)", step, type(sink).__name__,
+                            type(err).__name__, one_line(err)[:300])
 
     def sync(self, wait: bool = False) -> None:
         """Copy the local metric files to a remote run folder in a background thread (no-op for a

@@ -1,8 +1,9 @@
 """``voxrelay eval``: the evaluation of training, on demand, for any checkpoint of a run or an export.
 
 For each step asked for: held-out loss, MCD-DTW, WER/CER and speaker similarity of the run's
-held-out texts (or of ``--texts``, then WER/CER only), with the seeds training used at that step
-(``step * 1000 + i``), so the numbers are comparable with the training curves. Results go to
+held-out texts (or of ``--texts``, then WER/CER only), by training's own eval
+(:func:`~voxrelay.quality.evaluation.evaluate_model`: the weights it evaluates with, its seeds, the same texts),
+so ``--step N --num <train.eval_synth>`` gives the numbers training logged at step N. Results go to
 ``<run>/eval/results.jsonl`` and ``<run>/eval/step-N/`` (wavs, scores.jsonl), and the curves of
 every eval so far to ``<run>/eval.png``.
 """
@@ -20,7 +21,7 @@ from voxrelay import storage
 from voxrelay.errors import UserError
 from voxrelay.paths import check_path
 from voxrelay.quality.config import EvalConfig
-from voxrelay.quality.samples import TextRow, generate_samples, held_out_loss
+from voxrelay.quality.samples import TextRow
 from voxrelay.quality.scorer import Scorer
 
 EVAL_DIR = "eval"
@@ -87,30 +88,30 @@ def _jsonl_texts(path: Path, lines: list[str]) -> list[TextRow]:
 
 
 def held_out_rows(cfg, model) -> list:
-    """The run's held-out rows in the order training evaluates them (sorted by id, too long ones left out)."""
-    from voxrelay.data.loader import PreparedDataset
+    """The run's held-out rows as training evaluates them: its eval split (sorted by id), too long ones left out."""
+    from voxrelay.data.prepare import load_index
+    from voxrelay.train.data import eval_split
 
-    rows = sorted(PreparedDataset.open(cfg.prepared_uri, "eval").rows, key=lambda r: r.id)
-    return [r for r in rows if model.length(r) <= model.max_length]
+    return [r for r in eval_split(cfg, load_index(cfg.prepared_uri)) if model.length(r) <= model.max_length]
 
 
-def evaluate_step(model, codec, rows: list, step: int, scorer: Scorer,
-                  loss_rows: list | None = None) -> tuple[dict[str, float], list, list[dict]]:
-    """(metrics, samples, per-sample scores) of ``model`` at ``step`` speaking ``rows``; the held-out
-    loss over ``loss_rows``."""
+def evaluate_step(model, codec, rows: list, step: int, scorer: Scorer, loss_rows: list | None = None,
+                  seed: int = 0) -> tuple[dict[str, float], list, list[dict]]:
+    """(metrics, samples, per-sample scores) of ``model`` at ``step`` speaking ``rows``; the held-out loss over
+    ``loss_rows``; the eval of training itself (:func:`~voxrelay.quality.evaluation.evaluate_model`: the same
+    context, ``seed`` its ``train.seed``), so a checkpoint gives the numbers training logged at its step."""
     import torch
+
+    from voxrelay.quality.evaluation import EvalParts, evaluate_model
 
     given = [r for r in rows if isinstance(r, TextRow) and r.description]
     if given and "description" not in model.request_fields:
         raise EvalError(f"text {given[0].id} has a description, but model.family={model.family} takes none; "
                         "leave the description fields out of --texts")
-    results = {}
-    if loss_rows:
-        results |= held_out_loss(model, model.module, loss_rows, torch.device("cpu"))
-    samples, synth = generate_samples(model, codec, rows, step * 1000, temperature=scorer.cfg.temperature,
-                                      top_k=scorer.cfg.top_k)
-    scores, per_sample = scorer.score(samples)
-    return results | synth | scores, samples, per_sample
+    parts = EvalParts(step, fatal=(UserError,))  # bad input stays exit 2, with its message
+    result = evaluate_model(model, codec, loss_rows, rows, step, seed, scorer.cfg, scorer, parts,
+                            device=torch.device("cpu"))
+    return result.metrics | parts.metrics(), result.samples, result.scores
 
 
 def save_step(run_uri: str, step: int, metrics: dict, samples: list, per_sample: list[dict], what: str) -> None:
@@ -186,7 +187,8 @@ def evaluate_source(source: str, step: int | None = None, all_steps: bool = Fals
         model, codec, at = load_from_run(source, wanted)
         progress(f"evaluating {source} at step {at} ({what})")
         held_out = held_out_rows(cfg, model)
-        metrics, samples, per_sample = evaluate_step(model, codec, rows or held_out[:num], at, scorer, held_out)
+        metrics, samples, per_sample = evaluate_step(model, codec, rows or held_out[:num], at, scorer, held_out,
+                                                     cfg.train.seed)
         save_step(source, at, metrics, samples, per_sample, what)
         out.append((at, metrics))
     from voxrelay.quality.plot import write_plot

@@ -107,10 +107,15 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
                      speaker: str | None = None, temperature: float = 0.8,
                      top_k: int | None = 50) -> tuple[list[Sample], dict[str, float]]:
     """Speak each row's text (seed ``seed_base + i``; a row with codes may run to twice its length +
-    20 frames): ``eval/silent_frac`` (the share of the generated audio that is silence: a run that learned
-    to generate silence shows it before anything else); with references also ``eval/mcd_dtw``,
-    ``eval/stopped_frac``, ``eval/length_ratio``."""
-    samples, mcds, stopped, ratios, silent = [], [], 0, [], []
+    20 frames, one without to ``max_seconds``): ``eval/silent_frac`` (the share of the generated audio that is
+    silence: a run that learned to generate silence shows it before anything else), ``eval/stopped_frac`` (the
+    share that ended by itself before its limit) and ``eval/empty_frac`` (the share with no audio at all: a model
+    that stops at once); with references also ``eval/length_ratio`` and ``eval/mcd_dtw``.
+
+    A sample with no audio is a finding, not an error: its wav is empty (0 samples), it counts as silence and as
+    stopped, its length ratio is 0, and it is left out of the MCD mean (no distance to nothing: the old 1-sample
+    stand-in scored *better* than speech)."""
+    samples, mcds, ratios, silent, stopped, empty = [], [], [], [], 0, 0
     for i, row in enumerate(rows):
         has_ref = row.codes is not None
         ref_frames = _ref_frames(model, codec, row) if has_ref else 0
@@ -120,22 +125,25 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
                              top_k=top_k)
         voices = model.voice_references(request) if hasattr(model, "voice_references") else None
         frames = speech.frames
-        wav = speech.wav if frames else np.zeros(1, dtype=np.float32)
-        silent.append(silent_fraction(wav, speech.sample_rate))
+        wav = np.asarray(speech.wav, dtype=np.float32) if frames else np.zeros(0, dtype=np.float32)
+        silent.append(silent_fraction(wav, speech.sample_rate))  # 1.0 for no audio
+        stopped += int(frames < max_frames)
+        empty += int(wav.size == 0)
         ref = None
         if has_ref:
-            stopped += int(frames < max_frames)
             ratios.append(frames / max(ref_frames, 1))
             ref = row.ref_audio if row.ref_audio is not None else codec.decode(row.codes)
-            mcds.append(mcd_dtw(ref, wav, codec.sample_rate))
+            if wav.size:
+                mcds.append(mcd_dtw(ref, wav, codec.sample_rate))
         spoken = model.spoken_text(row.text) if hasattr(model, "spoken_text") else row.text
         samples.append(Sample(row.id, spoken, wav, speech.sample_rate, ref, codec.sample_rate,
                               voices if voices and len(voices) > 1 else None))
-    quiet = {"eval/silent_frac": float(np.mean(silent))} if silent else {}
-    if not mcds:
-        return samples, quiet
-    return samples, quiet | {
-        "eval/mcd_dtw": float(np.mean(mcds)),
-        "eval/stopped_frac": stopped / len(mcds),
-        "eval/length_ratio": float(np.mean(ratios)),
-    }
+    if not rows:
+        return samples, {}
+    out = {"eval/silent_frac": float(np.mean(silent)), "eval/stopped_frac": stopped / len(rows),
+           "eval/empty_frac": empty / len(rows)}
+    if mcds:
+        out["eval/mcd_dtw"] = float(np.mean(mcds))
+    if ratios:
+        out["eval/length_ratio"] = float(np.mean(ratios))
+    return samples, out

@@ -8,6 +8,7 @@ the first evaluation says so once and the others go on without that score.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,25 +60,37 @@ class Scorer:
                 log.warning("eval: %s not measured: %s", "WER/CER" if kind == "asr" else "speaker similarity", err)
         return self._models[kind]
 
-    def score(self, samples: list[Sample]) -> tuple[dict[str, float], list[dict]]:
-        """(set metrics ``eval/wer``, ``eval/cer``, ``eval/speaker_sim``, one row per sample)."""
-        rows = [{"id": s.id, "text": s.text} for s in samples]
+    def score(self, samples: list[Sample], parts=None) -> tuple[dict[str, float], list[dict]]:
+        """(set metrics ``eval/wer``, ``eval/cer``, ``eval/speaker_sim``, one row per sample). ``parts``: an
+        :class:`~voxrelay.quality.evaluation.EvalParts` that runs WER/CER and speaker similarity each on its own
+        (one failing leaves the other's scores); None: an error propagates. A sample with no audio (a model that
+        stopped at once) is heard as nothing (WER 1) and has no speaker similarity."""
+        rows = [{"id": s.id, "text": s.text, "seconds": round(len(s.wav) / s.sample_rate, 3)} for s in samples]
         metrics: dict[str, float] = {}
         if not samples:
             return metrics, rows
+        guard = parts.part if parts is not None else (lambda name: contextlib.nullcontext())
         asr = self._load("asr") if self.cfg.asr is not None else None
         if asr is not None:
-            hyps = asr.transcribe([(s.wav, s.sample_rate) for s in samples], self.cfg.asr.language)
-            total = None
-            for row, sample, hyp in zip(rows, samples, hyps, strict=True):
-                e = errors(sample.text, hyp)
-                total = e if total is None else total + e
-                row |= {"transcript": hyp, "wer": round(e.wer, 4), "cer": round(e.cer, 4)}
-            metrics |= {"eval/wer": total.wer, "eval/cer": total.cer}
+            with guard("WER/CER"):
+                metrics |= _intelligibility(asr, self.cfg.asr.language, rows, samples)
         encoder = self._load("speaker") if self.cfg.speaker_similarity else None
         if encoder is not None:
-            metrics |= _similarities(encoder, rows, samples)
+            with guard("speaker similarity"):
+                metrics |= _similarities(encoder, rows, samples)
         return metrics, rows
+
+
+def _intelligibility(asr, language: str | None, rows: list[dict], samples: list[Sample]) -> dict[str, float]:
+    """``eval/wer`` and ``eval/cer`` of the set (edits over the reference words of every sample); each row gets its
+    transcript and scores."""
+    hyps = asr.transcribe([(s.wav, s.sample_rate) for s in samples], language)  # an empty sample is heard as ""
+    total = None
+    for row, sample, hyp in zip(rows, samples, hyps, strict=True):
+        e = errors(sample.text, hyp)
+        total = e if total is None else total + e
+        row |= {"transcript": hyp, "wer": round(e.wer, 4), "cer": round(e.cer, 4)}
+    return {"eval/wer": total.wer, "eval/cer": total.cer}
 
 
 def _similarities(encoder, rows: list[dict], samples: list[Sample]) -> dict[str, float]:
@@ -88,6 +101,8 @@ def _similarities(encoder, rows: list[dict], samples: list[Sample]) -> dict[str,
     sims: list[float] = []
     by_speaker: dict[int, list[float]] = {}
     for row, s in zip(rows, samples, strict=True):
+        if not len(s.wav):
+            continue  # no audio, no voice to compare (empty_frac and length_ratio say it)
         if s.voices:
             found = per_speaker(encoder, s.wav, s.sample_rate, s.voices)
             for i, sim in found.items():

@@ -2,53 +2,64 @@
 their reference recordings with MCD-DTW (dB, lower is better), intelligibility (Whisper WER/CER)
 and speaker similarity (:mod:`voxrelay.quality`), so a user sees offline whether the model is
 learning to speak. Samples and their transcripts go to TensorBoard and ``<run>/samples/step-N/``.
+
+The eval itself is :func:`voxrelay.quality.evaluation.evaluate_model`, the one ``voxrelay eval`` runs too: the
+same weights, seeds and texts give the same numbers. Each part is guarded on its own, here the sinks and the
+samples folder too: what was computed is logged and reaches early stopping and keep_best.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 
 import numpy as np
 import soundfile as sf
 
-from voxrelay.quality.samples import generate_samples, held_out_loss
-from voxrelay.train.state import rng_state, seed_generators, set_rng_state
+from voxrelay.quality.evaluation import EvalParts, EvalResult, evaluate_model
+from voxrelay.quality.samples import held_out_loss
 
 SAMPLES_DIR = "samples"
-SCORES_FILE = "scores.jsonl"  # per sample of an eval: id, text, transcript, wer, cer, speaker_sim
+SCORES_FILE = "scores.jsonl"  # per sample of an eval: id, text, seconds, transcript, wer, cer, speaker_sim
 
 
 def eval_loss(run) -> dict[str, float]:
+    """The held-out loss of the run's model as it is now (no eval context: the caller's weights and RNG)."""
     return held_out_loss(run.model, run.module, run.eval_rows, run.accelerator.device, run.accelerator.autocast)
 
 
-def synthesize_eval(run, step: int) -> dict[str, float]:
-    """Generate ``train.eval_synth`` held-out texts; MCD-DTW vs the reference recordings, then
-    (rank 0) WER/CER and speaker similarity."""
-    ec = run.cfg.eval
-    samples, results = generate_samples(run.model, run.codec, run.eval_rows[: run.cfg.train.eval_synth], step * 1000,
-                                        temperature=ec.temperature, top_k=ec.top_k)
-    if not samples or not run.accelerator.is_main_process:
-        return results
-    for i, sample in enumerate(samples):
-        run.monitor.log_audio(step, f"eval/sample_{i}", sample.wav, sample.sample_rate)
-        _save_wav(run, step, sample.id, sample.wav, sample.sample_rate)
-    if run.scorer is not None:
-        scores, rows = run.scorer.score(samples)
-        results |= scores
-        _log_scores(run, step, rows)
-    return results
+def evaluate(run, step: int) -> dict[str, float]:
+    """The eval of ``step``: the loss on every rank; samples on rank 0 (on every rank with sharded weights: each
+    forward needs them all), scored, logged and saved by rank 0. Returns what was measured, with
+    ``eval/failed_parts`` when a part failed."""
+    acc, tc = run.accelerator, run.cfg.train
+    parts = EvalParts(step)
+    speaks = acc.is_main_process or run.sharded
+    result = evaluate_model(run.model, run.codec, run.eval_rows, run.eval_rows[: tc.eval_synth] if speaks else [],
+                            step, tc.seed, run.cfg.eval, run.scorer if acc.is_main_process else None, parts,
+                            module=run.module, device=acc.device, autocast=acc.autocast)
+    if acc.is_main_process:
+        _publish(run, step, result, parts)
+    acc.wait_for_everyone()
+    return result.metrics | parts.metrics()
 
 
-def _log_scores(run, step: int, rows: list[dict]) -> None:
-    """Per sample: the transcript (TensorBoard text) and its scores in ``samples/step-N/scores.jsonl``."""
-    for i, row in enumerate(rows):
-        if "transcript" in row:
-            run.monitor.log_text(step, f"eval/sample_{i}", f"text: {row['text']}  \nheard: {row['transcript']}")
-    path = run.local_dir / SAMPLES_DIR / f"step-{step:08d}" / SCORES_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+def _publish(run, step: int, result: EvalResult, parts: EvalParts) -> None:
+    """The samples to every sink (each on its own) and into ``samples/step-N/`` with their scores."""
+    for sink in run.monitor.sinks:
+        with parts.part(f"{type(sink).__name__} audio"):
+            for i, sample in enumerate(result.samples):
+                sink.log_audio(step, f"eval/sample_{i}", sample.wav, sample.sample_rate)
+        heard = [(i, row) for i, row in enumerate(result.scores) if "transcript" in row]
+        with parts.part(f"{type(sink).__name__} transcripts"):
+            for i, row in heard:
+                sink.log_text(step, f"eval/sample_{i}", f"text: {row['text']}  \nheard: {row['transcript']}")
+    with parts.part("the samples folder"):
+        for sample in result.samples:
+            _save_wav(run, step, sample.id, sample.wav, sample.sample_rate)
+        if result.scores:
+            path = run.local_dir / SAMPLES_DIR / f"step-{step:08d}" / SCORES_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(row) + "\n" for row in result.scores))
 
 
 def _save_wav(run, step: int, utt_id: str, wav: np.ndarray, sample_rate: int) -> None:
@@ -58,43 +69,3 @@ def _save_wav(run, step: int, utt_id: str, wav: np.ndarray, sample_rate: int) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     sf.write(path, wav, sample_rate, format="WAV", subtype="PCM_16")
 
-
-@contextlib.contextmanager
-def _eval_generators(model, seed: int):
-    """The family's generators seeded alike for every eval (comparable losses from one eval to the next),
-    and given back their training states afterwards: an eval must not change what training draws next (a
-    resumed run, which evaluates at other steps, would diverge)."""
-    gens = model.generators()
-    saved = {name: g.get_state() for name, g in gens.items()}
-    seed_generators(gens, seed, rank=-1)
-    try:
-        yield
-    finally:
-        for name, g in gens.items():
-            g.set_state(saved[name])
-
-
-@contextlib.contextmanager
-def _training_rng():
-    """Give training back its RNG state (python, numpy, torch and this GPU's) once an eval is done: an eval
-    that draws from it — the speaker encoder's layers are initialised when it loads at the first eval of a
-    session — would make a resumed run diverge from a straight one."""
-    saved = rng_state()
-    try:
-        yield
-    finally:
-        set_rng_state(saved)
-
-
-def evaluate(run, step: int) -> dict[str, float]:
-    with _training_rng(), _eval_generators(run.model, run.cfg.train.seed), run.model.eval_weights():
-        return _evaluate(run, step)
-
-
-def _evaluate(run, step: int) -> dict[str, float]:
-    results = eval_loss(run)
-    # sharded weights: every rank takes part in each forward, so every rank generates (the same codes)
-    if run.accelerator.is_main_process or run.sharded:
-        results |= synthesize_eval(run, step)
-    run.accelerator.wait_for_everyone()
-    return results

@@ -171,7 +171,7 @@ def _train(run: Run) -> TrainResult:
             meter.add(stats.tokens, stats.audio_seconds, waited)
             _log_step(run, stats, meter, bar)
             results = _evaluate(run, stops, bar, time.time() - started)
-            new_best = bool(results) and ck.keep_best and loop.evals_since_best == 0  # keep_best needs it saved
+            new_best = "eval/loss" in results and ck.keep_best and loop.evals_since_best == 0  # keep_best: saved
             decision = stops.agree(time.time() - started, best=new_best)
             last = decision.stop is not None or loop.step == tc.max_steps
             if (decision.save or last) and decision.stop != LEASE_LOST:  # taken over: write nothing
@@ -196,13 +196,14 @@ def _evaluate(run: Run, stops: Stops, bar: ProgressLine, step_s: float) -> dict:
         return {}
     run.monitor.log(loop.step, results)
     bar.note(f"eval @{loop.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in results.items()))
-    loop.record_eval(results["eval/loss"])
+    if "eval/loss" in results:  # its part failed (a warning said so): not an eval "without improvement"
+        loop.record_eval(results["eval/loss"])
     return results
 
 
 def _guarded_eval(run: Run, step: int) -> dict:
-    """The eval of ``step``, or {} when it fails (reported): an eval must never cost the run its checkpoint
-    (upstream users lose runs to evaluation crashing at the end of training)."""
+    """The eval of ``step``, or {} when it fails outside its guarded parts (reported): an eval must never cost the
+    run its checkpoint (upstream users lose runs to evaluation crashing at the end of training)."""
     try:
         return evaluate(run, step)
     except Exception as err:  # noqa: BLE001

@@ -77,7 +77,7 @@ def test_without_the_extra_eval_says_once_how_to_enable_it_and_goes_on():
     res = subprocess.run([sys.executable, "-c", BLOCKED], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     outputs = [json.loads(line) for line in res.stdout.splitlines()]
-    assert outputs == [[{}, [{"id": "a", "text": "hello"}]]] * 2
+    assert outputs == [[{}, [{"id": "a", "text": "hello", "seconds": 1.0}]]] * 2
     warnings = [line for line in res.stderr.splitlines() if "not measured" in line]
     assert len(warnings) == 2, res.stderr  # WER/CER once, speaker similarity once, for both evals
     assert all("pip install 'voxrelay[eval]'" in line for line in warnings), warnings
