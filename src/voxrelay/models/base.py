@@ -118,10 +118,13 @@ def check_request(model: Any, request: Request) -> None:
                            f"{'it' if len(unused) == 1 else 'them'} out (e.g. drop --description, or the JSONL field)")
 
 
-def request_for(model: Any, text: str, speaker: str | None = None, description: str | None = None) -> Request:
+def request_for(model: Any, text: str, speaker: str | None = None, description: str | None = None,
+                voice_prompts: tuple[np.ndarray, ...] = ()) -> Request:
     """A request built from data (a held-out row, an eval text): the fields ``model`` does not take are
-    left out rather than refused (a dataset may carry descriptions that a codes-only family ignores)."""
-    return Request(text, speaker, description if "description" in model.request_fields else None)
+    left out rather than refused (a dataset may carry descriptions, or a row its voice prompts, that a
+    family ignores)."""
+    return Request(text, speaker, description if "description" in model.request_fields else None,
+                   tuple(voice_prompts) if "voice_prompts" in model.request_fields else ())
 
 
 def speak_codes(model: Any, request: Request, codec: Any, max_frames: int | None, temperature: float,

@@ -62,3 +62,18 @@ def test_synthesize_speaks_seed_003s_one_line_dialogue_with_a_prompt_per_speaker
     assert speech.sample_rate == 24000 and speech.frames <= 2 and speech.wav.size == speech.frames * 3200
     assert np.isfinite(speech.wav).all()
     assert [c.size for c in model.voice_references(Request(SEED_LINE, voice_prompts=clips))] == [24000, 12000]
+
+
+def test_an_eval_speaks_a_held_out_row_with_its_own_voice_prompts(model):
+    """Training's and `voxrelay eval`'s samples (quality.samples.generate_samples) prompt each speaker of a
+    held-out row with the row's own clips, as its training example does, and score speaker similarity
+    against them."""
+    from voxrelay.quality.samples import generate_samples
+
+    a, b = _clip(1.0, 300.0), _clip(0.5, 500.0)
+    row = _row("d001", 1.0, (a, b))
+    row.ref_audio = None
+    samples, _ = generate_samples(model, PCM, [row], seed_base=0)
+    voices = samples[0].voices
+    assert voices is not None and [v.size for v in voices] == [24000, 12000]
+    assert np.allclose(voices[1] / np.abs(voices[1]).max(), b.reshape(-1) / np.abs(b).max(), atol=1e-3)
