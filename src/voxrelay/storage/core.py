@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 import fsspec
 
-from voxrelay.errors import UserError
+from voxrelay.errors import UserError, one_line
+from voxrelay.storage.backends import endpoint_hint, open_filesystem, unreachable
 from voxrelay.storage.counters import CLASS_A, CLASS_B, count
 
 log = logging.getLogger(__name__)
@@ -133,8 +134,11 @@ def _env_number(name: str, default: float, kind: type[int] | type[float], minimu
     return value
 
 
-def retry(fn: Callable[[], T], what: str, attempts: int | None = None, base_delay: float | None = None) -> T:
+def retry(fn: Callable[[], T], what: str, attempts: int | None = None, base_delay: float | None = None,
+          first_contact: bool = False) -> T:
     """Call ``fn``; on a named transient error wait (exponential backoff + jitter) and retry.
+    ``first_contact``: an endpoint that cannot be reached at all (its host does not resolve, nothing listens)
+    is not retried: raised at once as :class:`StorageUnavailable` naming the endpoint.
 
     ``attempts`` (calls in all) and ``base_delay`` (seconds before the first retry, doubled each time,
     capped at 30 s) default to $VOXRELAY_RETRY_ATTEMPTS (5) and $VOXRELAY_RETRY_BASE_DELAY (0.5).
@@ -150,6 +154,11 @@ def retry(fn: Callable[[], T], what: str, attempts: int | None = None, base_dela
             if denied(err):
                 raise StorageDenied(f"access to {_bucket(what)} was denied ({what}: {type(err).__name__}: {err}); "
                                    f"{_CREDENTIALS_FIX}") from None
+            if first_contact and (why := unreachable(err)):
+                proto = _split(_bucket(what))[0]
+                raise StorageUnavailable(
+                    f"{_bucket(what)} cannot be reached ({what}): {why} ({one_line(err)[:200]}); check the network "
+                    f"and the endpoint: {endpoint_hint(proto)}") from None
             if not is_transient(err):
                 raise
             if attempt == attempts:
@@ -196,21 +205,7 @@ def local_path(uri: str) -> str:
 @cache
 def _fs(proto: str) -> fsspec.AbstractFileSystem:
     try:
-        if proto == "s3":
-            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-            kw: dict[str, Any] = {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
-            return fsspec.filesystem("s3", **kw)
-        if proto == "gcs":
-            from gcsfs.core import GCSFileSystem
-
-            emulator = os.environ.get("STORAGE_EMULATOR_HOST")
-            if emulator:
-                # The plain class, not fsspec's "gcs": gcsfs chooses that one when it is first imported
-                # from GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT, default on, and the
-                # extended class probes each bucket over gRPC, a 60 s timeout per bucket on an emulator.
-                return GCSFileSystem(endpoint_url=emulator, token="anon", project="voxrelay")
-            return fsspec.filesystem("gcs")
-        return fsspec.filesystem(proto)
+        return open_filesystem(proto)
     except ImportError as err:
         extra = _EXTRAS.get(proto, proto)
         raise StorageError(
@@ -231,22 +226,33 @@ def _fresh(fs: fsspec.AbstractFileSystem, path: str) -> str:
 
 
 def check_root(uri: str) -> None:
-    """Fail fast, naming the bucket and the fix, when a remote root's bucket does not exist or is
-    not accessible (a local root is created as needed)."""
+    """Fail fast, naming the bucket and the fix, when a remote root's bucket does not exist, is not accessible,
+    or cannot be reached at all (a local root is created as needed). The first contact with a bucket: an
+    endpoint that does not resolve or refuses connections is not retried."""
     proto, path = _split(uri)
     if proto == "file":
         return _check_local_root(uri, Path(path))
     if proto == "memory":
         return
     fs, bucket = _fs(proto), path.split("/", 1)[0]
+    scheme = uri.split("://", 1)[0]
     count(CLASS_B)  # the bucket's metadata
-    if not retry(lambda: fs.exists(_fresh(fs, bucket)), f"check {uri}"):
-        scheme = uri.split("://", 1)[0]
+    if not retry(lambda: _bucket_exists(fs, proto, bucket), f"check {uri}", first_contact=True):
         make = f"aws s3 mb s3://{bucket}" if proto == "s3" else f"gcloud storage buckets create gs://{bucket}"
         raise StorageError(
             f"the bucket {scheme}://{bucket} (of root {uri}) does not exist or is not visible to these credentials; "
             f"create it (`{make}`) or fix `root`; if it exists, {_CREDENTIALS_FIX}"
         )
+
+
+def _bucket_exists(fs: fsspec.AbstractFileSystem, proto: str, bucket: str) -> bool:
+    if proto != "s3":
+        return fs.exists(_fresh(fs, bucket))
+    try:  # HeadBucket itself: s3fs' exists() answers False for any error, a network down included
+        fs.call_s3("head_bucket", Bucket=bucket)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _check_local_root(uri: str, path: Path) -> None:
