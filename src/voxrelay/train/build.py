@@ -29,7 +29,7 @@ from voxrelay.data.shards import PrepareError
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model
-from voxrelay.monitor.sinks import TB_DIR, Monitor, build_monitor
+from voxrelay.monitor.sinks import TB_DIR, WANDB_RUN_FILE, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, USAGE_FILE, cache_dir, uri_key
 from voxrelay.plan.fit import check_fits, gpu_memory
 from voxrelay.quality.scorer import Scorer
@@ -314,11 +314,12 @@ def commit_before_others_look(checkpoints: CheckpointManager, found: tuple):
 
 
 def start_over(run_uri: str, checkpoints: CheckpointManager) -> None:
-    """--fresh: remove the run's checkpoints (committed and staged), metrics and usage record."""
+    """--fresh: remove the run's checkpoints (committed and staged), metrics and usage record (and its W&B run id:
+    the new start logs to a new W&B run)."""
     log.warning("--fresh: deleting the checkpoints, metrics and usage record of %s", run_uri)
     for ckpt in checkpoints.staging.list():
         checkpoints.staging.remove(ckpt.step)
-    for name in (CKPT_DIR, METRICS_FILE, USAGE_FILE, TB_DIR, SAMPLES_DIR):
+    for name in (CKPT_DIR, METRICS_FILE, USAGE_FILE, TB_DIR, SAMPLES_DIR, WANDB_RUN_FILE):
         storage.delete(storage.join(run_uri, name), recursive=True)
     local = local_run_dir(run_uri)
     if not storage.is_local(run_uri):
