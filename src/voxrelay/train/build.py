@@ -37,7 +37,7 @@ from voxrelay.train import state as st
 from voxrelay.train.data import build_stream, eval_split
 from voxrelay.train.evaluate import SAMPLES_DIR
 from voxrelay.train.launch_env import apply_accelerate_env
-from voxrelay.train.optim import build_optimizer, build_scheduler, check_available
+from voxrelay.train.optim import build_optimizer, build_scheduler, check_available, started_schedule
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
 from voxrelay.train.ranks import Ranks
 from voxrelay.train.resume import check_compatible, load_weights, restore
@@ -211,6 +211,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     found = None if fresh else _load_latest(checkpoints, accelerator, ranks)
     accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
     if found is not None:
+        keep_started_schedule(cfg, found[2][st.K_CONFIG], accelerator.is_main_process)
         check_compatible(found[2], cfg, index, found[0].step, len({c.step for c in checkpoints.candidates()}))
         load_weights(model, found, cfg, base, len({c.step for c in checkpoints.candidates()}))
         if not is_sharded(found[0].manifest):  # the weights are in the model (a sharded one loads in restore)
@@ -240,6 +241,18 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     elif accelerator.is_local_main_process:  # another machine of the job: its own staging disk
         checkpoints.tidy_local()
     return run
+
+
+def keep_started_schedule(cfg: RunConfig, saved: dict, main: bool) -> None:
+    """A run saved before a schedule default changed goes on with the schedule it started with (see
+    :func:`~voxrelay.train.optim.started_schedule`), said once."""
+    kept = started_schedule(cfg.train, saved)
+    if not kept:
+        return
+    cfg.train = cfg.train.model_copy(update=kept)
+    if main:
+        log.info("resuming with the schedule this run started with: %s (set them in the config to change them)",
+                 ", ".join(f"train.{k}={v}" for k, v in kept.items()))
 
 
 def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Run:
