@@ -106,8 +106,9 @@ def evaluate_step(model, codec, rows: list, step: int, scorer: Scorer,
     results = {}
     if loss_rows:
         results |= held_out_loss(model, model.module, loss_rows, torch.device("cpu"))
-    samples, synth = generate_samples(model, codec, rows, step * 1000, temperature=scorer.cfg.temperature,
-                                      top_k=scorer.cfg.top_k)
+    ec = scorer.cfg
+    samples, synth = generate_samples(model, codec, rows, step * 1000, temperature=ec.temperature, top_k=ec.top_k,
+                                      top_p=ec.top_p, repetition_penalty=ec.repetition_penalty)
     scores, per_sample = scorer.score(samples)
     return results | synth | scores, samples, per_sample
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from voxrelay.metrics import mcd_dtw, silent_fraction
-from voxrelay.models.base import pop_counts, request_for, weighted_mean
+from voxrelay.models.base import pop_counts, request_for, sampling_options, weighted_mean
 from voxrelay.quality.scorer import Sample
 
 
@@ -105,11 +105,11 @@ def _ref_frames(model, codec, row) -> int:
 
 def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: float = 20.0,
                      speaker: str | None = None, temperature: float = 0.8,
-                     top_k: int | None = 50) -> tuple[list[Sample], dict[str, float]]:
+                     top_k: int | None = 50, **options: float | None) -> tuple[list[Sample], dict[str, float]]:
     """Speak each row's text (seed ``seed_base + i``; a row with codes may run to twice its length +
     20 frames): ``eval/silent_frac`` (the share of the generated audio that is silence: a run that learned
     to generate silence shows it before anything else); with references also ``eval/mcd_dtw``,
-    ``eval/stopped_frac``, ``eval/length_ratio``."""
+    ``eval/stopped_frac``, ``eval/length_ratio``. ``options``: top_p, repetition_penalty (None: the family's)."""
     samples, mcds, stopped, ratios, silent = [], [], 0, [], []
     for i, row in enumerate(rows):
         has_ref = row.codes is not None
@@ -117,7 +117,7 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
         max_frames = 2 * ref_frames + 20 if has_ref else int(max_seconds * (_frame_rate(model) or codec.frame_rate))
         request = request_for(model, row.text, row.speaker or speaker, row.description)
         speech = model.speak(request, codec, max_frames=max_frames, seed=seed_base + i, temperature=temperature,
-                             top_k=top_k)
+                             top_k=top_k, **sampling_options(model, **options))
         voices = model.voice_references(request) if hasattr(model, "voice_references") else None
         frames = speech.frames
         wav = speech.wav if frames else np.zeros(1, dtype=np.float32)

@@ -28,7 +28,8 @@ def synthesize_eval(run, step: int) -> dict[str, float]:
     (rank 0) WER/CER and speaker similarity."""
     ec = run.cfg.eval
     samples, results = generate_samples(run.model, run.codec, run.eval_rows[: run.cfg.train.eval_synth], step * 1000,
-                                        temperature=ec.temperature, top_k=ec.top_k)
+                                        temperature=ec.temperature, top_k=ec.top_k, top_p=ec.top_p,
+                                        repetition_penalty=ec.repetition_penalty)
     if not samples or not run.accelerator.is_main_process:
         return results
     for i, sample in enumerate(samples):
