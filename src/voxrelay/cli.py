@@ -220,10 +220,10 @@ def synthesize_cmd(
     seed: int = typer.Option(0, "--seed", help="Sampling seed: the same seed, text and weights give the same audio"),
     temperature: float = typer.Option(0.8, "--temperature", help="Sampling temperature (0 = greedy)"),
     top_p: float = typer.Option(None, "--top-p", help="Nucleus sampling: the smallest set of codes whose probability "
-                                "reaches P (1 = off); default: the family's (orpheus: 0.8, as upstream)"),
+                                "reaches P (1 = off); default: the family's, its upstream's"),
     repetition_penalty: float = typer.Option(
         None, "--repetition-penalty", help="Divide the logits of codes already in the sequence by this (1 = off); "
-        "default: the family's (orpheus: 1.3, as upstream)"),
+        "default: the family's, its upstream's"),
 ):
     """Speak TEXT (or a --script) with a trained model into a wav file."""
     from voxrelay.inference import (

@@ -277,8 +277,7 @@ def check_sampling_args(top_p: float | None, repetition_penalty: float | None) -
     if top_p is not None and not 0 < top_p <= 1:
         raise InferenceError(f"--top-p must be in (0, 1] (1: off), got {top_p}")
     if repetition_penalty is not None and not (math.isfinite(repetition_penalty) and repetition_penalty > 0):
-        raise InferenceError(f"--repetition-penalty must be > 0 (1: off; Orpheus' upstream: 1.3), got "
-                             f"{repetition_penalty}")
+        raise InferenceError(f"--repetition-penalty must be > 0 (1: off), got {repetition_penalty}")
 
 
 def check_export_output(out_dir: str | Path, adapter_only: bool | None = None) -> Path:
