@@ -334,6 +334,7 @@ def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path, lora_note
         model.module = model.module.merge_and_unload()  # W + scale * B @ A: a plain model of the family
     if fmt != VOXRELAY_FORMAT:
         model.save_as(fmt, out, codec)
+        storage.match_umask(out)  # safetensors writes 0600: readable like the user's other files
         return out
     model.save_pretrained(out)  # with a PeftModel as module, a transformers family writes peft's adapter files
     if adapter_only:
@@ -346,4 +347,5 @@ def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path, lora_note
     (out / CODEC_JSON).write_text(json.dumps(codec.describe(), indent=2))
     if isinstance(codec, FittableCodec):
         (out / CODEC_STATE).write_bytes(codec.state_bytes())
+    storage.match_umask(out)  # safetensors writes 0600: readable like the user's other files
     return out

@@ -359,14 +359,35 @@ def read_json(uri: str) -> Any:
     return json.loads(read_text(uri))
 
 
+def file_mode() -> int:
+    """The mode a new file gets from this process's umask: 0o666 less the umask (0o644 under the usual 022)."""
+    try:  # read, not set: os.umask() can only be read by setting it, which races with other threads
+        with open("/proc/self/status") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+def match_umask(path: str | Path) -> None:
+    """Give the file ``path``, or every file under the folder ``path``, the mode :func:`file_mode`: files users
+    take elsewhere (an export) read like their other files; libraries such as safetensors create theirs 0600."""
+    root, mode = Path(path), file_mode()
+    for file in [root] if root.is_file() else (p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        os.chmod(file, mode)
+
+
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write a whole object atomically: a reader sees the old object or the new one, never half."""
+    """Write a whole object atomically: a reader sees the old object or the new one, never half. A local file
+    gets the umask's mode (:func:`file_mode`), not the temporary file's 0600."""
     count(CLASS_A, written=len(data))
     if is_local(uri):
         path = local_path(uri)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
         try:
+            os.fchmod(fd, file_mode())
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
