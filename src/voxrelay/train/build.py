@@ -36,7 +36,7 @@ from voxrelay.quality.scorer import Scorer
 from voxrelay.train import state as st
 from voxrelay.train.data import build_stream, eval_split
 from voxrelay.train.evaluate import SAMPLES_DIR
-from voxrelay.train.launch_env import apply_accelerate_env
+from voxrelay.train.launch_env import apply_accelerate_env, one_voice_per_job
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available, started_schedule
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
 from voxrelay.train.ranks import Ranks
@@ -141,9 +141,12 @@ def local_run_dir(run_uri: str) -> Path:
 def build_run(cfg: RunConfig, fresh: bool = False, take_over: bool = False) -> Run:
     """Everything a run needs, its lease taken (``take_over``: from a live holder too) and its latest
     valid checkpoint restored (none with ``fresh``: the run's checkpoints and metrics are deleted)."""
-    cfg = apply_accelerate_env(cfg)  # `accelerate launch` with an FSDP config: before anything records cfg
-    # cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone)
-    accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available())
+    one_voice_per_job()  # launch-time lines once per job, not once per process
+    cfg = apply_accelerate_env(cfg)  # `accelerate launch`: its precision, FSDP settings, before anything records cfg
+    # cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone); no
+    # torch.compile whatever ACCELERATE_DYNAMO_BACKEND says (named as not applied above)
+    accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available(),
+                              dynamo_backend="no")
     # a collective: every process, at once; its exchanges outwait rank 0's bounded waits (the last upload,
     # a take-over's wait for the old lease)
     ck = cfg.checkpoint
