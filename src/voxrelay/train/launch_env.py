@@ -114,12 +114,12 @@ def accelerate_settings(env: MutableMapping[str, str]) -> tuple[dict[str, object
         value = raw.strip()
         if name not in _NOT_APPLIED or (name.startswith("FSDP_") and not fsdp):
             continue
-        if name == "FSDP_MIN_NUM_PARAMS" and not size_based:  # accelerate too reads it for size-based wrapping only
-            same[f"{name}={value}"] = "used by size-based wrapping only, as in accelerate"
-        elif (how := _AS_VOXRELAY.get((name, value))) is not None:
-            if how:  # "": the feature is off, nothing asked for
-                same[f"{name}={value}"] = how
-        elif value.lower() not in ("false", "0", ""):
+        how = _AS_VOXRELAY.get((name, value))
+        if how is None and name == "FSDP_MIN_NUM_PARAMS" and not size_based:  # accelerate's use of it too
+            how = "used by size-based wrapping only, as in accelerate"
+        if how:
+            same[f"{name}={value}"] = how
+        elif how is None and value.lower() not in ("false", "0", ""):  # how == "": off, nothing asked for
             other[f"{name}={value}"] = _NOT_APPLIED[name]
     return wanted, same, other
 
