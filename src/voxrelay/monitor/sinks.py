@@ -220,6 +220,7 @@ def build_monitor(cfg, run_uri: str, local_dir: Path, is_main: bool,
     if cfg.monitor.tensorboard:
         sinks.append(TensorBoardSink(local_dir / TB_DIR))
     if cfg.monitor.wandb:  # every session logs to the run's one W&B run
+        import_wandb()  # a missing wandb stops before the run folder gets a W&B run id
         run_id = wandb_run_id(run_uri, guard)
         sinks.append(WandbSink(cfg.monitor.wandb_project, cfg.name, cfg.to_dict(), run_id))
     return Monitor(sinks, local_dir, run_uri, guard)
