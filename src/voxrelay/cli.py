@@ -228,17 +228,23 @@ def synthesize_cmd(
     step: int = typer.Option(None, "--step", help="Checkpoint step (default: latest valid)"),
     seed: int = typer.Option(0, "--seed", help="Sampling seed: the same seed, text and weights give the same audio"),
     temperature: float = typer.Option(0.8, "--temperature", help="Sampling temperature (0 = greedy)"),
+    top_p: float = typer.Option(None, "--top-p", help="Nucleus sampling: the smallest set of codes whose probability "
+                                "reaches P (1 = off); default: the family's, its upstream's"),
+    repetition_penalty: float = typer.Option(
+        None, "--repetition-penalty", help="Divide the logits of codes already in the sequence by this (1 = off); "
+        "default: the family's, its upstream's"),
 ):
     """Speak TEXT (or a --script) with a trained model into a wav file."""
     from voxrelay import inference as inf
 
     inf.check_synthesis_args(output, temperature, max_seconds=max_seconds)  # before the model loads
+    inf.check_sampling_args(top_p, repetition_penalty)
     text = inf.read_text_or_script(text, script)  # before the model loads
     inf.check_voice_prompts(run, voice)  # every clip read before the model loads
     model, codec, what = inf.load_any(run, step)
     request = inf.build_request(model, codec, text, None, voice, description)
     seconds = inf.synthesize(model, codec, request, output, temperature=temperature, seed=seed,
-                             max_seconds=max_seconds)
+                             max_seconds=max_seconds, top_p=top_p, repetition_penalty=repetition_penalty)
     err.print(f"{what}: {seconds:.2f} s of audio")
     out.print(str(output), highlight=False)
 

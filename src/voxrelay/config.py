@@ -311,14 +311,16 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): data}
 
 
-def _with_defaults(data: dict[str, Any]) -> dict[str, Any]:
+def with_added_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """A saved config with the keys added since it was written set to their defaults: a new key's
     default keeps the behaviour runs had before it existed (train.optimizer: adamw), so a run saved
     by an older voxrelay still resumes; a family config's ADDED_WITH_NEW_BEHAVIOUR gives the values its keys
-    stand for where that is not so. A config that no longer validates is compared as it is."""
+    stand for where that is not so (TrainConfig's too). A config that no longer validates is compared as it is."""
     if isinstance(model := data.get("model"), dict):
         family = FAMILY_CONFIGS.get(model.get("family", DEFAULT_FAMILY))
         data = {**data, "model": {**getattr(family, "ADDED_WITH_NEW_BEHAVIOUR", {}), **model}}
+    if isinstance(train := data.get("train"), dict):
+        data = {**data, "train": {**TrainConfig.ADDED_WITH_NEW_BEHAVIOUR, **train}}
     try:
         return RunConfig.model_validate(data).to_dict()
     except ValidationError:
@@ -328,7 +330,7 @@ def _with_defaults(data: dict[str, Any]) -> dict[str, Any]:
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Dotted keys that differ between two config dicts -> (allowed on resume, incompatible).
     ``old`` (a checkpoint's) may lack keys added since; they count as their default."""
-    a, b = _flatten(_with_defaults(old)), _flatten(new)
+    a, b = _flatten(with_added_defaults(old)), _flatten(new)
     changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     safe = [k for k in changed if any(k == s or (s.endswith(".") and k.startswith(s)) for s in RESUME_SAFE_KEYS)]
     return safe, [k for k in changed if k not in safe]

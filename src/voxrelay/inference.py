@@ -36,7 +36,7 @@ from voxrelay.data.audio import load_audio, resample
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.errors import UserError, one_line
 from voxrelay.models import hub_cache
-from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request
+from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request, sampling_options
 from voxrelay.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_key_mapping, module_keys
 from voxrelay.models.registry import build_model, load_model
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem, write_file, writing
@@ -185,12 +185,16 @@ def load_any(source: str, step: int | None = None) -> tuple[FamilyModel, AudioCo
 
 def synthesize(
     model: FamilyModel, codec: AudioCodec, request: Request | str, out: str | Path, temperature: float = 0.8,
-    top_k: int = 50, seed: int = 0, max_seconds: float = 20.0,
+    top_k: int = 50, seed: int = 0, max_seconds: float = 20.0, top_p: float | None = None,
+    repetition_penalty: float | None = None,
 ) -> float:
     """A request (or a bare text) -> wav file; returns the duration in seconds. A speaker the model does not
-    know, or a field its family does not take (a description), is refused naming the fix."""
+    know, or a field its family does not take (a description), is refused naming the fix. ``top_p``,
+    ``repetition_penalty``: None is the family's default (upstream's), for a family that samples with them."""
     request = Request(request) if isinstance(request, str) else request
     check_synthesis_args(out, temperature, top_k, max_seconds)
+    check_sampling_args(top_p, repetition_penalty)
+    options = sampling_options(model, top_p=top_p, repetition_penalty=repetition_penalty)
     check_request(model, request)
     speaker = request.speaker
     if speaker is not None and model.speakers and speaker not in model.speakers:
@@ -198,7 +202,8 @@ def synthesize(
     if speaker is None and model.speakers:
         request = dataclasses.replace(request, speaker=model.speakers[0])
     max_frames = int(max_seconds * (getattr(model, "frame_rate", None) or codec.frame_rate))
-    speech = model.speak(request, codec, max_frames=max_frames, temperature=temperature, top_k=top_k, seed=seed)
+    speech = model.speak(request, codec, max_frames=max_frames, temperature=temperature, top_k=top_k, seed=seed,
+                         **options)
     wav = io.BytesIO()  # written whole, then put in place: libsndfile's errors on a file lose the errno
     sf.write(wav, speech.wav, speech.sample_rate, format="WAV", subtype="PCM_16")
     write_file(out, wav.getvalue())
@@ -292,6 +297,14 @@ def check_synthesis_args(out: str | Path, temperature: float, top_k: int = 50, m
         raise InferenceError(f"top_k must be >= 0 and max_seconds > 0, got top_k={top_k}, max_seconds={max_seconds}")
 
 
+def check_sampling_args(top_p: float | None, repetition_penalty: float | None) -> None:
+    """Refuse, before the model loads, a --top-p outside (0, 1] or a --repetition-penalty that is not > 0."""
+    if top_p is not None and not 0 < top_p <= 1:
+        raise InferenceError(f"--top-p must be in (0, 1] (1: off), got {top_p}")
+    if repetition_penalty is not None and not (math.isfinite(repetition_penalty) and repetition_penalty > 0):
+        raise InferenceError(f"--repetition-penalty must be > 0 (1: off), got {repetition_penalty}")
+
+
 def check_export_output(out_dir: str | Path, adapter_only: bool | None = None) -> Path:
     """``out_dir`` as a Path, or an error when exporting there would overwrite something else (or, with
     ``adapter_only`` given, leave an export of the other kind's weights beside the new files)."""
@@ -347,6 +360,7 @@ def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path, lora_note
         model.module = model.module.merge_and_unload()  # W + scale * B @ A: a plain model of the family
     if fmt != VOXRELAY_FORMAT:
         model.save_as(fmt, out, codec)
+        storage.match_umask(out)  # safetensors writes 0600: readable like the user's other files
         return out
     model.save_pretrained(out)  # with a PeftModel as module, a transformers family writes peft's adapter files
     if adapter_only:
@@ -359,4 +373,5 @@ def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path, lora_note
     (out / CODEC_JSON).write_text(json.dumps(codec.describe(), indent=2))
     if isinstance(codec, FittableCodec):
         (out / CODEC_STATE).write_bytes(codec.state_bytes())
+    storage.match_umask(out)  # safetensors writes 0600: readable like the user's other files
     return out

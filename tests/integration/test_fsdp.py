@@ -141,42 +141,28 @@ def test_export_and_synthesize_from_fsdp_shards(prepared, tmp_path):
     assert at == 4 and all(torch.equal(shards[k], v) for k, v in from_run.module.state_dict().items())
 
 
-ACCELERATE_FSDP_YAML = """\
-compute_environment: LOCAL_MACHINE
-distributed_type: FSDP
-fsdp_config:
-  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
-  fsdp_cpu_ram_efficient_loading: true
-  fsdp_offload_params: false
-  fsdp_sharding_strategy: FULL_SHARD
-  fsdp_state_dict_type: SHARDED_STATE_DICT
-  fsdp_sync_module_states: true
-  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
-  fsdp_use_orig_params: true
-  fsdp_version: 2
-machine_rank: 0
-main_training_function: main
-mixed_precision: 'no'
-num_machines: 1
-num_processes: 2
-use_cpu: true
-"""
+SEED_001_ACCELERATE = Path(__file__).resolve().parents[1] / "fixtures" / "accelerate" / "seed001_fsdp.yaml"
 
 
-def test_accelerate_launch_with_a_seed_001_fsdp_config_trains_with_our_fsdp(prepared, tmp_path):
-    config = tmp_path / "accelerate-fsdp.yaml"
-    config.write_text(ACCELERATE_FSDP_YAML)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "-m", "voxrelay",
+def test_accelerate_launch_with_seed_001s_own_config_trains_with_our_fsdp_in_its_bf16(prepared):
+    """Seed 001's accelerate config as its user wrote it (4 processes, bf16, FSDP full_shard), launched with 2
+    processes on a CPU (`--num_processes 2`, the one override; see tests/fixtures/accelerate/README.md): its
+    settings are taken (bf16 too: before, the run trained in fp32 and logged `precision no`), and the launch lines
+    print once for the job, not once per process (issue 32 item 7)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(SEED_001_ACCELERATE),
+           "--num_processes", "2", "-m", "voxrelay",
            "train", CONFIG, *tiny(str(prepared / "root"), "name=accel", "train.max_steps=4", "train.eval_every=100")]
     res = subprocess.run(cmd, env=env_for(prepared / "cache"), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     out = " ".join((res.stdout + res.stderr).split())  # rich wraps long log lines
-    taken = "taken: train.strategy=fsdp, train.fsdp_sharding=full_shard, train.cpu_offload=False"
-    assert f"accelerate launch FSDP config (FSDP_VERSION=2): {taken}" in out
-    assert "voxrelay's FSDP2 code path" in out and "over 2 processes" in out
+    taken = ("taken: train.strategy=fsdp, train.fsdp_sharding=full_shard, train.cpu_offload=False, "
+             "train.gradient_checkpointing=False, train.precision=bf16")
+    assert out.count("accelerate launch config (FSDP_VERSION=1)") == 1 and taken in out
+    assert out.count("not applied: FSDP_CPU_RAM_EFFICIENT_LOADING=true") == 1
+    assert out.count("FSDP2 (our fully_shard code path)") == 1 and "over 2 processes, full_shard, precision bf16" in out
     assert _shards(prepared, "accel", 4) == ["__0_0.distcp", "__1_0.distcp"]
     saved = load_state(Path(_run_uri(prepared, "accel")) / "checkpoints/step-00000004" / STATE_FILE)
-    assert saved["config"]["train"]["strategy"] == "fsdp"
+    assert (saved["config"]["train"]["strategy"], saved["config"]["train"]["precision"]) == ("fsdp", "bf16")
 
 
 def test_fsdp_with_bf16_offload_checkpointing_lora_and_accumulation_trains_and_resumes(prepared):

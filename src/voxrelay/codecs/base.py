@@ -28,8 +28,11 @@ class CodecNotFoundError(CodecError, FileNotFoundError):
 
 
 def looks_local(spec: str) -> bool:
-    """True when ``spec`` can only be a local path (a hub id is exactly ``owner/name``)."""
-    return spec.startswith((".", "/", "~")) or spec.count("/") != 1
+    """True when ``spec`` can only be a local path (a codec's hub id is exactly ``owner/name``, as
+    huggingface_hub accepts it)."""
+    from voxrelay.models.hf import looks_local as not_a_hub_id
+
+    return spec.count("/") != 1 or not_a_hub_id(spec)
 
 
 @runtime_checkable

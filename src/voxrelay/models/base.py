@@ -127,13 +127,28 @@ def request_for(model: Any, text: str, speaker: str | None = None, description: 
                    tuple(voice_prompts) if "voice_prompts" in model.request_fields else ())
 
 
+SAMPLING_OPTIONS = ("top_p", "repetition_penalty")  # what a family's speak() may take beyond temperature and top_k
+
+
+def sampling_options(model: Any, **given: float | None) -> dict[str, float]:
+    """The sampling options of :data:`SAMPLING_OPTIONS` a caller sets (None: the family's default) as ``speak()``
+    keywords; one ``model`` does not take (``FamilyModel.sampling_options``) is refused."""
+    chosen = {name: value for name, value in given.items() if value is not None}
+    unused = [name for name in chosen if name not in getattr(model, "sampling_options", ())]
+    if unused:
+        raise RequestError(f"model.family={model.family} samples with temperature and top-k only: leave "
+                           f"{' and '.join(unused)} unset (--top-p, --repetition-penalty, eval.top_p, "
+                           "eval.repetition_penalty)")
+    return chosen
+
+
 def speak_codes(model: Any, request: Request, codec: Any, max_frames: int | None, temperature: float,
-                top_k: int | None, seed: int) -> Speech:
+                top_k: int | None, seed: int, **options: float | None) -> Speech:
     """:meth:`FamilyModel.speak` of a family that generates codes of ``codec`` with its ``generate(text,
-    speaker=...)``: codes -> waveform by the codec."""
+    speaker=...)``: codes -> waveform by the codec. ``options``: its sampling options (top_p ...)."""
     check_request(model, request)
     codes = model.generate(request.text, speaker=request.speaker, max_frames=max_frames, temperature=temperature,
-                           top_k=top_k, seed=seed)
+                           top_k=top_k, seed=seed, **options)
     frames = codes.shape[1]
     wav = codec.decode(codes) if frames else np.zeros(0, dtype=np.float32)
     return Speech(np.asarray(wav, dtype=np.float32), int(codec.sample_rate), frames)
@@ -179,6 +194,9 @@ class FamilyModel(Protocol):
     max_length: int  # longest example `length` accepts
     max_length_key: str  # the config key that sets max_length (named in warnings and errors)
     request_fields: tuple[str, ...]  # which of REQUEST_FIELDS its speak() uses (others are refused)
+    # which of SAMPLING_OPTIONS its speak() takes as keywords, its defaults being upstream's (others are refused;
+    # FamilyState: none)
+    sampling_options: tuple[str, ...]
 
     def length(self, row: Row) -> int:
         """Size of the example of ``row`` for the batch plan (tokens incl. special ones); may exceed
@@ -250,6 +268,7 @@ class FamilyState:
     """
 
     uses_corpus = False
+    sampling_options: tuple[str, ...] = ()
 
     def generators(self) -> dict[str, torch.Generator]:
         return {}

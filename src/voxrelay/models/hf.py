@@ -4,6 +4,7 @@ that name the config key and the fix instead of transformers' tracebacks."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,26 @@ class ModelNotFoundError(ModelLoadError, FileNotFoundError):
     """A model folder that does not exist or was not written completely."""
 
 
+# a hub repo id as huggingface_hub validates it: ``name`` or ``owner/name``, word characters, '-' and '.', starting
+# and ending with a word character, at most 96 each, no '--' or '..'
+_HUB_PART = r"\w(?:[\w.-]{0,94}\w)?"
+_HUB_ID = re.compile(rf"(?:{_HUB_PART}/)?{_HUB_PART}")
+
+
 def looks_local(spec: str) -> bool:
-    """True when ``spec`` can only be a local path: hub ids are ``name`` or ``owner/name``."""
-    return spec.startswith((".", "/", "~")) or spec.count("/") > 1
+    """True when ``spec`` can only be a local path: anything that is not a hub id (``name`` or ``owner/name`` as
+    huggingface_hub accepts them), e.g. ``/abs/path``, ``./x``, ``~/x``, ``a/b/c``, ``my models/x``, ``C:\\x``."""
+    return spec.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(spec) or "--" in spec or ".." in spec
+
+
+def missing_folder(spec: str, what: str, fix: str) -> str | None:
+    """The error message when ``spec`` can only be a local folder and is not one (None when it is a folder, or
+    may be a hub id); says where a relative path was looked for."""
+    folder = Path(spec).expanduser()
+    if folder.is_dir() or not looks_local(spec):
+        return None
+    where = "" if folder.is_absolute() else f" (looked for {folder.absolute()})"
+    return f"{what}={spec!r}: no such folder{where}, and not a hub id (owner/name); {fix}"
 
 
 def load_causal_lm(source: str, what: str, **kwargs: Any) -> Any:
@@ -32,8 +50,8 @@ def load_causal_lm(source: str, what: str, **kwargs: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     folder = Path(source).expanduser()
-    if not folder.is_dir() and looks_local(source):
-        raise ModelNotFoundError(f"{what}={source!r}: no such folder (and not a hub id); {FIX}")
+    if problem := missing_folder(source, what, FIX):
+        raise ModelNotFoundError(problem)
     if folder.is_dir() and not (folder / "config.json").is_file():
         raise ModelNotFoundError(f"{what}={source!r}: the folder has no config.json; {FIX}")
     where = "local folder" if folder.is_dir() else "hub id (it is not a local folder)"
@@ -62,8 +80,10 @@ def auto_config(source: str, what: str = "model.init_from") -> Any:
     """``AutoConfig.from_pretrained(source)`` (config.json only: no weights read), errors naming ``what``."""
     from transformers import AutoConfig
 
+    if problem := missing_folder(source, what, FIX):  # else huggingface_hub's "Repo id must be in the form ..."
+        raise ModelNotFoundError(problem)
     try:
-        return AutoConfig.from_pretrained(source)
+        return AutoConfig.from_pretrained(str(Path(source).expanduser()) if looks_local(source) else source)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"{what}={source!r}: its config.json cannot be read ({one_line(e)[:300]}); {FIX}") from e
 

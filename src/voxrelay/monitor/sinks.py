@@ -9,6 +9,8 @@ from __future__ import annotations
 import html
 import json
 import logging
+import secrets
+import string
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from voxrelay.paths import METRICS_FILE
 
 log = logging.getLogger(__name__)
 TB_DIR = "tensorboard"
+WANDB_RUN_FILE = "wandb.json"  # {"id": ...}: the W&B run of this run folder, resumed by every session
 
 
 class MonitorError(UserError, RuntimeError):
@@ -98,18 +101,40 @@ class TensorBoardSink:
         self.writer.close()
 
 
+def import_wandb():
+    try:
+        import wandb
+    except ImportError as e:
+        raise MonitorError(
+            f"monitor.wandb is true but wandb cannot be imported ({e}); install it with "
+            "`pip install 'voxrelay[wandb]'` or set monitor.wandb=false"
+        ) from None
+    return wandb
+
+
+def wandb_run_id(run_uri: str, guard: Callable[[], None] | None = None) -> str:
+    """The id of the W&B run every session of the run at ``run_uri`` logs to: read from ``<run>/wandb.json``,
+    or made and written there by the first session (``guard``: the run's lease check, before that write)."""
+    uri = storage.join(run_uri, WANDB_RUN_FILE)
+    if storage.exists(uri):
+        try:
+            return str(storage.read_json(uri)["id"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise MonitorError(f"{uri} holds no W&B run id ({type(e).__name__}: {e}); delete it to log this run "
+                               "to a new W&B run") from None
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))  # as W&B's own
+    if guard is not None:
+        guard()
+    storage.write_json(uri, {"id": run_id})
+    return run_id
+
+
 class WandbSink:
-    def __init__(self, project: str, name: str, config: dict):
+    def __init__(self, project: str, name: str, config: dict, run_id: str | None = None):
+        """``run_id``: the W&B run to resume (or to create under that id); None: a new run."""
+        self.wandb = wandb = import_wandb()
         try:
-            import wandb
-        except ImportError as e:
-            raise MonitorError(
-                f"monitor.wandb is true but wandb cannot be imported ({e}); install it with "
-                "`pip install 'voxrelay[wandb]'` or set monitor.wandb=false"
-            ) from None
-        self.wandb = wandb
-        try:
-            self.run = wandb.init(project=project, name=name, config=config, resume="allow")
+            self.run = wandb.init(project=project, name=name, config=config, id=run_id, resume="allow")
         except Exception as e:  # wandb's own error classes (no API key, no network) vary by version
             raise MonitorError(
                 f"monitor.wandb is true but wandb.init failed for project {project!r} ({type(e).__name__}: {e}); "
@@ -198,6 +223,8 @@ def build_monitor(cfg, run_uri: str, local_dir: Path, is_main: bool,
     sinks: list[MetricSink] = [JsonlSink(metrics)]
     if cfg.monitor.tensorboard:
         sinks.append(TensorBoardSink(local_dir / TB_DIR))
-    if cfg.monitor.wandb:
-        sinks.append(WandbSink(cfg.monitor.wandb_project, cfg.name, cfg.to_dict()))
+    if cfg.monitor.wandb:  # every session logs to the run's one W&B run
+        import_wandb()  # a missing wandb stops before the run folder gets a W&B run id
+        run_id = wandb_run_id(run_uri, guard)
+        sinks.append(WandbSink(cfg.monitor.wandb_project, cfg.name, cfg.to_dict(), run_id))
     return Monitor(sinks, local_dir, run_uri, guard)

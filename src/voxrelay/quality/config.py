@@ -40,6 +40,14 @@ class EvalConfig(BaseModel):
         "defaults to 0.8 too)",
     )
     top_k: int | None = Field(50, ge=0, description="Top-k of the eval samples' sampling (null or 0: all codes)")
+    top_p: float | None = Field(
+        None, gt=0, le=1, description="Top-p of the eval samples (null: the family's default, its upstream's; "
+        "a family that samples without it refuses a value)",
+    )
+    repetition_penalty: float | None = Field(
+        None, gt=0, description="Repetition penalty of the eval samples (null: the family's default, its "
+        "upstream's; a family that samples without it refuses a value)",
+    )
     speaker_similarity: bool = Field(
         True, description="Report eval/speaker_sim: cosine of speaker embeddings (resemblyzer's encoder) of each "
         "sample and its reference recording (needs `voxrelay[eval]`)",

@@ -91,7 +91,8 @@ def evaluate_model(model, codec, loss_rows: list | None, synth_rows: list, step:
         if synth_rows:
             with parts.part("sample generation"):
                 out.samples, synth = generate_samples(model, codec, synth_rows, step * 1000,
-                                                      temperature=cfg.temperature, top_k=cfg.top_k)
+                                                      temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                                      repetition_penalty=cfg.repetition_penalty)
                 out.metrics |= synth
         if scorer is not None and out.samples:  # the speaker encoder draws from the RNG as it loads: inside
             scores, out.scores = scorer.score(out.samples, parts)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from voxrelay.metrics import mcd_dtw, silent_fraction
-from voxrelay.models.base import pop_counts, request_for, weighted_mean
+from voxrelay.models.base import pop_counts, request_for, sampling_options, weighted_mean
 from voxrelay.quality.scorer import Sample
 
 
@@ -105,12 +105,13 @@ def _ref_frames(model, codec, row) -> int:
 
 def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: float = 20.0,
                      speaker: str | None = None, temperature: float = 0.8,
-                     top_k: int | None = 50) -> tuple[list[Sample], dict[str, float]]:
+                     top_k: int | None = 50, **options: float | None) -> tuple[list[Sample], dict[str, float]]:
     """Speak each row's text (seed ``seed_base + i``; a row with codes may run to twice its length +
     20 frames, one without to ``max_seconds``): ``eval/silent_frac`` (the share of the generated audio that is
     silence: a run that learned to generate silence shows it before anything else), ``eval/stopped_frac`` (the
     share that ended by itself before its limit) and ``eval/empty_frac`` (the share with no audio at all: a model
-    that stops at once); with references also ``eval/length_ratio`` and ``eval/mcd_dtw``.
+    that stops at once); with references also ``eval/length_ratio`` and ``eval/mcd_dtw``. ``options``: top_p,
+    repetition_penalty (None: the family's).
 
     A sample with no audio is a finding, not an error: its wav is empty (0 samples), it counts as silence and as
     stopped, its length ratio is 0, and it is left out of the MCD mean (no distance to nothing: the old 1-sample
@@ -123,7 +124,7 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
         prompts = tuple(codec.decode(np.asarray(p)) for p in getattr(row, "voice_prompts", None) or ())
         request = request_for(model, row.text, row.speaker or speaker, row.description, prompts)
         speech = model.speak(request, codec, max_frames=max_frames, seed=seed_base + i, temperature=temperature,
-                             top_k=top_k)
+                             top_k=top_k, **sampling_options(model, **options))
         voices = model.voice_references(request) if hasattr(model, "voice_references") else None
         frames = speech.frames
         wav = np.asarray(speech.wav, dtype=np.float32) if frames else np.zeros(0, dtype=np.float32)

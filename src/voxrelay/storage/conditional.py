@@ -72,7 +72,7 @@ def create_new(uri: str, data: bytes) -> str:
     if proto == "file":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with _folder_lock(path, fcntl.LOCK_EX):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask
             _write_fd(fd, data)
         return _digest(data)
     return retry(lambda: _REMOTE[proto][1](uri, data, None), f"create {uri}")
@@ -93,7 +93,7 @@ def replace_if(uri: str, data: bytes, version: str) -> str:
             if current is None or _digest(current) != version:
                 raise PreconditionFailed(f"{uri} changed since version {version[:12]}")
             tmp = f"{path}.tmp-{os.getpid()}"
-            _write_fd(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), data)
+            _write_fd(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), data)
             os.replace(tmp, path)
             fsync_file(os.path.dirname(path))
         return _digest(data)

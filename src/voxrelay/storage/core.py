@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 
 import fsspec
 
-from voxrelay.errors import UserError
+from voxrelay.errors import UserError, one_line
 from voxrelay.paths import writing
+from voxrelay.storage.backends import endpoint_hint, open_filesystem, unreachable
 from voxrelay.storage.counters import CLASS_A, CLASS_B, count
 
 log = logging.getLogger(__name__)
@@ -134,8 +135,11 @@ def _env_number(name: str, default: float, kind: type[int] | type[float], minimu
     return value
 
 
-def retry(fn: Callable[[], T], what: str, attempts: int | None = None, base_delay: float | None = None) -> T:
+def retry(fn: Callable[[], T], what: str, attempts: int | None = None, base_delay: float | None = None,
+          first_contact: bool = False) -> T:
     """Call ``fn``; on a named transient error wait (exponential backoff + jitter) and retry.
+    ``first_contact``: an endpoint that cannot be reached at all (its host does not resolve, nothing listens)
+    is not retried: raised at once as :class:`StorageUnavailable` naming the endpoint.
 
     ``attempts`` (calls in all) and ``base_delay`` (seconds before the first retry, doubled each time,
     capped at 30 s) default to $VOXRELAY_RETRY_ATTEMPTS (5) and $VOXRELAY_RETRY_BASE_DELAY (0.5).
@@ -151,6 +155,11 @@ def retry(fn: Callable[[], T], what: str, attempts: int | None = None, base_dela
             if denied(err):
                 raise StorageDenied(f"access to {_bucket(what)} was denied ({what}: {type(err).__name__}: {err}); "
                                    f"{_CREDENTIALS_FIX}") from None
+            if first_contact and (why := unreachable(err)):
+                proto = _split(_bucket(what))[0]
+                raise StorageUnavailable(
+                    f"{_bucket(what)} cannot be reached ({what}): {why} ({one_line(err)[:200]}); check the network "
+                    f"and the endpoint: {endpoint_hint(proto)}") from None
             if not is_transient(err):
                 raise
             if attempt == attempts:
@@ -197,21 +206,7 @@ def local_path(uri: str) -> str:
 @cache
 def _fs(proto: str) -> fsspec.AbstractFileSystem:
     try:
-        if proto == "s3":
-            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-            kw: dict[str, Any] = {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
-            return fsspec.filesystem("s3", **kw)
-        if proto == "gcs":
-            from gcsfs.core import GCSFileSystem
-
-            emulator = os.environ.get("STORAGE_EMULATOR_HOST")
-            if emulator:
-                # The plain class, not fsspec's "gcs": gcsfs chooses that one when it is first imported
-                # from GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT, default on, and the
-                # extended class probes each bucket over gRPC, a 60 s timeout per bucket on an emulator.
-                return GCSFileSystem(endpoint_url=emulator, token="anon", project="voxrelay")
-            return fsspec.filesystem("gcs")
-        return fsspec.filesystem(proto)
+        return open_filesystem(proto)
     except ImportError as err:
         extra = _EXTRAS.get(proto, proto)
         raise StorageError(
@@ -232,22 +227,33 @@ def _fresh(fs: fsspec.AbstractFileSystem, path: str) -> str:
 
 
 def check_root(uri: str) -> None:
-    """Fail fast, naming the bucket and the fix, when a remote root's bucket does not exist or is
-    not accessible (a local root is created as needed)."""
+    """Fail fast, naming the bucket and the fix, when a remote root's bucket does not exist, is not accessible,
+    or cannot be reached at all (a local root is created as needed). The first contact with a bucket: an
+    endpoint that does not resolve or refuses connections is not retried."""
     proto, path = _split(uri)
     if proto == "file":
         return _check_local_root(uri, Path(path))
     if proto == "memory":
         return
     fs, bucket = _fs(proto), path.split("/", 1)[0]
+    scheme = uri.split("://", 1)[0]
     count(CLASS_B)  # the bucket's metadata
-    if not retry(lambda: fs.exists(_fresh(fs, bucket)), f"check {uri}"):
-        scheme = uri.split("://", 1)[0]
+    if not retry(lambda: _bucket_exists(fs, proto, bucket), f"check {uri}", first_contact=True):
         make = f"aws s3 mb s3://{bucket}" if proto == "s3" else f"gcloud storage buckets create gs://{bucket}"
         raise StorageError(
             f"the bucket {scheme}://{bucket} (of root {uri}) does not exist or is not visible to these credentials; "
             f"create it (`{make}`) or fix `root`; if it exists, {_CREDENTIALS_FIX}"
         )
+
+
+def _bucket_exists(fs: fsspec.AbstractFileSystem, proto: str, bucket: str) -> bool:
+    if proto != "s3":
+        return fs.exists(_fresh(fs, bucket))
+    try:  # HeadBucket itself: s3fs' exists() answers False for any error, a network down included
+        fs.call_s3("head_bucket", Bucket=bucket)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _check_local_root(uri: str, path: Path) -> None:
@@ -355,14 +361,35 @@ def read_json(uri: str) -> Any:
     return json.loads(read_text(uri))
 
 
+def file_mode() -> int:
+    """The mode a new file gets from this process's umask: 0o666 less the umask (0o644 under the usual 022)."""
+    try:  # read, not set: os.umask() can only be read by setting it, which races with other threads
+        with open("/proc/self/status") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+def match_umask(path: str | Path) -> None:
+    """Give the file ``path``, or every file under the folder ``path``, the mode :func:`file_mode`: files users
+    take elsewhere (an export) read like their other files; libraries such as safetensors create theirs 0600."""
+    root, mode = Path(path), file_mode()
+    for file in [root] if root.is_file() else (p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        os.chmod(file, mode)
+
+
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write a whole object atomically: a reader sees the old object or the new one, never half."""
+    """Write a whole object atomically: a reader sees the old object or the new one, never half. A local file
+    gets the umask's mode (:func:`file_mode`), not the temporary file's 0600."""
     count(CLASS_A, written=len(data))
     if is_local(uri):
         path = local_path(uri)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
         try:
+            os.fchmod(fd, file_mode())
             with writing(path), os.fdopen(fd, "wb") as f:  # a full disk names the file, not nothing
                 f.write(data)
                 f.flush()

@@ -29,15 +29,15 @@ from voxrelay.data.shards import PrepareError
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model
-from voxrelay.monitor.sinks import TB_DIR, Monitor, build_monitor
+from voxrelay.monitor.sinks import TB_DIR, WANDB_RUN_FILE, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, USAGE_FILE, cache_dir, uri_key
 from voxrelay.plan.fit import check_fits, gpu_memory
 from voxrelay.quality.scorer import Scorer
 from voxrelay.train import state as st
 from voxrelay.train.data import build_stream, check_trainable, eval_split
 from voxrelay.train.evaluate import SAMPLES_DIR
-from voxrelay.train.launch_env import apply_accelerate_env
-from voxrelay.train.optim import build_optimizer, build_scheduler, check_available
+from voxrelay.train.launch_env import apply_accelerate_env, one_voice_per_job
+from voxrelay.train.optim import build_optimizer, build_scheduler, check_available, started_schedule
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
 from voxrelay.train.ranks import Ranks
 from voxrelay.train.resume import check_compatible, load_weights, restore
@@ -141,9 +141,12 @@ def local_run_dir(run_uri: str) -> Path:
 def build_run(cfg: RunConfig, fresh: bool = False, take_over: bool = False) -> Run:
     """Everything a run needs, its lease taken (``take_over``: from a live holder too) and its latest
     valid checkpoint restored (none with ``fresh``: the run's checkpoints and metrics are deleted)."""
-    cfg = apply_accelerate_env(cfg)  # `accelerate launch` with an FSDP config: before anything records cfg
-    # cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone)
-    accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available())
+    one_voice_per_job()  # launch-time lines once per job, not once per process
+    cfg = apply_accelerate_env(cfg)  # `accelerate launch`: its precision, FSDP settings, before anything records cfg
+    # cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone); no
+    # torch.compile whatever ACCELERATE_DYNAMO_BACKEND says (named as not applied above)
+    accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available(),
+                              dynamo_backend="no")
     # a collective: every process, at once; its exchanges outwait rank 0's bounded waits (the last upload,
     # a take-over's wait for the old lease)
     ck = cfg.checkpoint
@@ -212,6 +215,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     found = None if fresh else _load_latest(checkpoints, accelerator, ranks)
     accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
     if found is not None:
+        keep_started_schedule(cfg, found[2][st.K_CONFIG], accelerator.is_main_process)
         check_compatible(found[2], cfg, index, found[0].step, len({c.step for c in checkpoints.candidates()}))
         load_weights(model, found, cfg, base, len({c.step for c in checkpoints.candidates()}))
         if not is_sharded(found[0].manifest):  # the weights are in the model (a sharded one loads in restore)
@@ -241,6 +245,18 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     elif accelerator.is_local_main_process:  # another machine of the job: its own staging disk
         checkpoints.tidy_local()
     return run
+
+
+def keep_started_schedule(cfg: RunConfig, saved: dict, main: bool) -> None:
+    """A run saved before a schedule default changed goes on with the schedule it started with (see
+    :func:`~voxrelay.train.optim.started_schedule`), said once."""
+    kept = started_schedule(cfg.train, saved)
+    if not kept:
+        return
+    cfg.train = cfg.train.model_copy(update=kept)
+    if main:
+        log.info("resuming with the schedule this run started with: %s (set them in the config to change them)",
+                 ", ".join(f"train.{k}={v}" for k, v in kept.items()))
 
 
 def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Run:
@@ -315,11 +331,12 @@ def commit_before_others_look(checkpoints: CheckpointManager, found: tuple):
 
 
 def start_over(run_uri: str, checkpoints: CheckpointManager) -> None:
-    """--fresh: remove the run's checkpoints (committed and staged), metrics and usage record."""
+    """--fresh: remove the run's checkpoints (committed and staged), metrics and usage record (and its W&B run id:
+    the new start logs to a new W&B run)."""
     log.warning("--fresh: deleting the checkpoints, metrics and usage record of %s", run_uri)
     for ckpt in checkpoints.staging.list():
         checkpoints.staging.remove(ckpt.step)
-    for name in (CKPT_DIR, METRICS_FILE, USAGE_FILE, TB_DIR, SAMPLES_DIR):
+    for name in (CKPT_DIR, METRICS_FILE, USAGE_FILE, TB_DIR, SAMPLES_DIR, WANDB_RUN_FILE):
         storage.delete(storage.join(run_uri, name), recursive=True)
     local = local_run_dir(run_uri)
     if not storage.is_local(run_uri):

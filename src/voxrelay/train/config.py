@@ -6,7 +6,7 @@ Imported by :mod:`voxrelay.config`, so it must stay free of torch (``--help`` an
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -28,6 +28,12 @@ def parse_duration(value: str | float | int | None) -> float | None:
 
 
 class TrainConfig(Section):
+    # keys added with a default other than what runs did before them: the value a saved config without the key
+    # stands for (so resuming such a run keeps what it started with, see voxrelay.train.optim.started_schedule)
+    ADDED_WITH_NEW_BEHAVIOUR: ClassVar[dict[str, object]] = {"warmup_from_zero": False}
+    # keys whose default changed: the old default, which a saved config holds when its run did not set the key
+    CHANGED_DEFAULTS: ClassVar[dict[str, object]] = {"min_lr_ratio": 0.1}
+
     seed: int = Field(0, description="Seed of init, batch order and sampling")
     max_steps: int = Field(300, gt=0, description="Optimizer steps of the run")
     batch_seconds: float | None = Field(
@@ -49,13 +55,19 @@ class TrainConfig(Section):
                                        "[0, 1)")
     eps: float = Field(1e-8, gt=0, description="adamw/adamw_8bit: term added to the denominator")
     schedule: Literal["cosine", "linear", "constant", "constant_with_warmup"] = Field(
-        "cosine", description="LR schedule, named as HF transformers' get_scheduler: cosine / linear: warmup, then "
-        "decay to min_lr_ratio x lr at max_steps; constant: lr from step 0, NO warmup; constant_with_warmup",
+        "cosine", description="LR schedule, equal to HF transformers' get_scheduler of the same name: cosine / "
+        "linear: warmup, then decay to min_lr_ratio x lr (0: HF's) at max_steps; constant: lr from step 0, NO "
+        "warmup; constant_with_warmup",
     )
     min_lr_ratio: float = Field(
-        0.1, ge=0, le=1, description="cosine/linear: final lr as a fraction of lr (HF's schedules end at 0)"
+        0.0, ge=0, le=1, description="cosine/linear: final lr as a fraction of lr; 0 is HF's cosine/linear, cosine "
+        "with 0.1 is HF's cosine_with_min_lr (min_lr_rate=0.1). Runs saved when the default was 0.1 keep 0.1",
     )
     warmup_steps: int = Field(20, ge=0, description="Linear warmup steps (all schedules but constant)")
+    warmup_from_zero: bool = Field(
+        True, description="Warmup as HF's: lr x step / warmup_steps, so the first step has lr 0; false: lr x "
+        "(step + 1) / (warmup_steps + 1), the first step already trains (what runs saved before this key had)",
+    )
     weight_decay: float = Field(
         0.01, ge=0, description="Decoupled weight decay of weight matrices (norms, biases and other 1-d parameters: 0)"
     )

@@ -88,25 +88,37 @@ def build_optimizer(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:
 
 
 def lr_lambda(tc: TrainConfig) -> Callable[[int], float]:
-    """Multiplier of ``tc.lr`` at optimizer step ``step`` (0-based), by ``tc.schedule``, with the
-    names of HF transformers' ``get_scheduler``. Warmup (all but ``constant``) is linear,
-    ``(step + 1) / (warmup_steps + 1)``, so step 0 already moves the weights. Decays (cosine,
-    linear) end at ``min_lr_ratio`` at ``max_steps`` and stay there (HF's end at 0)."""
-    warmup, floor = tc.warmup_steps, tc.min_lr_ratio
+    """Multiplier of ``tc.lr`` at optimizer step ``step`` (0-based), by ``tc.schedule``: equal to HF transformers'
+    ``get_scheduler`` of the same name (``get_*_schedule_with_warmup``; cosine with ``min_lr_ratio`` > 0: their
+    ``cosine_with_min_lr``). Warmup (all but ``constant``) is ``step / warmup_steps``, or with
+    ``warmup_from_zero: false`` ``(step + 1) / (warmup_steps + 1)``. Decays (cosine, linear) end at
+    ``min_lr_ratio`` at ``max_steps`` and stay there (HF's cosine would rise again past its end)."""
+    warmup, floor, total = tc.warmup_steps, tc.min_lr_ratio, tc.max_steps
 
     def f(step: int) -> float:
         if tc.schedule == "constant":
             return 1.0
         if step < warmup:
-            return (step + 1) / (warmup + 1)
+            return float(step) / float(max(1, warmup)) if tc.warmup_from_zero else (step + 1) / (warmup + 1)
         if tc.schedule == "constant_with_warmup":
             return 1.0
-        progress = min(1.0, (step - warmup) / max(1, tc.max_steps - warmup))
-        if tc.schedule == "linear":
-            return floor + (1 - floor) * (1 - progress)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        if tc.schedule == "linear":  # HF's arithmetic, term for term: equal to the last bit
+            return floor + (1 - floor) * max(0.0, float(total - step) / float(max(1, total - warmup)))
+        progress = min(1.0, float(step - warmup) / float(max(1, total - warmup)))
+        return floor + (1 - floor) * max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
     return f
+
+
+def started_schedule(tc: TrainConfig, saved: dict[str, Any]) -> dict[str, Any]:
+    """The schedule keys a resumed run keeps from ``saved`` (the config of the checkpoint it resumes): those whose
+    default changed since (``TrainConfig.CHANGED_DEFAULTS``, ``ADDED_WITH_NEW_BEHAVIOUR``) and that this session's
+    config leaves unset, where the saved value differs. An older run thus goes on with the schedule it started with."""
+    from voxrelay.config import with_added_defaults
+
+    old = with_added_defaults(saved).get("train") or {}
+    keys = [*TrainConfig.CHANGED_DEFAULTS, *TrainConfig.ADDED_WITH_NEW_BEHAVIOUR]
+    return {k: old[k] for k in keys if k in old and k not in tc.model_fields_set and old[k] != getattr(tc, k)}
 
 
 def build_scheduler(tc: TrainConfig, optimizer: torch.optim.Optimizer) -> LambdaLR:

@@ -70,7 +70,7 @@ def test_explicit_config_keys_win_over_accelerate_and_its_plugin_is_switched_off
     assert env[USE_FSDP] == "false"  # the Accelerator built next must not set up accelerate's own FSDP
     assert "the voxrelay config's own keys win: train.fsdp_sharding=shard_grad_op" in caplog.text
     assert "voxrelay's FSDP2 code path" in caplog.text
-    with pytest.raises(ConfigError, match="accelerate FSDP launch settings"):
+    with pytest.raises(ConfigError, match="accelerate launch settings"):
         apply_accelerate_env(load_config(None, ["train.precision=fp16"]), dict(SEED_001))
     untouched = load_config(None, [])
     assert apply_accelerate_env(untouched, {}).train.strategy == "ddp"

@@ -1,6 +1,6 @@
 """train.optimizer and train.schedule: exact resume of every optimizer through a checkpoint's
-state dicts, each schedule's lr curve against values computed by hand, and no weight decay on
-norms and biases whatever the optimizer."""
+state dicts, each schedule's lr curve against transformers' schedule of the same name (and the schedules of
+before against values computed by hand), and no weight decay on norms and biases whatever the optimizer."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_resume_through_state_dicts_is_exact(name):
 
 @pytest.mark.parametrize("name", OPTIMIZER_NAMES)
 def test_norms_and_biases_get_no_weight_decay(name):
-    tc = _tc(f"train.optimizer={name}", "train.lr=0.5")
+    tc = _tc(f"train.optimizer={name}", "train.lr=0.5", "train.warmup_steps=0")  # HF's warmup: lr 0 at step 0
     module = _module()
     optimizer, _ = _built(tc, module)
     decayed, kept = optimizer.param_groups
@@ -162,7 +162,7 @@ def test_lion_8bit_follows_lion():
 
 
 def test_adafactor_uses_our_lr_and_schedule():
-    tc = _tc("train.optimizer=adafactor", "train.betas=[0.8, 0.9]")
+    tc = _tc("train.optimizer=adafactor", "train.betas=[0.8, 0.9]", "train.warmup_from_zero=false")
     optimizer, _ = _built(tc, _module())
     group = optimizer.param_groups[0]
     assert (group["relative_step"], group["scale_parameter"], group["warmup_init"], group["beta1"]) == (
@@ -182,33 +182,78 @@ def test_every_configurable_optimizer_is_built():
     assert set(OPTIMIZERS) == set(OPTIMIZER_NAMES)
 
 
-def _lrs(schedule: str, steps: list[int]) -> list[float]:
-    """lr at each of ``steps`` (0-based optimizer steps) with lr=1, warmup 4, max_steps 14, floor 0.1."""
+def _lrs(schedule: str, steps: list[int], *overrides: str) -> list[float]:
+    """lr at each of ``steps`` (0-based optimizer steps) with lr=1, warmup 4, max_steps 14."""
     tc = load_config(None, [f"train.schedule={schedule}", "train.lr=1", "train.warmup_steps=4",
-                            "train.max_steps=14", "train.min_lr_ratio=0.1"]).train
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=tc.lr)
-    scheduler = build_scheduler(tc, optimizer)
+                            "train.max_steps=14", *overrides]).train
+    return _stepped(build_scheduler(tc, _sgd()), steps)
+
+
+def _sgd() -> torch.optim.Optimizer:
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+
+
+def _stepped(scheduler, steps: list[int]) -> list[float]:
     out = []
     for step in range(max(steps) + 1):
         if step in steps:
-            out.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
+            out.append(scheduler.optimizer.param_groups[0]["lr"])
+        scheduler.optimizer.step()
         scheduler.step()
     return out
 
 
+SCHEDULES = get_args(TrainConfig.model_fields["schedule"].annotation)
+EVERY_STEP = list(range(15))  # 0 .. max_steps
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_each_schedule_is_its_transformers_namesake(schedule):
+    """Named as HF's get_scheduler, equal to it at every step of the run, to the last bit (issue 32 item 7)."""
+    from transformers import get_scheduler
+
+    theirs = get_scheduler(schedule, _sgd(), num_warmup_steps=4, num_training_steps=14)
+    assert _lrs(schedule, EVERY_STEP) == _stepped(theirs, EVERY_STEP)
+
+
+def test_cosine_with_a_floor_is_transformers_cosine_with_min_lr():
+    from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
+
+    theirs = get_cosine_with_min_lr_schedule_with_warmup(_sgd(), 4, 14, min_lr_rate=0.1)
+    assert _lrs("cosine", EVERY_STEP, "train.min_lr_ratio=0.1") == pytest.approx(_stepped(theirs, EVERY_STEP),
+                                                                               rel=1e-15)
+
+
 STEPS_CHECKED = [0, 3, 4, 6, 9, 14, 20]  # warmup, its last step, peak, early decay, mid, end, past the end
+BEFORE = ["train.min_lr_ratio=0.1", "train.warmup_from_zero=false"]  # the schedules voxrelay had before
 
 
 @pytest.mark.parametrize(("schedule", "expected"), [
-    # warmup (step + 1) / 5; decay progress (step - 4) / 10: 0.2 at step 6, 0.5 at step 9
+    # warmup (step + 1) / 5; decay progress (step - 4) / 10: 0.2 at step 6, 0.5 at step 9; floor 0.1
     ("cosine", [0.2, 0.8, 1.0, 0.1 + 0.45 * (1 + math.cos(0.2 * math.pi)), 0.55, 0.1, 0.1]),
     ("linear", [0.2, 0.8, 1.0, 0.1 + 0.9 * 0.8, 0.55, 0.1, 0.1]),
     ("constant", [1.0] * 7),
     ("constant_with_warmup", [0.2, 0.8, 1.0, 1.0, 1.0, 1.0, 1.0]),
 ])
-def test_schedule_curves(schedule, expected):
-    assert _lrs(schedule, STEPS_CHECKED) == pytest.approx(expected, rel=1e-12)
+def test_the_schedules_of_before_by_hand(schedule, expected):
+    assert _lrs(schedule, STEPS_CHECKED, *BEFORE) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_run_saved_before_the_change_keeps_its_schedule():
+    """A checkpoint's config from before: min_lr_ratio 0.1 (its default then), no warmup_from_zero. Resumed by a
+    config that sets neither, the run keeps both; a key this session sets is not overridden."""
+    from voxrelay.config import config_changes
+    from voxrelay.train.optim import started_schedule
+
+    saved = load_config(None, ["train.min_lr_ratio=0.1"]).to_dict()
+    del saved["train"]["warmup_from_zero"]
+    cfg = load_config(None, [])
+    kept = started_schedule(cfg.train, saved)
+    assert kept == {"min_lr_ratio": 0.1, "warmup_from_zero": False}
+    cfg.train = cfg.train.model_copy(update=kept)
+    assert config_changes(saved, cfg.to_dict()) == ([], [])  # the resume check finds nothing changed
+    assert started_schedule(load_config(None, ["train.min_lr_ratio=0"]).train, saved) == {"warmup_from_zero": False}
+    assert started_schedule(cfg.train, cfg.to_dict()) == {}  # a run saved by this version: nothing to keep
 
 
 def test_constant_warns_that_warmup_is_unused(caplog):

@@ -10,7 +10,7 @@ import torch
 
 from voxrelay.config import ConfigError
 from voxrelay.errors import one_line
-from voxrelay.models.hf import ModelLoadError, auto_config, load_causal_lm, looks_local
+from voxrelay.models.hf import ModelLoadError, auto_config, load_causal_lm, looks_local, missing_folder
 from voxrelay.models.orpheus import layout as L
 from voxrelay.models.orpheus.config import OrpheusConfig
 
@@ -23,9 +23,9 @@ def load_tokenizer(source: str, what: str) -> Any:
 
     from transformers import AutoTokenizer
 
-    if looks_local(source) and not Path(source).expanduser().is_dir():
-        raise ModelLoadError(f"{what}={source!r}: no such folder (and not a hub id); point it at a Llama-3 "
-                             "or Orpheus tokenizer folder (tokenizer.json) or hub id")
+    fix = "point it at a Llama-3 or Orpheus tokenizer folder (tokenizer.json) or hub id"
+    if problem := missing_folder(source, what, fix):
+        raise ModelLoadError(problem)
     try:
         tok = AutoTokenizer.from_pretrained(str(Path(source).expanduser()) if looks_local(source) else source)
     except (OSError, ValueError, KeyError, TypeError) as e:

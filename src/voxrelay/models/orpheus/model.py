@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -36,12 +36,35 @@ from voxrelay.models.base import (
 from voxrelay.models.hf import load_causal_lm, read_meta, write_meta
 from voxrelay.models.orpheus import layout as L
 from voxrelay.models.orpheus.loading import load_tokenizer
-from voxrelay.models.sampling import sample
+from voxrelay.models.sampling import sample, sample_processed
 
 FORMAT_VERSION = 1
+# upstream's inference of a fine-tuned model with transformers' generate (the fine-tuning notebook Orpheus' README
+# links, unslothai/notebooks Orpheus_(3B)-TTS: temperature 0.6, top_p 0.95, repetition_penalty 1.1; its README:
+# "repetition_penalty>=1.1 is required for stable generations"; the vLLM package's engine_class.py serves with
+# 0.8 and 1.3): top-p and the penalty are Orpheus' defaults here (temperature and top-k: voxrelay's)
+TOP_P = 0.95
+REPETITION_PENALTY = 1.1
 IGNORE_INDEX = -100
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SPEECH_LABELS = (L.END_OF_SPEECH, L.END_OF_AI)  # besides the audio ids, what loss_on=speech learns
+
+
+class Sampling(NamedTuple):
+    """How one token is drawn: temperature and top-k alone draw as every family does (:func:`sample`); with a
+    top-p or a repetition penalty, as transformers' generate (:func:`sample_processed`)."""
+
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    repetition_penalty: float | None
+
+    def pick(self, logits: torch.Tensor, seen: torch.Tensor, generator: torch.Generator) -> int:
+        """An index into ``logits`` [N]; ``seen``: the indices already in the sequence."""
+        if (self.top_p is None or self.top_p >= 1.0) and self.repetition_penalty in (None, 1.0):
+            return sample(logits, self.temperature, self.top_k, generator)
+        return sample_processed(logits, self.temperature, self.top_k, self.top_p, self.repetition_penalty, seen,
+                                generator)
 
 
 class OrpheusPromptError(UserError, ValueError):
@@ -56,6 +79,7 @@ class Orpheus(FamilyState):
     """
 
     request_fields: tuple[str, ...] = ()  # text and speaker only
+    sampling_options: tuple[str, ...] = ("top_p", "repetition_penalty")  # defaults: upstream's (TOP_P ...)
 
     family = "orpheus"
     max_length_key = "model.max_seq_len"
@@ -153,17 +177,22 @@ class Orpheus(FamilyState):
     # ---------------------------------------------------------------- synthesis
 
     def speak(self, request: Request, codec, max_frames: int | None = None, temperature: float = 0.8,
-              top_k: int | None = 50, seed: int = 0) -> Speech:
+              top_k: int | None = 50, seed: int = 0, top_p: float | None = TOP_P,
+              repetition_penalty: float | None = REPETITION_PENALTY) -> Speech:
         """:meth:`generate` the request's text and speaker, decoded by ``codec`` (no description, no voice prompts)."""
-        return speak_codes(self, request, codec, max_frames, temperature, top_k, seed)
+        return speak_codes(self, request, codec, max_frames, temperature, top_k, seed, top_p=top_p,
+                           repetition_penalty=repetition_penalty)
 
     @torch.no_grad()
     def generate(self, text: str, speaker: str | None = None, max_frames: int | None = None,
-                 temperature: float = 0.8, top_k: int | None = 50, seed: int = 0) -> np.ndarray:
+                 temperature: float = 0.8, top_k: int | None = 50, seed: int = 0, top_p: float | None = TOP_P,
+                 repetition_penalty: float | None = REPETITION_PENALTY) -> np.ndarray:
         """SNAC codes int64 [7, T] for ``text``, deterministic for a ``seed``; ``temperature <= 0`` is greedy.
 
         Sampling is restricted to the ids upstream decoding would keep (position k of a frame: its 4,096
-        audio ids; end_of_speech only at a frame boundary after one frame), then decoded as upstream."""
+        audio ids; end_of_speech only at a frame boundary after one frame), then processed as transformers'
+        generate does (repetition penalty over the prompt and what was generated, temperature, top-k, top-p;
+        upstream's defaults, see :data:`TOP_P`), then decoded as upstream."""
         prompt = self.prompt_ids(text, speaker)
         budget = (self.max_length - len(prompt) - 1) // L.CODES_PER_FRAME
         if budget < 1:
@@ -173,31 +202,31 @@ class Orpheus(FamilyState):
         was_training = self.module.training
         self.module.eval()
         try:
-            ids = self._decode(prompt, max_frames, temperature, top_k, seed)
+            ids = self._decode(prompt, max_frames, Sampling(temperature, top_k, top_p, repetition_penalty), seed)
         finally:
             self.module.train(was_training)
         return L.ids_to_codes(np.asarray(prompt + ids, dtype=np.int64))
 
-    def _decode(self, prompt: list[int], max_frames: int, temperature: float, top_k: int | None,
-                seed: int) -> list[int]:
+    def _decode(self, prompt: list[int], max_frames: int, how: Sampling, seed: int) -> list[int]:
         """KV-cached sampling; returns the generated ids (audio ids, then END_OF_SPEECH if it ended)."""
         device = next(self.module.parameters()).device
         generator = torch.Generator(device=device).manual_seed(seed)
         step_input, past, out_ids = torch.tensor([prompt], device=device), None, []
+        seen = torch.tensor(prompt, device=device)  # every id so far: what the repetition penalty looks at
         while len(out_ids) < max_frames * L.CODES_PER_FRAME:
             out = self.module(input_ids=step_input, past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[0, -1].float()
             k = len(out_ids) % L.CODES_PER_FRAME
             lo = int(L.OFFSETS[k])
-            candidates = logits[lo : lo + L.CODEBOOK_SIZE]
-            can_end = k == 0 and out_ids
-            if can_end:
-                candidates = torch.cat([candidates, logits[L.END_OF_SPEECH : L.END_OF_SPEECH + 1]])
-            choice = sample(candidates, temperature, top_k, generator)
-            if can_end and choice == L.CODEBOOK_SIZE:
+            ids = torch.arange(lo, lo + L.CODEBOOK_SIZE, device=device)  # the candidates' ids
+            if k == 0 and out_ids:  # end_of_speech is a candidate too
+                ids = torch.cat([ids, torch.tensor([L.END_OF_SPEECH], device=device)])
+            choice = how.pick(logits[ids], torch.isin(ids, seen).nonzero()[:, 0], generator)
+            if int(ids[choice]) == L.END_OF_SPEECH:
                 return [*out_ids, L.END_OF_SPEECH]
             out_ids.append(lo + choice)
             step_input = torch.tensor([[lo + choice]], device=device)
+            seen = torch.cat([seen, step_input[0]])
         return out_ids
 
     # ---------------------------------------------------------------- files
