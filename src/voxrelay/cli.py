@@ -158,7 +158,7 @@ def train_cmd(
 
 
 def _say_resumed(run) -> None:
-    if run.resumed_from is not None:
+    if run.resumed_from is not None and run.accelerator.is_main_process:  # once per job, not per process
         err.print(f"resuming {run.cfg.run_uri} from step {run.resumed_from}", highlight=False)
 
 

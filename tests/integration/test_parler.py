@@ -142,6 +142,7 @@ def test_parler_on_two_processes_resumes_exactly(setup, strategy):
     run(f"{strategy}-split", f"train.max_steps={STEPS // 2}")
     res = run(f"{strategy}-split")
     assert int(re.search(r"resuming \S+ from step (\d+)", res.stderr).group(1)) == STEPS // 2
+    assert len(re.findall(r"resuming \S+ from step", res.stderr)) == 1, res.stderr  # once per job, not per process
     step_a, a = final_weights(str(base / f"root/runs/{strategy}-straight"), base / "cache/fetch")
     step_b, b = final_weights(str(base / f"root/runs/{strategy}-split"), base / "cache/fetch")
     assert step_a == step_b == STEPS and not any(k.startswith("text_encoder.") for k in a)
