@@ -57,6 +57,9 @@ def _setup_logging() -> None:
     if not OWN_LINES.verbose:  # transformers and the hub print through handlers of their own
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_HUB_VERBOSITY", "error")
+        # transformers' "Loading weights"/"Writing model shards" bars (every from_pretrained) and the hub's: both
+        # read this once, at import, so it is set before any loader imports them
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from voxrelay.models.hub_cache import use_local_hub_cache
 
@@ -289,10 +292,6 @@ def export_cmd(
     """Write model.safetensors + config (+ codec) that synthesize and transformers can load (LoRA: merged)."""
     from voxrelay.inference import export_run
 
-    if not OWN_LINES.verbose:  # transformers' "Writing model shards" bar
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
     at = export_run(run, output, step, adapter_only, fmt)
     out.print(f"exported step {at} to {output}", highlight=False)
 
@@ -306,6 +305,8 @@ def import_cmd(
                                + ", ".join(IMPORTERS)),
     file: Path = typer.Argument(..., help="The upstream file"),
     output: Path = typer.Option(..., "-o", "--output", help="The voxrelay config (YAML) to write"),
+    prepared: str = typer.Option(None, "--prepared", help="Prepared data (<root>/prepared/<name>, local or in a "
+                                 "bucket) whose size turns the file's epochs into train.max_steps"),
 ):
     """Turn an upstream training config into a voxrelay config; prints every field dropped and why."""
     from voxrelay.models.registry import get_importer
@@ -313,7 +314,7 @@ def import_cmd(
 
     if (problem := "it is a folder" if output.is_dir() else output_problem(output)) is not None:
         raise UserError(f"-o {str(output)!r} cannot be written: {problem}; pass the path of a .yaml file to write")
-    text, notes = get_importer(kind)(file)
+    text, notes = get_importer(kind)(file, prepared)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
     for note in notes:

@@ -165,7 +165,7 @@ def test_plan_of_seed_000s_run_needs_only_a_config_json(tmp_path):
     import sys
 
     from voxrelay.models.parler.config import KNOWN_T5
-    from voxrelay.models.parler.loading import upstream_config
+    from voxrelay.models.parler.export import upstream_config
     from voxrelay.models.parler.modeling import ParlerConfig, ParlerDecoderConfig
 
     folder = tmp_path / "parler-tts-untrained-600M"

@@ -128,7 +128,7 @@ def test_parlers_dac_wrapper_encodes_and_decodes_as_upstream(kind: str, dac_weig
     io = load_file(str(FIXTURE / "dac" / "io.safetensors"))
     with torch.no_grad():
         latents = codec.model.encoder(io["input_values"])
-    assert torch.allclose(latents, io["latents"], rtol=1e-4, atol=1e-3)
+    assert (latents - io["latents"]).abs().max() < 1e-4 * io["latents"].abs().max()  # float rounding: 1e-5 seen
     assert np.array_equal(codec.encode(io["input_values"][0, 0].numpy()), io["audio_codes"].numpy())
     assert np.abs(codec.decode(io["audio_codes"].numpy()) - io["audio_values"].reshape(-1).numpy()).max() < 1e-5
     # 44100 / 512 = 86.13 frames/s (upstream's 86), not transformers' DacConfig.frame_rate (87)
