@@ -111,13 +111,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                        "compare with the codes/audio voxrelay generated (scripts/parler_live_checks.py writes OURS)")
     ckpt = sub.add_parser("make-checkpoint", help="write an upstream output_dir with an accelerate checkpoint-* folder")
     dac = sub.add_parser("make-dac", help="write parler's DAC wrapper configs and codes of deterministic weights")
+    peft_fields = sub.add_parser("make-peft-fields", help="record the LoraConfig fields of the venv's peft")
     adapter = sub.add_parser("check-adapter", help="PeftModel.from_pretrained of an --adapter-only export")
     adapter.add_argument("folder", type=Path)
     adapter.add_argument("ours", type=Path, help="voxrelay's logits of the adapted model on the fixture's inputs")
     adapter.add_argument("--fixture", type=Path, default=DEFAULT_OUT)
-    for p in (ckpt, dac):
+    for p in (ckpt, dac, peft_fields):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    for p in (make, check, ckpt, dac, adapter):
+    for p in (make, check, ckpt, dac, adapter, peft_fields):
         p.add_argument("--venv", type=Path, default=argparse.SUPPRESS, help="upstream venv")
     return parser.parse_args(argv)
 
@@ -138,6 +139,8 @@ def main(argv: list[str]) -> int:
         more.make_checkpoint(args.out.absolute())
     elif args.command == "make-dac":
         more.make_dac(args.out.absolute())
+    elif args.command == "make-peft-fields":
+        more.make_peft_fields(args.out.absolute())
     elif args.command == "check-adapter":
         return more.check_adapter(args.folder.absolute(), args.ours.absolute(), args.fixture.absolute())
     else:

@@ -190,3 +190,84 @@ def make_dac(out_dir: Path) -> None:
         path.chmod(0o644)
         print(f"{path.stat().st_size:>9}  {path}")
     print(f"codes {tuple(io['audio_codes'].shape)}: {io['audio_codes'][:, :4].tolist()}")
+
+
+# ----------------------------------------------------------------------------- checks of voxrelay's exports
+
+
+def check_generate(folder: Path, ours_file: Path) -> int:
+    """Upstream README's inference call on FOLDER, then greedy generation compared with voxrelay's (same ids,
+    max_length, min_new_tokens): the codes upstream's generate hands its DAC, and the audio."""
+    import torch
+    from parler_tts import ParlerTTSForConditionalGeneration
+    from safetensors.torch import load_file
+
+    ours = load_file(str(ours_file))
+    model = ParlerTTSForConditionalGeneration.from_pretrained(str(folder), attn_implementation=up.ATTN,
+                                                              torch_dtype=torch.float32).eval()
+    ids, prompt = ours["input_ids"], ours["prompt_input_ids"]
+    print(f"generation_config: {json.dumps(model.generation_config.to_diff_dict(), sort_keys=True)}")
+    # README's call (sampling), shorter; a random model also samples the 62 ids that are no DAC code (1026-1087),
+    # which upstream's decode cannot take (a trained one does not): banned here
+    unused = list(range(model.config.decoder.bos_token_id + 1, model.config.decoder.vocab_size))
+    torch.manual_seed(0)
+    readme = model.generate(input_ids=ids, prompt_input_ids=prompt, max_length=64, suppress_tokens=unused)
+    print(f"README call model.generate(input_ids=..., prompt_input_ids=..., max_length=64, suppress_tokens=[1026..]): "
+          f"audio {tuple(readme.shape)}, finite {bool(torch.isfinite(readme).all())}")
+    seen = []
+    decode = model.audio_encoder.decode
+
+    def spy(audio_codes, *args, **kwargs):
+        seen.append(audio_codes.detach().clone())
+        return decode(audio_codes, *args, **kwargs)
+
+    model.audio_encoder.decode = spy
+    audio = model.generate(input_ids=ids, prompt_input_ids=prompt, do_sample=False, suppress_tokens=unused,
+                           max_length=int(ours["max_length"]), min_new_tokens=int(ours["min_new_tokens"]))
+    codes = seen[-1].reshape(model.decoder.num_codebooks, -1)
+    same = codes.shape == ours["codes"].shape and torch.equal(codes, ours["codes"])
+    diff = (audio.reshape(-1) - ours["audio"]).abs().max().item() if audio.numel() == ours["audio"].numel() else None
+    print(f"greedy: upstream codes {tuple(codes.shape)}, voxrelay's {tuple(ours['codes'].shape)}, equal {same}; "
+          f"audio {audio.numel()} samples, max |diff| vs voxrelay's {diff}")
+    ok = same and diff is not None and diff < 1e-4
+    print("GENERATE OK" if ok else "GENERATE MISMATCH")
+    return 0 if ok else 1
+
+
+def check_adapter(folder: Path, ours_file: Path, fixture: Path) -> int:
+    """peft's PeftModel.from_pretrained (and AutoPeftModel, through the adapter's auto_mapping and base name) of
+    voxrelay's --adapter-only export on upstream's model of the fixture: its logits against voxrelay's."""
+    import peft
+    import torch
+    from parler_tts import ParlerTTSForConditionalGeneration
+    from safetensors.torch import load_file
+
+    io, ours = load_file(str(fixture / "io.safetensors")), load_file(str(ours_file))
+    base = ParlerTTSForConditionalGeneration.from_pretrained(str(fixture), attn_implementation=up.ATTN,
+                                                             torch_dtype=torch.float32).eval()
+    plain = up.run_forward(base, io)["logits"]
+    model = peft.PeftModel.from_pretrained(base, str(folder)).eval()
+    got = up.run_forward(model, io)["logits"]
+    auto = peft.AutoPeftModel.from_pretrained(str(folder), attn_implementation=up.ATTN, torch_dtype=torch.float32)
+    got_auto = up.run_forward(auto.eval(), io)["logits"]
+    d_ours, d_auto = (got - ours["logits"]).abs().max().item(), (got_auto - ours["logits"]).abs().max().item()
+    d_base = (got - plain).abs().max().item()
+    print(f"peft {peft.__version__}: PeftModel.from_pretrained({type(base).__name__}) max |logit diff| vs voxrelay "
+          f"{d_ours:.3e}; AutoPeftModel ({type(auto.get_base_model()).__name__}) {d_auto:.3e}; the adapter moves "
+          f"the base's logits by {d_base:.3e}")
+    ok = d_ours < 1e-4 and d_auto < 1e-4 and d_base > 1e-2
+    print("ADAPTER OK" if ok else "ADAPTER MISMATCH")
+    return 0 if ok else 1
+
+
+def make_peft_fields(out_dir: Path) -> None:
+    """The fields peft's LoraConfig takes in this venv (peft of upstream's time): an adapter_config.json with any
+    other key is refused there (``LoraConfig.__init__() got an unexpected keyword argument``)."""
+    import dataclasses
+
+    import peft
+
+    names = sorted(f.name for f in dataclasses.fields(peft.LoraConfig))
+    path = out_dir / f"peft_{peft.__version__}_lora_config_fields.json"
+    path.write_text(json.dumps({"peft": peft.__version__, "fields": names}, indent=1) + "\n")
+    print(f"{len(names)} fields -> {path}")

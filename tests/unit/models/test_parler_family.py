@@ -288,6 +288,8 @@ def test_adapter_only_export_is_peft_on_upstreams_module_names(parts, tmp_path):
     assert adapter["base_model_name_or_path"] == str(FIXTURE) and adapter["peft_type"] == "LORA"
     assert adapter["auto_mapping"] == {"base_model_class": "ParlerTTSForConditionalGeneration",
                                        "parent_library": "parler_tts.modeling_parler_tts"}
+    old_peft = json.loads((FIXTURE / "peft_0.13.2_lora_config_fields.json").read_text())["fields"]
+    assert set(adapter) <= set(old_peft)  # peft 0.13 (upstream's time) refuses any key it does not know
     upstream_keys = list(load_file(str(FIXTURE / "model.safetensors"))) + list(
         json.loads((FIXTURE / "audio_encoder_keys.json").read_text()))
     linear = {k.removesuffix(".weight") for k in upstream_keys if k.endswith(".weight")}

@@ -22,6 +22,9 @@ UPSTREAM_CLASS = {"base_model_class": "ParlerTTSForConditionalGeneration",
                   "parent_library": "parler_tts.modeling_parler_tts"}
 
 
+KEPT = {"peft_type", "task_type", "r", "lora_alpha", "target_modules", "inference_mode"}
+
+
 class ExportError(UserError, ValueError):
     """The model or its codec cannot be written in upstream's format; the message says what to do instead."""
 
@@ -30,9 +33,15 @@ def save_adapter(module: Any, folder: Path, base: str | None) -> None:
     """A LoRA ``module`` (PeftModel over a ParlerModule, whose module names are upstream's) as peft's
     ``adapter_config.json`` + ``adapter_model.safetensors``, naming upstream's class and ``base`` (the run's
     ``model.init_from``) as the model to apply it to."""
+    import peft
+
     module.save_pretrained(str(folder))
     path = folder / "adapter_config.json"
     config = json.loads(path.read_text())
+    # only what differs from peft's defaults (and what says what this is): a peft of upstream's time (0.13,
+    # beside transformers 4.46) refuses the keys later versions added, even at their defaults
+    defaults = json.loads(json.dumps(peft.LoraConfig().to_dict(), default=str))
+    config = {k: v for k, v in config.items() if k in KEPT or k not in defaults or v != defaults[k]}
     config |= {"auto_mapping": UPSTREAM_CLASS, "base_model_name_or_path": base}
     path.write_text(json.dumps(config, indent=2, sort_keys=True))
 
