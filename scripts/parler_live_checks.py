@@ -14,23 +14,27 @@ then:
    inputs; ``scripts/parler_upstream.py check-adapter`` loads it with peft's ``PeftModel.from_pretrained`` and
    ``AutoPeftModel`` on upstream's ``ParlerTTSForConditionalGeneration`` and compares.
 
-Exit status: 1 if an upstream check fails. Their output is recorded in tests/fixtures/parler/README.md.
+Exit status: 1 if an upstream check fails. ``--record`` writes their output to tests/fixtures/parler/live_checks.txt.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "parler"
 UPSTREAM = ["python3", str(REPO / "scripts" / "parler_upstream.py")]
 MAX_LENGTH = 40  # decoder columns, the start column included
+RECORD = FIXTURE / "live_checks.txt"
+NOISE = re.compile(r"it/s\]|s/it\]|kernels-community")  # progress bars, bitsandbytes' CPU notice
 
 
 def parler_dac(work: Path):
@@ -134,7 +138,9 @@ def adapter(model, cfg, codec, work: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, help="keep the exports here (default: a temporary folder)")
-    work = parser.parse_args().work or Path(tempfile.mkdtemp(prefix="parler-live-"))
+    parser.add_argument("--record", action="store_true", help=f"write upstream's output to {RECORD}")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="parler-live-"))
     sys.path.insert(0, str(REPO))
     from voxrelay.inference import export
 
@@ -142,9 +148,17 @@ def main() -> int:
     model, cfg = fixture_model(work)
     export(model, codec, work / "export", fmt="parler")
     ours = generation(model, codec, work)
-    status = subprocess.run([*UPSTREAM, "check-export", str(work / "export"), "--generate", str(ours)]).returncode
-    ours = adapter(model, cfg, codec, work)
-    status |= subprocess.run([*UPSTREAM, "check-adapter", str(work / "adapter"), str(ours)]).returncode
+    checks = [["check-export", str(work / "export"), "--generate", str(ours)]]
+    checks.append(["check-adapter", str(work / "adapter"), str(adapter(model, cfg, codec, work))])
+    status, lines = 0, [f"# scripts/parler_live_checks.py, {time.strftime('%Y-%m-%d')}"]
+    for check in checks:
+        res = subprocess.run([*UPSTREAM, *check], capture_output=True, text=True)
+        shown = [line for line in (res.stdout + res.stderr).splitlines() if not NOISE.search(line)]
+        lines += [f"$ python3 scripts/parler_upstream.py {check[0]} ...", *shown]
+        print("\n".join(lines[-len(shown) - 1:]))
+        status |= res.returncode
+    if args.record:
+        RECORD.write_text("\n".join(lines) + "\n")
     print(f"work folder: {work}")
     return status
 

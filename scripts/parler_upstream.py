@@ -435,7 +435,9 @@ def write_readme(out_dir: Path, model, tensors: dict, keys: dict) -> None:
         text_d_model=model.config.text_encoder.d_model,
         flags="" if model.config.text_encoder.d_model == 24 else f" --text-d-model {model.config.text_encoder.d_model}",
     )
-    (out_dir / "README.md").write_text(text)
+    import parler_upstream_artifacts as more
+
+    (out_dir / "README.md").write_text(text + more.README_MORE.format(accelerate=version("accelerate")))
 
 
 README_TEMPLATE = """\
@@ -492,6 +494,8 @@ The forward call is `model(input_ids, attention_mask, prompt_input_ids, prompt_a
 `python3 scripts/parler_upstream.py check-export FOLDER` loads FOLDER with upstream's `from_pretrained`
 (eager attention), runs these inputs and prints max |logit diff| and the losses (exit 1 if diff > 1e-4 or a
 non-DAC key is missing). This folder itself passes (its DAC is then randomly initialised, unused here).
+`--generate OURS` also runs upstream's README inference call and a greedy generation against voxrelay's
+(see the live checks below).
 """
 
 

@@ -271,3 +271,57 @@ def make_peft_fields(out_dir: Path) -> None:
     path = out_dir / f"peft_{peft.__version__}_lora_config_fields.json"
     path.write_text(json.dumps({"peft": peft.__version__, "fields": names}, indent=1) + "\n")
     print(f"{len(names)} fields -> {path}")
+
+
+README_MORE = """
+## `output_dir_training/` and `checkpoint_io.safetensors` (`make-checkpoint`)
+
+Upstream's training `output_dir` as `training/run_parler_tts_training.py` leaves it after one optimizer step
+(`save_steps` 1): a real accelerate {accelerate} `Accelerator` (no mixed precision, the script's kwargs handlers)
+prepared the model, AdamW and a constant_with_warmup schedule; one training step as the script takes it
+(loss_reduction="sum" / its num_items_in_batch, clip 1.0, step); then
+`accelerator.save_state(output_dir/checkpoint-1-epoch-0, safe_serialization=False)`: `pytorch_model.bin`
+(pickled), `optimizer.bin`, `scheduler.bin`, `random_states_0.pkl`, no config.json. Into `output_dir` itself,
+as the script does once: the prompt tokenizer (a tiny T5-style Unigram tokenizer of 150 pieces,
+tests/helpers/parler.py), the feature extractor (EncodecFeatureExtractor, 44.1 kHz) and `config.json`.
+To stay small the model is smaller than the one above (T5 d_model 24 x 1 layer; decoder hidden 16 x 2 layers,
+4 codebooks of 32 codes: vocab 40, eos = pad = 32, bos = 33; text encoder and DAC frozen, as seed 000) and
+its 76M DAC is swapped, before `prepare`, for a tiny descript `DAC(encoder_dim=2, encoder_rates=[2, 2],
+decoder_dim=4, decoder_rates=[2, 2], n_codebooks=4, codebook_size=32, codebook_dim=4)` re-normed as
+`DACModel.__init__` does (descript names, `parametrizations.weight.original0/1`); config.json still describes
+DACConfig's default architecture, so upstream's own `load_state` needs the same swap.
+`checkpoint_io.safetensors`: the step's batch (`input_ids`, `attention_mask`, `prompt_input_ids`,
+`prompt_attention_mask`, `labels` [B, T, K]), then eval-mode `logits` [B, K, T, V] of the saved weights,
+`loss`, `per_codebook_losses`, and the training step's `train_loss`.
+
+## `dac/` (`make-dac`)
+
+Parler's own DAC wrapper, built as `helpers/push_to_hub_scripts/push_dac_to_hub.py` builds
+`parler-tts/dac_44khZ_8kbps`: `DACModel(DACConfig())`, with weights from tests/helpers/parler_dac.py (each tensor
+a seeded function of its key name, so a test rebuilds the ~300 MB `model.safetensors` from
+`audio_encoder_keys.json`: the same 301 keys without `audio_encoder.`, checked by the script).
+`config.dac_on_the_hub.json` and `config.dac.json`: `save_pretrained`'s config.json with `DACConfig.model_type`
+as transformers 4.46 and <= 4.44.2dev register it. The folder held only config.json and model.safetensors.
+`io.safetensors`: `input_values` [1, 1, 4096] (fixed_signal(): 8 hops of 512), the encoder's `latents`
+[1, 1024, 8], `audio_codes` [9, 8] = `DACModel.encode(...).audio_codes`, and `audio_values` [1, 1, 4096] =
+`DACModel.decode` of those codes. (Upstream's encode keeps only whole hops: 4,000 samples give 7 frames, where
+voxrelay's DacCodec pads to 8.)
+
+## `peft_0.13.2_lora_config_fields.json` (`make-peft-fields`)
+
+The fields of `peft.LoraConfig` in peft 0.13.2 (2024-10, the peft of transformers 4.46's time): an
+`adapter_config.json` with any other key is refused there, as peft 0.21's full dump was
+(`LoraConfig.__init__() got an unexpected keyword argument 'alora_invocation_tokens'`).
+
+## Live checks of voxrelay's exports (`scripts/parler_live_checks.py`, recorded 2026-11-28)
+
+`PYTHONPATH=src .venv/bin/python scripts/parler_live_checks.py --record` builds this fixture's model in voxrelay
+(`model.init_from` this folder, the DAC of `dac/` rebuilt), exports it, runs `check-export EXPORT --generate OURS`
+(export --format parler: from_pretrained, upstream README's `model.generate(input_ids=…, prompt_input_ids=…)`,
+greedy generation against voxrelay's codes and audio) and `check-adapter` (export --adapter-only of a LoRA model:
+peft's `PeftModel.from_pretrained` and `AutoPeftModel` on `ParlerTTSForConditionalGeneration`) in this venv, and
+writes their output to `live_checks.txt`.
+Greedy on both sides with the ids above BOS banned (a random model picks them; upstream's DAC decode cannot
+take them). Before voxrelay wrote `bos_token_id`, upstream's generate on the export failed in
+`modeling_parler_tts.py` line 3523: `TypeError: unsupported operand type(s) for *: 'Tensor' and 'NoneType'`.
+"""
