@@ -34,6 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "parler"
 DEFAULT_VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "voxrelay" / "parler-upstream-venv"
 READY_MARKER = ".parler-upstream-ready"
+VENV_VERSION = "2"  # bump when PIP_DEPS change: an older venv is topped up
 STUB_DIR = "torchaudio-stub"
 
 PIP_DEPS = [
@@ -52,6 +53,8 @@ PIP_DEPS = [
     "rich",
     "tensorboard",
     "randomname",
+    "accelerate==1.1.1",  # upstream's training launcher (checkpoint-* folders); 2024-11, beside transformers 4.46
+    "peft==0.13.2",  # 2024-10: the peft of transformers 4.46's time, for PeftModel.from_pretrained checks
 ]
 PIP_NO_DEPS = ["parler-tts==0.2.3", "descript-audio-codec==1.0.0", "descript-audiotools==0.7.2"]
 
@@ -71,7 +74,8 @@ ATTN = "eager"
 def ensure_venv(venv: Path) -> Path:
     """Create the upstream venv (pip installs as measured in FACTS.md) unless it is already complete."""
     python = venv / "bin" / "python"
-    if (venv / READY_MARKER).exists():
+    marker = venv / READY_MARKER
+    if marker.exists() and marker.read_text().strip() == VENV_VERSION:
         return python
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -83,7 +87,7 @@ def ensure_venv(venv: Path) -> Path:
     (stub / "__init__.py").write_text(
         '"""Empty stand-in: descript-audiotools imports torchaudio at import time; Parler never calls it."""\n'
     )
-    (venv / READY_MARKER).write_text("ok\n")
+    marker.write_text(VENV_VERSION + "\n")
     return python
 
 
@@ -103,7 +107,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     check.add_argument("folder", type=Path)
     check.add_argument("--fixture", type=Path, default=DEFAULT_OUT)
     check.add_argument("--atol", type=float, default=1e-4)
-    for p in (make, check):
+    check.add_argument("--generate", type=Path, metavar="OURS", help="also run upstream's generate on FOLDER and "
+                       "compare with the codes/audio voxrelay generated (scripts/parler_live_checks.py writes OURS)")
+    ckpt = sub.add_parser("make-checkpoint", help="write an upstream output_dir with an accelerate checkpoint-* folder")
+    dac = sub.add_parser("make-dac", help="write parler's DAC wrapper configs and codes of deterministic weights")
+    peft_fields = sub.add_parser("make-peft-fields", help="record the LoraConfig fields of the venv's peft")
+    adapter = sub.add_parser("check-adapter", help="PeftModel.from_pretrained of an --adapter-only export")
+    adapter.add_argument("folder", type=Path)
+    adapter.add_argument("ours", type=Path, help="voxrelay's logits of the adapted model on the fixture's inputs")
+    adapter.add_argument("--fixture", type=Path, default=DEFAULT_OUT)
+    for p in (ckpt, dac, peft_fields):
+        p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    for p in (make, check, ckpt, dac, adapter, peft_fields):
         p.add_argument("--venv", type=Path, default=argparse.SUPPRESS, help="upstream venv")
     return parser.parse_args(argv)
 
@@ -116,10 +131,24 @@ def main(argv: list[str]) -> int:
         os.execv(str(python), [str(python), str(Path(__file__).resolve()), *argv])
     sys.path.insert(0, str(venv / STUB_DIR))
     quiet_upstream()
+    import parler_upstream_artifacts as more
+
     if args.command == "make-fixture":
         make_fixture(args.out.absolute(), args.text_d_model, args.keep_full)
-        return 0
-    return check_export(args.folder.absolute(), args.fixture.absolute(), args.atol)
+    elif args.command == "make-checkpoint":
+        more.make_checkpoint(args.out.absolute())
+    elif args.command == "make-dac":
+        more.make_dac(args.out.absolute())
+    elif args.command == "make-peft-fields":
+        more.make_peft_fields(args.out.absolute())
+    elif args.command == "check-adapter":
+        return more.check_adapter(args.folder.absolute(), args.ours.absolute(), args.fixture.absolute())
+    else:
+        status = check_export(args.folder.absolute(), args.fixture.absolute(), args.atol)
+        if args.generate is not None:
+            status = max(status, more.check_generate(args.folder.absolute(), args.generate.absolute()))
+        return status
+    return 0
 
 
 def quiet_upstream() -> None:
@@ -406,14 +435,17 @@ def write_readme(out_dir: Path, model, tensors: dict, keys: dict) -> None:
         text_d_model=model.config.text_encoder.d_model,
         flags="" if model.config.text_encoder.d_model == 24 else f" --text-d-model {model.config.text_encoder.d_model}",
     )
-    (out_dir / "README.md").write_text(text)
+    import parler_upstream_artifacts as more
+
+    (out_dir / "README.md").write_text(text + more.README_MORE.format(accelerate=version("accelerate")))
 
 
 README_TEMPLATE = """\
 # Upstream Parler-TTS fixture (generated, do not edit)
 
 Made by `python3 scripts/parler_upstream.py make-fixture{flags}` (repo root), which creates an isolated venv
-with {versions} (Python {python}) and runs upstream's own code. Rerunning it reproduces these files.
+with {versions} (Python {python}) and runs upstream's own code. Rerunning it reproduces these files (on another CPU the
+logits differ by up to ~1.4e-6, the loss not at 6 digits).
 Random weights, seed 1234, fp32, eval mode, `attn_implementation="eager"`; loss = {loss:.6f}.
 
 ## Model (`config.json`, `generation_config.json`: upstream `save_pretrained` output)
@@ -463,6 +495,8 @@ The forward call is `model(input_ids, attention_mask, prompt_input_ids, prompt_a
 `python3 scripts/parler_upstream.py check-export FOLDER` loads FOLDER with upstream's `from_pretrained`
 (eager attention), runs these inputs and prints max |logit diff| and the losses (exit 1 if diff > 1e-4 or a
 non-DAC key is missing). This folder itself passes (its DAC is then randomly initialised, unused here).
+`--generate OURS` also runs upstream's README inference call and a greedy generation against voxrelay's
+(see the live checks below).
 """
 
 

@@ -62,6 +62,9 @@ def _setup_logging() -> None:
     if not OWN_LINES.verbose:  # transformers and the hub print through handlers of their own
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_HUB_VERBOSITY", "error")
+        # transformers' "Loading weights"/"Writing model shards" bars (every from_pretrained) and the hub's: both
+        # read this once, at import, so it is set before any loader imports them
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from voxrelay.models.hub_cache import use_local_hub_cache
 
@@ -319,10 +322,6 @@ def export_cmd(
     """Write model.safetensors + config (+ codec) that synthesize and transformers can load (LoRA: merged)."""
     from voxrelay.inference import export_run
 
-    if not OWN_LINES.verbose:  # transformers' "Writing model shards" bar
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
     at = export_run(run, output, step, adapter_only, fmt)
     out.print(f"exported step {at} to {output}", highlight=False)
 
@@ -337,12 +336,15 @@ def import_cmd(
     file: Path = typer.Argument(..., help="The upstream file", callback=reads("pass the upstream file")),
     output: Path = typer.Option(..., "-o", "--output", help="The voxrelay config (YAML) to write",
                                 callback=writes("pass another -o (the .yaml file to write)")),
+    prepared: str = typer.Option(None, "--prepared", help="Prepared data (<root>/prepared/<name>, local or in a "
+                                 "bucket) whose size turns the file's epochs into train.max_steps",
+                                 callback=reads("pass <root>/prepared/<name>", folder=True)),
 ):
     """Turn an upstream training config into a voxrelay config; prints every field dropped and why."""
     from voxrelay.models.registry import get_importer
     from voxrelay.paths import write_file
 
-    text, notes = get_importer(kind)(file)
+    text, notes = get_importer(kind)(file, prepared)
     write_file(output, text.encode("utf-8"))
     for note in notes:
         err.print(f"note: {note}", highlight=False)

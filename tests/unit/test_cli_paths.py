@@ -55,6 +55,7 @@ ROLES: dict[tuple[str, str], tuple[tuple[str, str], Callable[[str], list[str]]]]
     ("export", "output"): (WRITE_FOLDER, _as_is),
     ("import", "file"): (READ_FILE, _as_is),
     ("import", "output"): (WRITE_FILE, _as_is),
+    ("import", "prepared"): (READ_FOLDER, _as_is),
     ("demo", "root"): (WRITE_FOLDER, _as_is),
     ("sweep", "args"): (READ_FILE, _as_is),  # SWEEP.yaml, then overrides
 }

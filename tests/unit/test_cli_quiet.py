@@ -53,3 +53,32 @@ def test_verbose_is_a_global_option(tmp_path):
     finally:
         OWN_LINES.verbose = before
         os.environ.pop("VOXRELAY_VERBOSE", None)
+
+
+LOADERS = """
+import sys
+from voxrelay.cli import _setup_logging
+_setup_logging()
+from transformers import T5EncoderModel
+from voxrelay.codecs.dac import DacCodec
+DacCodec.from_pretrained(sys.argv[1])  # every command that reads DAC codes
+T5EncoderModel.from_pretrained(sys.argv[2])  # any other transformers model
+print("loaded")
+"""
+
+
+def test_transformers_loading_bars_reach_the_terminal_only_when_verbose(tmp_path):
+    """transformers 5 draws a "Loading weights" bar for every from_pretrained (the DAC on every prepare,
+    synthesize, eval, export; T5, Llama, VibeVoice): other libraries' chatter, shown with --verbose only."""
+    from tests.helpers.parler import save_tiny_dac, save_tiny_t5
+
+    dac, t5 = save_tiny_dac(tmp_path / "dac"), save_tiny_t5(tmp_path / "t5", 32)
+    for verbose in (False, True):
+        env = {k: v for k, v in os.environ.items() if k not in ("VOXRELAY_VERBOSE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+        env |= {"VOXRELAY_VERBOSE": "1"} if verbose else {}
+        res = subprocess.run([sys.executable, "-c", LOADERS, str(dac), str(t5)], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 0 and "loaded" in res.stdout, res.stderr
+        assert res.stderr.count("Loading weights") >= (2 if verbose else 0), res.stderr
+        if not verbose:
+            assert "Loading weights" not in res.stderr, res.stderr

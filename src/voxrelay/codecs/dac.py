@@ -1,4 +1,5 @@
-"""Adapter over transformers' ``DacModel`` (Descript Audio Codec: 16, 24 or 44.1 kHz checkpoints).
+"""Adapter over transformers' ``DacModel`` (Descript Audio Codec: 16, 24 or 44.1 kHz checkpoints), loaded from
+transformers' layout, Parler-TTS' DAC wrapper (the hub's ``…/dac_44khZ_8kbps``) or a Parler-TTS model's own DAC.
 
 DAC is a plain residual VQ at one rate, so codes are simply int64 [n_codebooks, T] with
 ``frame_rate = sampling_rate / hop_length`` (hop = prod(downsampling_ratios): 50 Hz for
@@ -15,33 +16,114 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from voxrelay import storage
 from voxrelay.codecs.base import CodecError, CodecNotFoundError, describe_common, looks_local, mono_float32
+from voxrelay.codecs.dac_keys import (
+    AUDIO,
+    KeyMapError,
+    dac_config_from_upstream,
+    dac_state_from_upstream,
+    is_descript_config,
+)
 from voxrelay.errors import one_line
+from voxrelay.hf_weights import WeightsFileError, has_weights, read_weights
+from voxrelay.paths import cache_dir, uri_key
 
 if TYPE_CHECKING:
     from transformers import DacModel
 
 
 def load_dac_model(path: str) -> DacModel:
-    """A DacModel in eval mode from a local ``save_pretrained`` folder or a hub id (owner/name)."""
-    from transformers import DacModel
+    """A DacModel in eval mode from a local folder or a hub id (owner/name) holding one of:
 
+    - transformers' DacModel (``save_pretrained``: ``model_type`` "dac", ``n_codebooks``…), e.g. ``descript/dac_44khz``;
+    - Parler-TTS' DAC wrapper (``DACModel``, descript's weight names ``model.encoder.block…`` with weight norm;
+      ``model_type`` "dac" or, since transformers 4.45, "dac_on_the_hub"), e.g. the hub's ``…/dac_44khZ_8kbps``;
+    - a model whose ``config.json`` has an ``audio_encoder`` DAC (a Parler-TTS checkpoint: the DAC it encodes with).
+    The last two are converted to DacModel on load (:mod:`voxrelay.codecs.dac_keys`)."""
+    if "://" in path and not storage.is_local(path):
+        path = str(_from_bucket(path))
     local = Path(path).expanduser()
     if not local.is_dir() and looks_local(path):
         raise CodecNotFoundError(
             f"DAC codec folder {path!r} does not exist; set codec.path to a local folder written by "
             "DacModel.save_pretrained, or to a hub id such as 'descript/dac_16khz'"
         )
-    if local.is_dir():
-        _check_dac_folder(local)
-    source = str(local) if local.is_dir() else path
+    folder = local if local.is_dir() else _hub_snapshot(path)
+    config = _read_config(folder)
+    if config.get("model_type") == "dac" and not is_descript_config(config):
+        return _transformers_dac(folder, path)
+    if is_descript_config(config):
+        return _converted_dac(folder, path, config, prefix="")
+    audio = config.get("audio_encoder")
+    if isinstance(audio, dict) and audio.get("model_type") in DAC_TYPES:
+        return _converted_dac(folder, path, audio, prefix=AUDIO)
+    raise CodecNotFoundError(
+        f"{path!r} is not a DAC folder (config.json has model_type {config.get('model_type')!r}); set codec.path to "
+        "a folder written by DacModel.save_pretrained (model_type 'dac'), Parler-TTS' DAC wrapper ('dac_on_the_hub') "
+        "or a model with a DAC audio_encoder (a Parler-TTS model), or set codec.type to the codec that folder holds"
+    )
+
+
+DAC_TYPES = ("dac", "dac_on_the_hub")  # transformers' DacModel / Parler-TTS' wrapper (transformers <= 4.44: "dac")
+
+
+def _from_bucket(uri: str) -> Path:
+    """A copy of the config and weights directly under ``uri`` (gs://, s3://; e.g. the Parler model folder an
+    imported config names) in the cache ``model.init_from`` uses too, fetched once (same-size files are kept)."""
+    local = cache_dir("init_from", uri_key(uri))
+    sizes = {n: s for n, s in storage.file_sizes(uri).items() if n.endswith((".json", ".safetensors", ".bin"))}
+    if "config.json" not in sizes:
+        raise CodecNotFoundError(f"codec.path {uri!r} holds no config.json; give the folder of a DAC or of a model "
+                                 "with a DAC audio_encoder")
+    for name, size in sizes.items():
+        if not ((local / name).is_file() and (local / name).stat().st_size == size):
+            storage.get_file(storage.join(uri, name), local / name)
+    return local
+
+
+def _hub_snapshot(hub_id: str) -> Path:
+    """The hub repo's config and weights (safetensors, else the pickle) in the local hub cache."""
+    from huggingface_hub import snapshot_download
+
     try:
-        model = DacModel.from_pretrained(source)
-    except OSError as e:
-        where = "local folder" if local.is_dir() else "hub id (it is not a local folder)"
+        folder = Path(snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors"]))
+        return folder if has_weights(folder) else Path(snapshot_download(hub_id, allow_patterns=["*.json", "*.bin"]))
+    except Exception as e:  # the hub client's errors have no common base worth naming
         raise CodecNotFoundError(
-            f"could not load DAC codec {path!r} as a {where} ({one_line(e)}); set codec.path to a local "
-            "folder written by DacModel.save_pretrained (hub ids need network access or a warm HF cache)"
+            f"could not load DAC codec {hub_id!r} as a hub id (it is not a local folder) ({one_line(e)[:200]}); set "
+            "codec.path to a local folder written by DacModel.save_pretrained (hub ids need network access or a "
+            "warm HF cache)"
+        ) from None
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    """config.json of a local folder; refused when absent (transformers would build a random model)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except FileNotFoundError:
+        problem = "no config.json"
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        problem = "config.json is not a JSON object"
+    else:
+        if isinstance(config, dict):
+            return config
+        problem = "config.json is not a JSON object"
+    raise CodecNotFoundError(
+        f"{str(folder)!r} is not a DAC folder ({problem}); set codec.path to a folder written by "
+        "DacModel.save_pretrained (model_type 'dac'), or set codec.type to the codec that folder holds"
+    )
+
+
+def _transformers_dac(folder: Path, path: str) -> DacModel:
+    from transformers import DacModel
+
+    try:
+        model = DacModel.from_pretrained(str(folder))
+    except OSError as e:
+        raise CodecNotFoundError(
+            f"could not load DAC codec {path!r} as a local folder ({one_line(e)}); set codec.path to a folder "
+            "written by DacModel.save_pretrained"
         ) from e
     except RuntimeError as e:  # weights whose shapes disagree with config.json
         raise CodecError(
@@ -51,24 +133,20 @@ def load_dac_model(path: str) -> DacModel:
     return model.eval()
 
 
-def _check_dac_folder(folder: Path) -> None:
-    """Refuse a local folder that holds no DAC config: transformers would build a random model from it."""
-    config_file = folder / "config.json"
+def _converted_dac(folder: Path, path: str, config: dict[str, Any], prefix: str) -> DacModel:
+    """A DacModel from descript-named weights (``prefix`` "" for a DAC folder, "audio_encoder." for a model's)."""
+    from transformers import DacModel
+
+    fix = "set codec.path to an intact folder of Parler-TTS' DAC (…/dac_44khZ_8kbps) or of a Parler-TTS model"
     try:
-        model_type = json.loads(config_file.read_text()).get("model_type")
-    except FileNotFoundError:
-        model_type = None
-        problem = "no config.json"
-    except (json.JSONDecodeError, AttributeError):
-        model_type = None
-        problem = "config.json is not a JSON object"
-    else:
-        problem = f"config.json has model_type {model_type!r}"
-    if model_type != "dac":
-        raise CodecNotFoundError(
-            f"{str(folder)!r} is not a DAC folder ({problem}); set codec.path to a folder written by "
-            "DacModel.save_pretrained (model_type 'dac'), or set codec.type to the codec that folder holds"
-        )
+        state = {k: v for k, v in read_weights(folder).items() if k.startswith(prefix)}
+        converted = dac_state_from_upstream(state, prefix)
+        with torch.device("meta"):
+            model = DacModel(dac_config_from_upstream(config))
+        model.load_state_dict(converted, strict=True, assign=True)
+    except (WeightsFileError, KeyMapError, RuntimeError, TypeError, ValueError) as e:
+        raise CodecError(f"the DAC weights in {path!r} cannot be loaded ({one_line(e)[:300]}); {fix}") from None
+    return model.eval()
 
 
 class DacCodec:

@@ -128,3 +128,19 @@ def test_batched_encoding_matches_clip_by_clip_away_from_the_padding(tiny: tuple
         frames = a.shape[1]
         same = (t == a).all(axis=0)
         assert same[: frames // 2].all(), same  # the start of a shorter clip is unaffected
+
+
+def test_a_dac_folder_in_a_bucket_is_fetched_once_into_the_cache(tiny, s3_root: str, tmp_path: Path, monkeypatch):
+    """codec.path as `import parler-config` writes it for seed 000: a model folder in the bucket."""
+    from voxrelay import storage
+
+    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
+    model, local = tiny
+    folder = tmp_path / "saved"
+    model.save_pretrained(folder)
+    for path in folder.iterdir():
+        storage.put_file(path, storage.join(s3_root, "dac", path.name))
+    codec = DacCodec.from_pretrained(storage.join(s3_root, "dac"))
+    wav = np.sin(np.arange(4 * HOP, dtype=np.float32))
+    assert np.array_equal(codec.encode(wav), local.encode(wav))
+    assert {p.name for p in (tmp_path / "cache").rglob("*") if p.is_file()} == {"config.json", "model.safetensors"}

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.helpers.parler import save_parts
 from voxrelay.models.base import DataSpec, Request, pop_counts
@@ -164,7 +165,7 @@ def test_plan_of_seed_000s_run_needs_only_a_config_json(tmp_path):
     import sys
 
     from voxrelay.models.parler.config import KNOWN_T5
-    from voxrelay.models.parler.loading import upstream_config
+    from voxrelay.models.parler.export import upstream_config
     from voxrelay.models.parler.modeling import ParlerConfig, ParlerDecoderConfig
 
     folder = tmp_path / "parler-tts-untrained-600M"
@@ -213,3 +214,103 @@ def test_lora_adapts_the_decoders_attention_and_mlp_only(parts):
     assert all(torch.equal(after[k], v) for k, v in before.items() if k.startswith("text_encoder."))
     assert not torch.equal(after["decoder.model.decoder.layers.0.fc1.weight"],
                            before["decoder.model.decoder.layers.0.fc1.weight"])
+
+
+# differences from upstream's own files that an export keeps on purpose (each with its reason)
+GENERATION_DIFFERENT = {
+    "_from_model_config": "ours is written for generation, not derived: with true, upstream's generate rebuilds it "
+                          "from config.json and drops do_sample/max_length",
+    "transformers_version": "the version that wrote the file; ours is not written by transformers",
+}
+GENERATION_EXTRA = {"do_sample", "max_length"}  # released checkpoints carry them (sampling, 30 s at 86 frames/s)
+CONFIG_DIFFERENT = {
+    "decoder.add_cross_attention": "true as upstream's from_sub_models_pretrained (the init scripts) sets it",
+    "decoder.is_decoder": "the same",
+    "decoder.architectures": "as a released decoder config names it",
+    "audio_encoder.latent_dim": "this test's DAC is a tiny one",
+}
+
+
+def _differences(ours: dict, theirs: dict, prefix: str = "") -> list[str]:
+    """Dotted keys present in both whose values differ (recursing into sub-configs)."""
+    out = []
+    for key in sorted(set(ours) & set(theirs)):
+        if isinstance(ours[key], dict) and isinstance(theirs[key], dict):
+            out += _differences(ours[key], theirs[key], f"{prefix}{key}.")
+        elif ours[key] != theirs[key]:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def test_export_in_upstreams_format_matches_upstreams_own_files_field_by_field(parts, tmp_path):
+    """generation_config.json and config.json of a `--format parler` export against the ones upstream's
+    save_pretrained wrote for the same model: upstream's README inference (`model.generate(input_ids=…,
+    prompt_input_ids=…)`) needs bos_token_id; `scripts/parler_live_checks.py` runs that generate live."""
+    from voxrelay.inference import export
+
+    model = _build(parts, f"model.init_from={FIXTURE}", f"model.description_tokenizer={parts['prompt_tokenizer']}")
+    export(model, _dac(parts), tmp_path / "up", fmt="parler")
+    ours = json.loads((tmp_path / "up" / "generation_config.json").read_text())
+    theirs = json.loads((FIXTURE / "generation_config.json").read_text())
+    assert [k for k in theirs if k not in GENERATION_DIFFERENT and ours.get(k, "absent") != theirs[k]] == []
+    assert set(ours) - set(theirs) == GENERATION_EXTRA and ours["max_length"] == 30 * 86
+    config = json.loads((tmp_path / "up" / "config.json").read_text())
+    upstream = json.loads((FIXTURE / "config.json").read_text())
+    assert [k for k in _differences(config, upstream) if k not in CONFIG_DIFFERENT] == []
+
+
+def test_adapter_only_export_is_peft_on_upstreams_module_names(parts, tmp_path):
+    """`export --adapter-only` of a Parler LoRA run: peft's files, whose target modules, keys and base name
+    are upstream's (`PeftModel.from_pretrained(ParlerTTSForConditionalGeneration…)` loads it: checked live by
+    `scripts/parler_live_checks.py`, recorded in the fixture README), and voxrelay reads it back."""
+    import re
+
+    from safetensors import safe_open
+
+    from voxrelay.inference import export, load_from_export
+    from voxrelay.models.lora_config import LoraConfig
+    from voxrelay.train.strategies import apply_lora, base_hash, describe_base
+
+    extra = (f"model.init_from={FIXTURE}", f"model.description_tokenizer={parts['prompt_tokenizer']}")
+    model = _build(parts, *extra)
+    cfg = _cfg(parts, *extra)
+    note = {"base": describe_base(cfg, 0), "base_hash": base_hash(model.module), "seed": 0,
+            "model": cfg.model_dump(mode="json"), "data": DataSpec(9, 1024).to_note()}
+    torch.manual_seed(0)
+    apply_lora(model, LoraConfig())
+    with torch.no_grad():  # adapters that change the output, as after training
+        for name, p in model.module.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    assert (_fixture_logits(model) - load_file(str(FIXTURE / "io.safetensors"))["logits"]).abs().max() > 1e-2
+    export(model, _dac(parts), tmp_path / "ad", note, adapter_only=True)
+    adapter = json.loads((tmp_path / "ad" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(FIXTURE) and adapter["peft_type"] == "LORA"
+    assert adapter["auto_mapping"] == {"base_model_class": "ParlerTTSForConditionalGeneration",
+                                       "parent_library": "parler_tts.modeling_parler_tts"}
+    old_peft = json.loads((FIXTURE / "peft_0.13.2_lora_config_fields.json").read_text())["fields"]
+    assert set(adapter) <= set(old_peft)  # peft 0.13 (upstream's time) refuses any key it does not know
+    upstream_keys = list(load_file(str(FIXTURE / "model.safetensors"))) + list(
+        json.loads((FIXTURE / "audio_encoder_keys.json").read_text()))
+    linear = {k.removesuffix(".weight") for k in upstream_keys if k.endswith(".weight")}
+    targets = sorted(m for m in {k.rsplit(".", 1)[0] for k in upstream_keys}
+                     if re.fullmatch(adapter["target_modules"], m))
+    assert len(targets) == 2 * 10 and set(targets) <= linear  # 2 layers x (self 4 + cross 4 + fc1 + fc2)
+    with safe_open(str(tmp_path / "ad" / "adapter_model.safetensors"), "pt") as f:
+        saved = set(f.keys())
+    assert saved == {f"base_model.model.{m}.lora_{ab}.weight" for m in targets for ab in "AB"}
+    assert not (tmp_path / "ad" / "model.safetensors").exists()
+    back, _ = load_from_export(str(tmp_path / "ad"))
+    assert torch.equal(_fixture_logits(back), _fixture_logits(model))
+
+
+def _fixture_logits(model) -> torch.Tensor:
+    """Audio logits of the upstream fixture's inputs (ids within the fixture model's vocabularies)."""
+    from voxrelay.models.parler import delay
+
+    module = model.module.get_base_model() if hasattr(model.module, "get_base_model") else model.module
+    io = load_file(str(FIXTURE / "io.safetensors"))
+    module.eval()
+    with torch.no_grad():
+        cond = module.encode(io["input_ids"], io["attention_mask"], io["prompt_input_ids"], io["prompt_attention_mask"])
+        return module.decode(delay.decoder_inputs(io["labels"]), cond)

@@ -14,9 +14,9 @@ FIXTURES = Path(__file__).parents[2] / "fixtures" / "parler"
 SEED = FIXTURES / "seed000_starting_point_0.01_colab.json"
 
 
-def _import(src: Path, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "voxrelay", "import", "parler-config", str(src), "-o", str(out)],
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ, COLUMNS="200"))
+def _import(src: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "voxrelay", "import", "parler-config", str(src), "-o", str(out),
+                           *extra], capture_output=True, text=True, timeout=120, env=dict(os.environ, COLUMNS="200"))
 
 
 def test_seed_000s_training_json_becomes_a_config(tmp_path):
@@ -35,16 +35,44 @@ def test_seed_000s_training_json_becomes_a_config(tmp_path):
     assert srcs[3].metadata_hub_id == "parler-tts/mls-eng-10k-tags_tagged_10k_generated"
     assert {s.description_column for s in srcs} == {"text_description"}
     assert (cfg.data.min_duration, cfg.data.max_duration, cfg.data.eval_size) == (2.0, 30, 96)
-    assert (cfg.codec.type, cfg.codec.path, cfg.codec.batch_size) == ("dac", "ylacombe/dac_44khZ_8kbps", 8)
+    # upstream encodes with the model's own DAC (model_name_or_path's audio_encoder), not feature_extractor_name's
+    model_dir = "gs://my-gcs-bucket1/parler-tts/parler-tts-untrained-600M/parler-tts-untrained-600M"
+    assert (cfg.codec.type, cfg.codec.path, cfg.codec.batch_size) == ("dac", model_dir, 8)
+    assert cfg.data.name == "tmp_dataset_audio"  # save_to_disk: where upstream keeps the encoded dataset
     t = cfg.train
     assert (t.lr, t.grad_accum, t.precision, t.schedule, t.warmup_steps, t.seed) == (
         0.00095, 8, "bf16", "constant_with_warmup", 20000, 456)
     assert list(t.betas) == [0.9, 0.99] and t.batch_tokens > 3 * 30 * 86
     assert (cfg.checkpoint.every_steps, cfg.checkpoint.keep_last, cfg.monitor.wandb) == (10000, 10, True)
     notes = " ".join(res.stderr.split())
-    for field in ("cache_dir", "save_to_disk", "num_train_epochs", "eval_dataset_name", "attn_implementation"):
+    for field in ("cache_dir", "temporary_save_to_disk", "feature_extractor_name", "eval_dataset_name",
+                  "attn_implementation"):
         assert f"note: {field}: dropped (" in notes, field
     assert "unknown" not in notes
+    # 40 epochs of data not yet prepared: max_steps stays at its default, and the note says what to set
+    assert t.max_steps == 300
+    assert ("num_train_epochs=40: train.max_steps left at 300; set it to 40 x the prepared training data's tokens / "
+            "(train.batch_tokens x train.grad_accum x GPUs)") in notes
+    assert ("import this file again with --prepared gs://my-gcs-bucket1/parler-tts/prepared/tmp_dataset_audio") in notes
+    for key, field in (("train.eps", "adam_epsilon"), ("train.clip_norm", "max_grad_norm")):
+        assert f"note: {key}: left at voxrelay's default" in notes and f"({field} is not in the file" in notes, key
+
+
+def test_epochs_become_steps_from_the_prepared_datas_size(tmp_path):
+    """Upstream: steps = epochs x (rows // (batch x accumulation x GPUs)). voxrelay batches by tokens: 40 epochs of
+    the prepared train split (8,000 s, 1,000 rows) at 3 x (30 s x 86 + 49) tokens x 8 = 12 steps an epoch."""
+    from voxrelay.config import load_config
+
+    prepared = tmp_path / "prepared" / "tmp_dataset_audio"
+    prepared.mkdir(parents=True)
+    shards = [{"name": "train-00000", "split": "train", "rows": 600, "seconds": 5000.0},
+              {"name": "train-00001", "split": "train", "rows": 400, "seconds": 3000.0},
+              {"name": "eval-00000", "split": "eval", "rows": 96, "seconds": 900.0}]
+    (prepared / "index.json").write_text(json.dumps({"counts": {"train": 1000, "eval": 96}, "shards": shards}))
+    res = _import(SEED, tmp_path / "parler.yaml", "--prepared", str(prepared))
+    assert res.returncode == 0, res.stderr
+    assert load_config(str(tmp_path / "parler.yaml"), []).train.max_steps == 40 * 12
+    assert "num_train_epochs=40 -> train.max_steps=480" in " ".join(res.stderr.split())
 
 
 def test_unknown_fields_are_listed_and_a_bad_file_exits_2(tmp_path):
@@ -60,26 +88,3 @@ def test_unknown_fields_are_listed_and_a_bad_file_exits_2(tmp_path):
         [sys.executable, "-m", "voxrelay", "import", "orpheus-config", str(SEED), "-o", str(tmp_path / "o2.yaml")],
         capture_output=True, text=True, timeout=120)
     assert other[0] == 0 and other[1].returncode == 2 and "known: parler-config" in other[1].stderr
-
-
-def test_init_from_an_upstream_checkpoint_in_a_bucket(tmp_path, monkeypatch, memory_root):
-    """As seed 000 resumes from `.../output_dir_training/checkpoint-*` in its bucket: the folder is fetched into
-    the local cache once, then loaded through the key map."""
-    from safetensors.torch import load_file
-
-    from tests.helpers.parler import save_t5_tokenizer
-    from voxrelay import storage
-    from voxrelay.config import load_config
-    from voxrelay.models.base import DataSpec
-    from voxrelay.models.registry import build_model
-
-    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
-    ckpt = storage.join(memory_root, "output_dir_training", "checkpoint-200-epoch-0")
-    for name in ("config.json", "model.safetensors"):
-        storage.put_file(FIXTURES / name, storage.join(ckpt, name))
-    tok = save_t5_tokenizer(tmp_path / "tok")
-    cfg = load_config(None, ["model.family=parler", f"model.init_from={ckpt}", f"model.description_tokenizer={tok}",
-                             f"model.prompt_tokenizer={tok}"]).model
-    model = build_model(cfg, DataSpec(9, 1024), seed=0)
-    saved = load_file(str(FIXTURES / "model.safetensors"))
-    assert all(model.module.state_dict()[k].equal(v) for k, v in saved.items())

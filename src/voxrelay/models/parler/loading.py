@@ -4,14 +4,14 @@ an upstream Parler model or ``checkpoint-*`` folder (through :mod:`.keymap`), or
 A saved folder keeps upstream's layout — ``config.json`` (upstream's ParlerTTSConfig fields) and
 ``model.safetensors`` with upstream's names — without the DAC, which is the prepared data's codec; the two
 tokenizers go to ``description_tokenizer/`` and ``prompt_tokenizer/``; ``voxrelay.json`` is written last.
-:func:`export_upstream` adds the DAC in descript's weight-normed layout, which upstream's
-``ParlerTTSForConditionalGeneration.from_pretrained`` loads.
+A LoRA model saves its adapter instead of ``model.safetensors`` (peft's files on upstream's module names);
+:mod:`.export` writes upstream's own format, the DAC included.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import torch
 
 from voxrelay import storage
 from voxrelay.errors import UserError, one_line
+from voxrelay.hf_weights import WeightsFileError
 from voxrelay.models.base import DataSpec
 from voxrelay.models.hf import looks_local, read_meta, write_meta
 from voxrelay.models.parler import keymap
@@ -59,7 +60,7 @@ def build(cfg: ParlerFamilyConfig, data: DataSpec, seed: int, meta: bool = False
     if cfg.weights_dtype == "bfloat16":
         module.to(torch.bfloat16)
     desc_tok, prompt_tok = tokenizers(cfg, meta)
-    return Parler(module, desc_tok, prompt_tok, list(data.speakers), settings(cfg, config))
+    return Parler(module, desc_tok, prompt_tok, list(data.speakers), settings(cfg, config), cfg.init_from)
 
 
 def settings(cfg: ParlerFamilyConfig, config: ParlerConfig) -> ParlerSettings:
@@ -126,8 +127,13 @@ def _check_data(config: ParlerConfig, data: DataSpec, source: str) -> None:
 
 def _upstream(source: str, meta: bool) -> tuple[ParlerConfig, dict | None]:
     """(config, module state) of an upstream model or ``checkpoint-*`` folder (or hub id); no state on meta."""
-    folder = _local(source, "model.init_from", weights=not meta)
-    raw = json.loads((folder / "config.json").read_text())
+    folder = _local(source, "model.init_from", weights=not meta, needs="")
+    home = config_home(folder)
+    if not (home / "config.json").is_file():
+        raise ParlerLoadError(f"model.init_from={source!r}: neither the folder nor its parent has a config.json; "
+                              "give an upstream model folder, or a checkpoint-* folder inside the output_dir that "
+                              "upstream's training script wrote its config.json into")
+    raw = json.loads((home / "config.json").read_text())
     if raw.get("model_type") != "parler_tts":
         raise ParlerLoadError(f"model.init_from={source}: config.json says model_type={raw.get('model_type')!r}, not "
                               "'parler_tts'; give an upstream Parler-TTS model or checkpoint folder")
@@ -139,16 +145,25 @@ def _upstream(source: str, meta: bool) -> tuple[ParlerConfig, dict | None]:
         return config, None
     try:
         state, _dac = keymap.split_upstream_state(keymap.read_upstream_state(folder), config)
-    except (keymap.UpstreamKeyError, FileNotFoundError, OSError) as e:
+    except (keymap.UpstreamKeyError, WeightsFileError, OSError) as e:
         raise ParlerLoadError(f"model.init_from={source}: {one_line(e)}") from None
     return config, state
 
 
+def config_home(folder: Path) -> Path:
+    """``folder``, or for an upstream training ``checkpoint-*`` folder (accelerate's ``save_state``: weights,
+    optimizer and RNG states, no config.json) the ``output_dir`` above it, where upstream's training script saved
+    the config and the transcript tokenizer once."""
+    if (folder / "config.json").is_file() or not (folder.parent / "config.json").is_file():
+        return folder
+    return folder.parent
+
+
 def _local(source: str, what: str, weights: bool = True, needs: str = "config.json") -> Path:
-    """A local folder for ``source``: itself (holding ``needs``), or a hub snapshot (config and tokenizer
-    files; weights if asked)."""
+    """A local folder for ``source``: itself (holding ``needs``), a copy of a bucket folder, or a hub snapshot
+    (config and tokenizer files; weights if asked)."""
     if "://" in source and not storage.is_local(source):
-        source = str(_from_bucket(source, what))
+        source = str(_from_bucket(source, what, weights))
     folder = Path(source).expanduser()
     if folder.is_dir():
         if needs and not (folder / needs).is_file():
@@ -165,18 +180,34 @@ def _local(source: str, what: str, weights: bool = True, needs: str = "config.js
         raise ParlerLoadError(f"{what}={source!r}: cannot be fetched ({one_line(e)[:200]}); {FIX}") from None
 
 
-def _from_bucket(uri: str, what: str) -> Path:
-    """A copy of the files directly under ``uri`` (gs://, s3://: an upstream checkpoint in the bucket, as seed 000
-    resumes from) in the local cache, fetched once (files of the same size are kept)."""
+SMALL_FILES = re.compile(r".*\.(json|model|txt)$")  # configs and tokenizers
+WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)$")
+
+
+def _from_bucket(uri: str, what: str, weights: bool = True) -> Path:
+    """A copy of the files directly under ``uri`` (gs://, s3://: an upstream model or checkpoint in the bucket, as
+    seed 000 resumes from) in the local cache, fetched once (files of the same size are kept): configs, tokenizers
+    and, if asked, weights, never optimizer or RNG states. A ``checkpoint-*`` folder without a config.json lands
+    in ``<copy>/<its name>/`` under the small files of its parent (the training ``output_dir``)."""
     local = cache_dir("init_from", uri_key(uri))
     sizes = storage.file_sizes(uri)
     if not sizes:
         raise ParlerLoadError(f"{what}={uri!r}: no files there; give the folder of an upstream model or checkpoint")
+    wanted = {n: s for n, s in sizes.items() if SMALL_FILES.match(n) or (weights and WEIGHTS.match(n))}
+    folder = local
+    if "config.json" not in sizes:
+        folder = local / uri.rstrip("/").rsplit("/", 1)[-1]
+        parent = uri.rstrip("/").rsplit("/", 1)[0]
+        _fetch(parent, local, {n: s for n, s in storage.file_sizes(parent).items() if SMALL_FILES.match(n)})
+    _fetch(uri, folder, wanted)
+    return folder
+
+
+def _fetch(uri: str, local: Path, sizes: dict[str, int]) -> None:
     for name, size in sizes.items():
         target = local / name
         if not (target.is_file() and target.stat().st_size == size):
             storage.get_file(storage.join(uri, name), target)
-    return local
 
 
 def _load_state(module: ParlerModule, state: dict, what: str) -> None:
@@ -214,7 +245,7 @@ def _auto_config(source: str, what: str) -> Any:
 def tokenizers(cfg: ParlerFamilyConfig, meta: bool = False) -> tuple[Any, Any]:
     """(description tokenizer, prompt tokenizer); on meta, None for one that cannot be reached (planning then
     needs --seq-len)."""
-    base = cfg.init_from if cfg.init_from and _has_tokenizer(cfg.init_from) else None
+    base = _tokenizer_home(cfg.init_from) if cfg.init_from else None
     desc_source = cfg.description_tokenizer or cfg.text_encoder or base or cfg.encoder_source()
     prompt_source = cfg.prompt_tokenizer_source() if cfg.prompt_tokenizer or cfg.preset == "mini-v1.1" else None
     prompt_source = prompt_source or base or desc_source
@@ -229,9 +260,14 @@ def tokenizers(cfg: ParlerFamilyConfig, meta: bool = False) -> tuple[Any, Any]:
     return loaded[0], loaded[1]
 
 
-def _has_tokenizer(source: str) -> bool:
-    folder = Path(source).expanduser()
-    return not folder.is_dir() or any((folder / name).is_file() for name in ("tokenizer.json", "spiece.model"))
+def _tokenizer_home(source: str) -> str | None:
+    """Where ``model.init_from``'s tokenizer is: the folder, a checkpoint's output_dir, a hub repo; None if none."""
+    remote = "://" in source and not storage.is_local(source)
+    folder = _from_bucket(source, "model.init_from", weights=False) if remote else Path(source).expanduser()
+    if not folder.is_dir():
+        return source  # a hub repo ships its tokenizer
+    home = config_home(folder)
+    return str(home) if any((home / n).is_file() for n in ("tokenizer.json", "spiece.model")) else None
 
 
 def _tokenizer(source: str | None, what: str) -> Any:
@@ -261,6 +297,7 @@ def _from_voxrelay(cfg: ParlerFamilyConfig, data: DataSpec) -> Parler:
     model.module.text_encoder.requires_grad_(not cfg.freeze_text_encoder)
     model.speakers = list(data.speakers)
     model.settings = settings(cfg, model.config)
+    model.base_source = cfg.init_from
     return model
 
 
@@ -282,28 +319,20 @@ def load_folder(folder: Path) -> Parler:
     return Parler(module, desc, prompt, list(meta.get("speakers") or []), settings_)
 
 
-def upstream_config(config: ParlerConfig, audio_encoder: dict | None = None) -> dict[str, Any]:
-    """Upstream's ``config.json`` for ``config`` (ParlerTTSConfig with its three sub-configs)."""
-    dec = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config.decoder).items()}
-    eos, bos = config.decoder.eos_token_id, config.decoder.bos_token_id
-    dec |= {"model_type": "parler_tts_decoder", "pad_token_id": eos, "architectures": ["ParlerTTSForCausalLM"],
-            "layerdrop": 0.0, "scale_embedding": False, "is_decoder": True, "add_cross_attention": True}
-    return {"model_type": "parler_tts", "architectures": ["ParlerTTSForConditionalGeneration"],
-            "text_encoder": config.text_encoder, "audio_encoder": audio_encoder or config.audio_encoder,
-            "decoder": dec, "vocab_size": config.prompt_vocab_size,
-            "prompt_cross_attention": False, "pad_token_id": eos,
-            "decoder_start_token_id": bos, "is_encoder_decoder": True}
-
-
 def save_folder(model: Parler, folder: Path) -> None:
     from safetensors.torch import save_file
 
+    from voxrelay.models.parler.export import save_adapter, upstream_config
+
     folder.mkdir(parents=True, exist_ok=True)
-    module = model.module.get_base_model() if hasattr(model.module, "get_base_model") else model.module
-    config = module.config
-    state = keymap.to_upstream_state({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()},
-                                     config)
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    if hasattr(model.module, "peft_config"):  # a LoRA model: its adapter, on upstream's module names
+        save_adapter(model.module, folder, model.base_source)
+        config = model.module.get_base_model().config
+    else:
+        config = model.module.config
+        state = keymap.to_upstream_state(
+            {k: v.detach().cpu().contiguous() for k, v in model.module.state_dict().items()}, config)
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(upstream_config(config), indent=2))
     model.description_tokenizer.save_pretrained(str(folder / DESCRIPTION_TOKENIZER))
     model.prompt_tokenizer.save_pretrained(str(folder / PROMPT_TOKENIZER))
@@ -312,35 +341,3 @@ def save_folder(model: Parler, folder: Path) -> None:
                         "settings": {"max_description_tokens": s.max_description_tokens,
                                      "max_prompt_tokens": s.max_prompt_tokens,
                                      "codebook_weights": list(s.codebook_weights) if s.codebook_weights else None}})
-
-
-def save_upstream(model: Parler, folder: Path, codec: Any) -> None:
-    """Upstream's own format (``export --format parler``): ``config.json`` with the DAC as upstream's descript
-    wrapper (``dac_on_the_hub``), ``model.safetensors`` with every weight under upstream's names (the DAC
-    weight-normed under ``audio_encoder.model.*``), ``generation_config.json``, and the transcript tokenizer at
-    the root as upstream's training saves it (the description tokenizer in ``description_tokenizer/``):
-    ``ParlerTTSForConditionalGeneration.from_pretrained(folder)`` loads it."""
-    from safetensors.torch import save_file
-
-    dac = getattr(codec, "model", None)
-    if getattr(codec, "name", None) != "dac" or dac is None:
-        raise ParlerLoadError(f"export --format parler needs the run's codec to be a DAC (codec.type=dac), not "
-                              f"{getattr(codec, 'name', codec)!r}; export without --format")
-    folder.mkdir(parents=True, exist_ok=True)
-    module = model.module.get_base_model() if hasattr(model.module, "get_base_model") else model.module
-    config = module.config
-    ours = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
-    dac_state = {k: v.detach().cpu().contiguous() for k, v in dac.state_dict().items()}
-    state = keymap.to_upstream_state(ours, config, dac=dac_state, dac_layout="descript")
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    frame_rate = int(codec.frame_rate)  # upstream's 86 for 44.1 kHz / 512 (transformers' DacConfig says 87)
-    audio = {"model_type": "dac_on_the_hub", "num_codebooks": codec.num_codebooks,
-             "codebook_size": codec.codebook_size, "latent_dim": int(dac.config.hidden_size),
-             "frame_rate": frame_rate, "sampling_rate": codec.sample_rate, "model_bitrate": 8}
-    (folder / "config.json").write_text(json.dumps(upstream_config(config, audio), indent=2))
-    eos, bos = config.decoder.eos_token_id, config.decoder.bos_token_id
-    generation = {"decoder_start_token_id": bos, "pad_token_id": eos, "eos_token_id": eos, "do_sample": True,
-                  "max_length": 30 * frame_rate, "_from_model_config": False}
-    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
-    model.prompt_tokenizer.save_pretrained(str(folder))
-    model.description_tokenizer.save_pretrained(str(folder / DESCRIPTION_TOKENIZER))

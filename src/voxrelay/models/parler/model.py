@@ -59,12 +59,13 @@ class Parler(FamilyState):
     max_length_key = "model.max_position_embeddings"
 
     def __init__(self, module: ParlerModule, description_tokenizer: Any, prompt_tokenizer: Any,
-                 speakers: list[str], settings: ParlerSettings):
+                 speakers: list[str], settings: ParlerSettings, base_source: str | None = None):
         self.module = module
         self.description_tokenizer = description_tokenizer
         self.prompt_tokenizer = prompt_tokenizer
         self.speakers = speakers
         self.settings = settings
+        self.base_source = base_source  # model.init_from: the base an adapter-only export names
 
     @property
     def config(self):
@@ -214,7 +215,7 @@ class Parler(FamilyState):
 
     def save_as(self, fmt: str, folder: str | os.PathLike[str], codec) -> None:
         """``fmt`` "parler": a folder upstream's ``ParlerTTSForConditionalGeneration.from_pretrained`` loads."""
-        from voxrelay.models.parler.loading import save_upstream
+        from voxrelay.models.parler.export import save_upstream
 
         if fmt not in self.export_formats:
             raise ValueError(f"unknown export format {fmt!r}; this family writes {self.export_formats}")
