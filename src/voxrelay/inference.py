@@ -142,7 +142,7 @@ def _load_adapter_export(path: Path) -> FamilyModel:
                              f"here: {e}; {fix}") from None
     check_base(note.get("base_hash"), base_hash(model.module), str(note.get("base")),
                f"cannot load the adapter-only export {path}", fix)
-    prefix = getattr(model, "upstream_prefix", "")  # the transformers model's place in module (the adapter's root)
+    prefix = model.upstream_prefix  # the transformers model's place in module (the adapter's root)
     with quiet_peft():
         model.module = peft.PeftModel.from_pretrained(model.module, str(path), key_mapping=adapter_key_mapping(prefix))
     with safe_open(str(path / ADAPTER_WEIGHTS), "pt") as f:

@@ -197,6 +197,9 @@ class FamilyModel(Protocol):
     # which of SAMPLING_OPTIONS its speak() takes as keywords, its defaults being upstream's (others are refused;
     # FamilyState: none)
     sampling_options: tuple[str, ...]
+    # where the upstream (transformers) model sits inside ``module`` ("" when module is it): an adapter-only
+    # export's keys are laid out for that model, so peft applies them to the upstream class (FamilyState: "")
+    upstream_prefix: str
 
     def length(self, row: Row) -> int:
         """Size of the example of ``row`` for the batch plan (tokens incl. special ones); may exceed
@@ -269,6 +272,7 @@ class FamilyState:
 
     uses_corpus = False
     sampling_options: tuple[str, ...] = ()
+    upstream_prefix = ""
 
     def generators(self) -> dict[str, torch.Generator]:
         return {}
