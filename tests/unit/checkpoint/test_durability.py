@@ -256,16 +256,20 @@ def test_an_evaluated_checkpoint_is_uploaded_not_superseded_by_a_newer_save(tmp_
     """keep_best: the save of the best eval (step 2) is still waiting for the bucket when step 3 is saved; it is
     uploaded anyway, so retention can keep it (it used to be superseded and vanish: seen under load in CI)."""
     mgr = _manager(tmp_path, keep_last=2)
-    upload, gate, seen = mgr.store.upload, threading.Event(), []
+    upload, gate, started, seen = mgr.store.upload, threading.Event(), threading.Event(), []
 
     def slow_upload(folder, manifest):
         seen.append(manifest["step"])
+        started.set()
         gate.wait(10)  # the bucket is slow: step 1 is on its way while 2 and 3 are saved
         return upload(folder, manifest)
 
     monkeypatch.setattr(mgr.store, "upload", slow_upload)
     try:
         mgr.save(1, _writers(1))
+        # step 1 on its way before 2 is saved (else a busy host's uploader may start at 2 and 1 is superseded,
+        # rightly: it was never evaluated)
+        assert started.wait(30)
         mgr.save(2, _writers(2), {"metrics": {"eval/loss": 1.0}})
         mgr.save(3, _writers(3))  # staged here (not in the background): 2 and 3 wait behind step 1
         gate.set()
