@@ -1,6 +1,6 @@
 """The fsspec filesystems voxrelay talks to, made so that a dead endpoint answers in bounded time.
 
-voxrelay retries named transient errors itself (:func:`voxrelay.storage.core.retry`: 5 attempts, about 8 s of
+voxrelay retries named transient errors itself (:func:`voxrelay.storage.retrying.retry`: 5 attempts, about 8 s of
 backoff). gcsfs retries every request 6 times over about 31 s whatever failed (a host that does not resolve
 too) and has no timeouts; under voxrelay's retries that multiplied to 6 minutes for a ``gs://`` root without
 network, and each of its give-ups logged a traceback. So, for GCS:

@@ -19,6 +19,7 @@ import pytest
 from tests.helpers.servers import reset_storage_cache
 from voxrelay import storage
 from voxrelay.storage import core
+from voxrelay.storage import retrying as retry_module
 
 BACKENDS = ["local", "file", "memory", "s3", "gcs"]
 SHARED_BACKENDS = ["local", "file", "s3", "gcs"]  # visible to another process (memory:// is not)
@@ -210,7 +211,7 @@ class Flaky:
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The backoff delays retry asked for (recorded instead of slept)."""
     delays: list[float] = []
-    monkeypatch.setattr(core, "time", SimpleNamespace(sleep=delays.append))
+    monkeypatch.setattr(retry_module, "time", SimpleNamespace(sleep=delays.append))
     return delays
 
 
