@@ -29,7 +29,7 @@ from voxrelay.config import SourceConfig
 from voxrelay.data.audio import AUDIO_BYTES_KEY
 from voxrelay.data.types import Utterance
 from voxrelay.data.voice_prompts import prompt_refs
-from voxrelay.errors import UserError
+from voxrelay.errors import UserError, one_line
 
 METADATA = "metadata.csv"
 _FOLDER_HEADER_HINT = (
@@ -258,7 +258,14 @@ def _load_hf(src: SourceConfig):
         return SavedDataset.open(src.path, src.split)
     import datasets
 
-    ds = datasets.load_dataset(src.hub_id, src.hub_config, split=src.split)
+    try:
+        ds = datasets.load_dataset(src.hub_id, src.hub_config, split=src.split)
+    except (OSError, ValueError) as err:  # offline (ConnectionError), not on the hub, a config/split it lacks
+        raise SourceError(
+            f"hf source hub_id={src.hub_id!r} (config {src.hub_config!r}, split {src.split!r}) cannot be loaded: "
+            f"{type(err).__name__}: {one_line(err)[:300]}; check the network (or HF_HUB_OFFLINE and a warm "
+            "Hugging Face cache), the id, hub_config and split, or save the dataset with save_to_disk and give its "
+            "folder as `path` (a bucket folder works)") from None
     if isinstance(ds, datasets.DatasetDict):
         if src.split not in ds:
             raise SourceError(f"{src.hub_id}: no split {src.split!r}; set `split` to one of {sorted(ds)}")

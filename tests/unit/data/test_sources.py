@@ -184,6 +184,16 @@ def test_hf_structural_errors(tmp_path):
         _read(tmp_path, type="hf", path=str(out), text_column="transcript")
 
 
+def test_a_hub_dataset_that_cannot_be_loaded_is_named_with_the_fix(tmp_path, monkeypatch):
+    """seed 000's sources as `import parler-config` writes them (hub ids) on a machine without the hub: one
+    SourceError naming the id and the ways out, not datasets' ConnectionError traceback."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # a cold cache
+    with pytest.raises(SourceError, match=r"hub_id='blabble-io/libritts_r' .* cannot be loaded: .*save_to_disk"):
+        _read(tmp_path, type="hf", hub_id="blabble-io/libritts_r", hub_config="clean", split="train.clean.360")
+
+
 @pytest.mark.parametrize("as_dict", [False, True])
 def test_hf_audio_paths_must_stay_inside_the_dataset_folder(tmp_path, as_dict):
     from datasets import Dataset
