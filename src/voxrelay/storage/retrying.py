@@ -124,11 +124,16 @@ def _env_number(name: str, default: float, kind: type[int] | type[float], minimu
     return value
 
 
+_ANSWERED: set[str] = set()  # buckets (scheme://name) that answered a call of this process
+
+
 def retry(fn: Callable[[], T], what: str, attempts: int | None = None, base_delay: float | None = None,
           first_contact: bool = False) -> T:
     """Call ``fn``; on a named transient error wait (exponential backoff + jitter) and retry.
-    ``first_contact``: an endpoint that cannot be reached at all (its host does not resolve, nothing listens)
-    is not retried: raised at once as :class:`StorageUnavailable` naming the endpoint.
+    An endpoint that cannot be reached at all (its host does not resolve, nothing listens) is not retried while
+    its bucket has not answered once in this process (``first_contact`` forces that): a dead network or a wrong
+    endpoint is raised at once as :class:`StorageUnavailable` naming the endpoint, for every command, while a
+    bucket that answered before and goes away (an outage during training) is retried.
 
     ``attempts`` (calls in all) and ``base_delay`` (seconds before the first retry, doubled each time,
     capped at 30 s) default to $VOXRELAY_RETRY_ATTEMPTS (5) and $VOXRELAY_RETRY_BASE_DELAY (0.5).
@@ -137,9 +142,11 @@ def retry(fn: Callable[[], T], what: str, attempts: int | None = None, base_dela
         attempts = _env_number(RETRY_ATTEMPTS_ENV, 5, int, 1)
     if base_delay is None:
         base_delay = _env_number(RETRY_BASE_DELAY_ENV, 0.5, float, 0.0)
+    bucket = _bucket(what)
+    first_contact = first_contact or ("://" in bucket and bucket not in _ANSWERED)
     for attempt in range(1, attempts + 1):
         try:
-            return fn()
+            result = fn()
         except Exception as err:
             if denied(err):
                 raise StorageDenied(f"access to {_bucket(what)} was denied ({what}: {type(err).__name__}: {err}); "
@@ -162,4 +169,8 @@ def retry(fn: Callable[[], T], what: str, attempts: int | None = None, base_dela
             log.warning("%s failed (%s: %s); retry %d/%d in %.1fs", what, type(err).__name__, err,
                         attempt, attempts - 1, delay)
             time.sleep(delay)
+        else:
+            if "://" in bucket:
+                _ANSWERED.add(bucket)
+            return result
     raise AssertionError("unreachable")

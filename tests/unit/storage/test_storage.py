@@ -215,6 +215,20 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return delays
 
 
+def test_an_endpoint_that_never_answered_is_not_retried_one_that_did_is(sleeps: list[float]) -> None:
+    """A refused connection to a bucket that has not answered in this process (a wrong endpoint, no network) is
+    raised at once naming the bucket; once the bucket answered, the same error is an outage and is retried."""
+    refused = ConnectionRefusedError(111, "Connection refused")
+    fn = Flaky(1, refused)
+    with pytest.raises(storage.StorageUnavailable, match="s3://never-answered cannot be reached"):
+        storage.retry(fn, "read s3://never-answered/x", attempts=5, base_delay=0.1)
+    assert fn.calls == 1 and sleeps == []
+    assert storage.retry(lambda: "ok", "read s3://answered-once/x") == "ok"
+    fn = Flaky(2, refused)
+    assert storage.retry(fn, "read s3://answered-once/y", attempts=5, base_delay=0.1) == "ok"
+    assert fn.calls == 3 and len(sleeps) == 2
+
+
 def test_retry_retries_transient_errors_with_growing_backoff(sleeps: list[float]) -> None:
     fn = Flaky(3, ConnectionResetError("connection reset by peer"))
     assert storage.retry(fn, "op", attempts=5, base_delay=0.1) == "ok"
