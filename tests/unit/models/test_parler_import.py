@@ -49,6 +49,7 @@ def test_seed_000s_training_json_becomes_a_config(tmp_path):
                   "attn_implementation"):
         assert f"note: {field}: dropped (" in notes, field
     assert "unknown" not in notes
+    assert "cache_dir: dropped (voxrelay keeps hub downloads in the bucket itself (cache.models_uri" in notes
     # 40 epochs of data not yet prepared: max_steps stays at its default, and the note says what to set
     assert t.max_steps == 300
     assert ("num_train_epochs=40: train.max_steps left at 300; set it to 40 x the prepared training data's tokens / "

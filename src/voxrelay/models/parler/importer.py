@@ -21,7 +21,8 @@ FRAME_RATE = 86  # Parler's DAC frames per second: a batch of N utterances of D 
 MOUNTS = re.compile(r"^/(?:mnt/gs|mnt/gcs|gcs|mnt/disks/gcs)/([^/]+)(/.*)?$")
 
 DROPPED = {  # field -> why voxrelay does not need it
-    "cache_dir": "voxrelay keeps downloads in the HF cache on local disk (HF_HOME), not in the bucket",
+    "cache_dir": "voxrelay keeps hub downloads in the bucket itself (cache.models_uri, default {root}/hf-cache: "
+                 "later sessions copy them from there), and a local copy in $VOXRELAY_CACHE/hf-hub",
     "temporary_save_to_disk": "prepare writes its shards straight to <root>/prepared/<data.name>",
     "overwrite_output_dir": "a run folder is resumed by default; `voxrelay train --fresh` starts over",
     "eval_dataset_name": "voxrelay holds out data.eval_size rows of the training sources",
