@@ -125,7 +125,10 @@ def test_config_changes_on_resume(prepared):
     res = voxrelay("train", CONFIG, *tiny(str(prepared / "root"), "name=cfg", DROPOUT, "model.hidden_size=64"),
                    env=env_for(prepared / "cache"))
     assert res.returncode == 2
-    assert "incompatible changes: model.hidden_size" in res.stderr and "--fresh" in res.stderr
+    said = " ".join(res.stderr.split())
+    # the values, so that a run launched otherwise (accelerate's bf16/FSDP) can be resumed as it was
+    assert "incompatible changes: model.hidden_size 32 -> 64" in said and "--fresh" in said, said  # tiny's 32
+    assert "resume with the original values: model.hidden_size=32 " in said, said
     res = _train(prepared, "cfg", "model.hidden_size=64", "--fresh")
     assert "resuming" not in res.stderr
     lines = [json.loads(x) for x in (prepared / "root/runs/cfg/metrics.jsonl").read_text().splitlines()]

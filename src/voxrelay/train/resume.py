@@ -100,14 +100,17 @@ def check_compatible(saved: dict, run_cfg, index: dict, step: int, num_checkpoin
     if not _same_windows(saved[st.K_CONFIG], run_cfg, index):
         bad.append("train.shuffle_window")
     data = ident.describe_changes(saved.get(st.K_DATA_FINGERPRINT), index)
-    fixes = []
+    fixes, new_cfg = [], run_cfg.to_dict()
     if bad:
-        fixes.append("resume with the original values (`voxrelay config show` on the run's config.yaml lists them)")
+        fixes.append("resume with the original values: " + " ".join(
+            f"{k}={_dotted(saved[st.K_CONFIG], k)}" for k in bad if k != "train.shuffle_window")
+            + " (`voxrelay config show` on the run's config.yaml lists them all)")
     if data:
         fixes.append("restore the prepared data: put the sources back as they were and re-run `voxrelay prepare` "
                      "with the original values (or point data.name at the data the run was trained on)")
     if bad or data:
-        what = ([f"incompatible changes: {', '.join(bad)}"] if bad else []) + \
+        changes = ", ".join(f"{k} {_dotted(saved[st.K_CONFIG], k)!r} -> {_dotted(new_cfg, k)!r}" for k in bad)
+        what = ([f"incompatible changes: {changes}"] if bad else []) + \
             ([f"the prepared data {run_cfg.prepared_uri} changed since step {step}: {'; '.join(data)}"] if data else [])
         raise ConfigError(
             f"cannot resume {run_cfg.run_uri} from step {step}: {'. '.join(what)}. To continue this run, "
@@ -117,6 +120,13 @@ def check_compatible(saved: dict, run_cfg, index: dict, step: int, num_checkpoin
         )
     if safe:
         log.info("resuming with changed settings: %s", ", ".join(safe))
+
+
+def _dotted(cfg: dict, key: str):
+    """The value of dotted ``key`` in a config dict (None where a level is missing)."""
+    for part in key.split("."):
+        cfg = cfg.get(part) if isinstance(cfg, dict) else None
+    return cfg
 
 
 def _same_windows(saved_cfg: dict, run_cfg, index: dict) -> bool:
