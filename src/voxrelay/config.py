@@ -16,7 +16,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from voxrelay.config_fields import Section
-from voxrelay.config_source import read_config_text
+from voxrelay.config_source import apply_overrides, read_config_text  # noqa: F401 (apply_overrides: public here)
 from voxrelay.cost.config import CostConfig
 from voxrelay.errors import UserError, one_line
 from voxrelay.models.configs import DEFAULT_FAMILY, FAMILY_CONFIGS
@@ -334,42 +334,6 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str],
     changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     safe = [k for k in changed if any(k == s or (s.endswith(".") and k.startswith(s)) for s in RESUME_SAFE_KEYS)]
     return safe, [k for k in changed if k not in safe]
-
-
-def _parse_value(raw: str) -> Any:
-    """Parse an override value as YAML (so 1e-4, true, null, [a, b] work), keeping strings as is."""
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        return raw
-    if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.sub=value`` strings to a nested dict (in place) and return it."""
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not key=value; write e.g. train.max_steps=100")
-        key, raw = item.split("=", 1)
-        parts = key.strip().split(".")
-        node = data
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:  # absent, or an optional section that is off (train.lora: null): create it
-                child = node[part] = {}
-            elif not isinstance(child, dict):
-                raise ConfigError(f"override {key!r}: {part!r} is a value, not a section")
-            node = child
-        value = _parse_value(raw)
-        if parts[-1] in ("name", "root", "path", "hub_id", "tokenizer", "init_from") and value is not None:
-            value = str(raw)  # names and paths are strings even when they look like numbers
-        node[parts[-1]] = value
-    return data
 
 
 def _format_errors(err: ValidationError, source: str) -> str:

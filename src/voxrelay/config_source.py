@@ -1,4 +1,5 @@
-"""Where a config's YAML comes from: a local file, or an object in storage (gs://, s3://, file://, memory://).
+"""Where a config's YAML comes from: a local file, or an object in storage (gs://, s3://, file://, memory://);
+and the command line's ``key.sub=value`` overrides applied to it.
 
 A config in the bucket is what a Colab notebook or a spot job trains from: every session, on any machine, reads
 the same file, and nothing has to be copied onto a machine that will be gone tomorrow.
@@ -7,6 +8,9 @@ the same file, and nothing has to be copied onto a machine that will be gone tom
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 _UPLOAD = {"gs": "gcloud storage cp my.yaml {uri}", "s3": "aws s3 cp my.yaml {uri}"}
 
@@ -31,3 +35,52 @@ def read_config_text(source: str) -> str:
         how = f"upload it first (`{upload}`)" if upload else "write it first"
         raise ConfigError(f"config {source!r} does not exist; {how}, or fix the URI (a gs://, s3:// or file:// "
                           "URI of a YAML object, or a local path)") from None
+
+
+def _list_hint(parts: list[str], part: str) -> str:
+    """How to give the list ``part`` of a dotted key: whole, in YAML."""
+    return (f"; a list is given whole, in YAML: '{'.'.join(parts[:parts.index(part) + 1])}=[...]' (e.g. "
+            "'data.sources=[{type: folder, path: /data/mine}]')")
+
+
+def _parse_value(raw: str) -> Any:
+    """Parse an override value as YAML (so 1e-4, true, null, [a, b] work), keeping strings as is."""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` strings to a nested dict (in place) and return it."""
+    from voxrelay.config import ConfigError  # (voxrelay.config imports this module)
+
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value; write e.g. train.max_steps=100")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        index = next((p for p in parts[1:] if p.isdigit()), None)
+        if index is not None:  # data.sources.0.path: an item of a list
+            raise ConfigError(f"override {key!r}: {index!r} is not a key"
+                              + _list_hint(parts, parts[parts.index(index) - 1]))
+        node = data
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:  # absent, or an optional section that is off (train.lora: null): create it
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"override {key!r}: {part!r} is a value, not a section"
+                                  + (_list_hint(parts, part) if isinstance(child, list) else ""))
+            node = child
+        value = _parse_value(raw)
+        if parts[-1] in ("name", "root", "path", "hub_id", "tokenizer", "init_from") and value is not None:
+            value = str(raw)  # names and paths are strings even when they look like numbers
+        node[parts[-1]] = value
+    return data

@@ -26,6 +26,12 @@ def test_override_values_are_typed():
     assert data == {"train": {"lr": 1e-4, "clip_norm": None}, "monitor": {"tensorboard": False}, "name": "123"}
 
 
+def test_one_item_of_a_list_overridden_says_how_to_give_the_list():
+    """A user's walk: `data.sources.0.path=...` said only "'sources' is a value, not a section"."""
+    with pytest.raises(ConfigError, match=r"a list is given whole, in YAML: 'data.sources=\[...\]'"):
+        load_config(None, ["data.sources.0.path=/data/mine"])
+
+
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
