@@ -256,17 +256,23 @@ def read_voice_prompts(voices: list[str], rate: int | None = None) -> dict[int, 
 
 def check_voice_prompts(source: str, voices: list[str] | None) -> None:
     """Before a model is loaded: read every ``--voice`` clip when ``source`` (a run or export folder) takes voice
-    prompts (its family, from its JSON/YAML); a source that cannot be read is left to the load to report."""
+    prompts (its family, from its JSON/YAML), else check the voice is one it knows; a source that cannot be read
+    is left to the load to report."""
     from voxrelay.status import StatusError, voice_input
 
     if not voices:
         return
     try:
-        takes_prompts = voice_input(source).prompts
+        takes = voice_input(source)
     except (StatusError, OSError, ValueError, yaml.YAMLError):
         return
-    if takes_prompts:
+    if takes.prompts:
         read_voice_prompts(list(voices))
+    elif len(voices) > 1:
+        raise InferenceError(f"model.family={takes.family} speaks one voice at a time: give one --voice NAME")
+    elif takes.names and voices[0] not in takes.names:
+        raise InferenceError(f"unknown voice {voices[0]!r}; this model knows: {', '.join(takes.names)} "
+                             "(`voxrelay voices` lists them)")
 
 
 def _voice_clip(path: str, rate: int | None, spec: str) -> np.ndarray:

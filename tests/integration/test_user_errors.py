@@ -134,13 +134,14 @@ CASES: dict[str, Case] = {
         ["synthesize", str(w.tmp / "future"), "Hello.", "-o", f"{w.tmp}/a.wav"], ["'future_tts'", "known: codec_lm"],
         {}),
     "synthesize-missing-step": lambda w: (
-        ["synthesize", w.run, "Hello.", "-o", f"{w.tmp}/a.wav", "--step", "99"], ["no checkpoint at step 99"], {}),
+        ["synthesize", w.run, "Hello.", "-o", f"{w.tmp}/a.wav", "--step", "99"],
+        ["no checkpoint at step 99", "; it holds steps "], {}),
     "synthesize-not-wav": lambda w: (
         ["synthesize", w.run, "Hello.", "-o", f"{w.tmp}/a.mp3"], ["a.mp3' is not a .wav file path"], {}),
     "export-not-a-run": lambda w: (
         ["export", str(w.tmp / "empty"), "-o", f"{w.tmp}/exp"], ["empty is not a run folder"], {}),
     "export-missing-step": lambda w: (
-        ["export", w.run, "-o", f"{w.tmp}/exp", "--step", "99"], ["no checkpoint at step 99"], {}),
+        ["export", w.run, "-o", f"{w.tmp}/exp", "--step", "99"], ["no checkpoint at step 99", "; it holds steps "], {}),
     "demo-zero-steps": lambda w: (["demo", "--steps", "0", "--root", f"{w.tmp}/demo"], ["--steps"], {}),
     # every path and text argument: outputs under a file, inputs missing or empty (checked before any work)
     "demo-root-is-a-file": lambda w: (

@@ -79,3 +79,30 @@ def test_an_export_is_never_mixed_with_one_of_the_other_kind(tmp_path: Path) -> 
         check_export_output(full, adapter_only=True)
     with pytest.raises(UserError, match="holds an adapter-only export; writing a merged model there"):
         check_export_output(adapter, adapter_only=False)
+
+
+def test_a_voice_the_run_does_not_know_is_refused_before_the_model_loads(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A run of named voices (alice, bob): `--voice carol`, or two voices, is refused from the run's files alone
+    (a user's walk: it came after 6 s of loading the model). The run has no checkpoint at all: an error about
+    one would mean the model came first."""
+    import json
+    import sys
+
+    from voxrelay.cli import main
+    from voxrelay.config import load_config
+
+    run = tmp_path / "root" / "runs" / "voices"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(load_config(None, [f"root={tmp_path / 'root'}", "name=voices"]).to_yaml())
+    index = tmp_path / "root" / "prepared" / "demo" / "index.json"
+    index.parent.mkdir(parents=True)
+    index.write_text(json.dumps({"speakers": ["alice", "bob"]}))
+    for voices, said in ((["carol"], "unknown voice 'carol'; this model knows: alice, bob"),
+                         (["alice", "bob"], "speaks one voice at a time")):
+        args = [a for v in voices for a in ("--voice", v)]
+        monkeypatch.setattr(sys, "argv", ["voxrelay", "synthesize", str(run), "hello", *args, "-o",
+                                          str(tmp_path / "out.wav")])
+        with pytest.raises(SystemExit) as stop:
+            main()
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and said in " ".join(err.split()) and "checkpoint" not in err, err

@@ -211,7 +211,9 @@ class CheckpointManager:
         for _ in range(3):
             found = [c for c in self.candidates() if step is None or c.step == step]
             if step is not None and not found:
-                raise CheckpointError(f"no checkpoint at step {step} in {self.store.root_uri}")
+                held = sorted({c.step for c in self.candidates()})
+                raise CheckpointError(f"no checkpoint at step {step} in {self.store.root_uri}; it holds "
+                                      + (f"steps {', '.join(map(str, held))}" if held else "none yet"))
             damaged: list[str] = []
             try:
                 picked = self._first_valid(found, damaged)
