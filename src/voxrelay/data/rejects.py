@@ -32,12 +32,12 @@ def write(prepared_uri: str, rejects: list[dict]) -> None:
 
 def counted_reasons(rejects: list[dict], top: int = REASONS) -> list[str]:
     """``"13 × <reason>"`` for the ``top`` most common reasons, most common first; reasons that differ only in a
-    value, a path or a number count as one (``"4 × like: <the first of them>"``)."""
+    value, a path or a number count as one (``"4 × <the first of them> (and 3 like it)"``)."""
     groups: dict[str, list[str]] = {}
     for r in rejects:
         groups.setdefault(_VARYING.sub("…", r["reason"]), []).append(r["reason"])
     ranked = sorted(groups.values(), key=len, reverse=True)  # stable: ties keep the order met
-    lines = [f"{len(g)} × {g[0]}" if len(set(g)) == 1 else f"{len(g)} × like: {g[0]}" for g in ranked[:top]]
+    lines = [f"{len(g)} × {g[0]}" + ("" if len(set(g)) == 1 else f" (and {len(g) - 1} like it)") for g in ranked[:top]]
     if len(ranked) > top:
         lines.append(f"... and {sum(len(g) for g in ranked[top:])} rows for {len(ranked) - top} other reasons")
     return lines
@@ -46,11 +46,13 @@ def counted_reasons(rejects: list[dict], top: int = REASONS) -> list[str]:
 def format_rejects(rejects: list[dict], prepared_uri: str, limit: int = LISTED, counted: bool = True) -> list[str]:
     """A header and one ``file:row id: reason`` line per reject (the first ``limit``), file paths relative to
     the folder the sources share; with ``counted``, the reasons counted when not every reject is listed."""
+    rejects = sorted(rejects, key=_place)  # in the order of the files and their rows (shards mix them)
     where = [re.match(r"^(.*) (?:row|line) (\d+)$", r["where"]) for r in rejects]
     files = [m.group(1) for m in where if m and (os.path.isabs(m.group(1)) or storage.is_uri(m.group(1)))]
     base = _common_folder(files)
-    lines = [f"{len(rejects)} rejected rows (all in {storage.join(prepared_uri, REJECTS_FILE)})"
-             + (f"; paths relative to {base}:" if base else ":")]
+    rows = f"{len(rejects)} rejected row{'s' if len(rejects) != 1 else ''}"
+    lines = [f"{rows} (all in {storage.join(prepared_uri, REJECTS_FILE)})" + (f"; paths relative to {base}:" if base
+                                                                                else ":")]
     for r, m in zip(rejects[:limit], where, strict=False):
         place = r["where"]
         if m:
@@ -61,6 +63,11 @@ def format_rejects(rejects: list[dict], prepared_uri: str, limit: int = LISTED, 
         lines.append(f"  ... and {len(rejects) - limit} more" + ("; the most common reasons:" if counted else ""))
         lines += [f"  {line}" for line in counted_reasons(rejects)] if counted else []
     return lines
+
+
+def _place(reject: dict) -> tuple[str, int]:
+    found = re.match(r"^(.*) (?:row|line) (\d+)$", reject["where"])
+    return (found.group(1), int(found.group(2))) if found else (reject["where"], 0)
 
 
 def _common_folder(files: list[str]) -> str:

@@ -96,7 +96,7 @@ def test_a_source_whose_every_row_is_rejected_lists_them(env, monkeypatch, capsy
         assert [r["id"] for r in rejects] == ["u0"] and "u0" in err and "u1" not in err
     else:
         assert [r["id"] for r in rejects] == ["u0", "u1", "u2", "u3"]
-        assert "4 × like: path '../../x0.wav' is outside the dataset folder" in err, err  # counted as one reason
+        assert "4 × path '../../x0.wav' is outside the dataset folder" in err, err  # counted as one reason
         for i in range(4):
             assert f"train.jsonl:{i + 1} u{i}: path '../../x{i}.wav' is outside the dataset folder" in err, err
     assert "outside the dataset folder" in rejects[0]["reason"]
@@ -175,12 +175,14 @@ def test_the_terminal_lists_the_first_rejects_and_counts_the_reasons():
     rejects = [{"id": f"u{i}", "where": f"s3://b/raw/train.jsonl line {i + 1}",
                 "reason": "empty text" if i % 3 else f"too short: 0.{i % 9}0 s < data.min_duration 1.0 s"}
                for i in range(45)]
-    lines = format_rejects(rejects, "s3://b/root/prepared/x")
+    lines = format_rejects(rejects[::-1], "s3://b/root/prepared/x")  # listed in file order, as shards mix them
+    assert format_rejects(rejects[:1], "s3://b/root/prepared/x")[0].startswith("1 rejected row (all in")
     assert lines[0] == "45 rejected rows (all in s3://b/root/prepared/x/rejects.jsonl); paths relative to s3://b/raw:"
     assert lines[1:LISTED + 1] == [f"  train.jsonl:{i + 1} u{i}: {r['reason']}" for i, r in enumerate(rejects[:LISTED])]
     assert lines[LISTED + 1:] == ["  ... and 15 more; the most common reasons:", "  30 × empty text",
-                                  "  15 × like: too short: 0.00 s < data.min_duration 1.0 s"]
+                                  "  15 × too short: 0.00 s < data.min_duration 1.0 s (and 14 like it)"]
     message = stop_message("prepare kept no row: 45 of 45 rows rejected", rejects, "s3://b/root/prepared/x")
     assert message.splitlines()[:3] == ["prepare kept no row: 45 of 45 rows rejected. Most common reasons:",
-                                        "  30 × empty text", "  15 × like: too short: 0.00 s < data.min_duration 1.0 s"]
+                                        "  30 × empty text",
+                                        "  15 × too short: 0.00 s < data.min_duration 1.0 s (and 14 like it)"]
     assert message.splitlines()[-1] == "  ... and 15 more"
