@@ -7,16 +7,20 @@ prompts carried from a ``voice_prompts`` column into the prepared rows and the e
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 from tests.helpers.datasets import make_wav
 from tests.helpers.vibevoice_data import FIXTURES, community_jsonl, prepare_for_vibevoice, seed_003_corpus
 
 
-def test_seed_003s_folder_with_one_line_dialogues_prepares_every_row(tmp_path, monkeypatch):
+def test_seed_003s_folder_with_one_line_dialogues_prepares_every_row(tmp_path, monkeypatch, caplog):
     corpus = seed_003_corpus(tmp_path)
     assert str(corpus) in (corpus / "metadata.csv").read_text()  # absolute paths, as the seed writes them
-    report, index, rows = prepare_for_vibevoice(tmp_path, monkeypatch, f"{{type: folder, path: {corpus}}}")
+    with caplog.at_level(logging.WARNING):
+        report, index, rows = prepare_for_vibevoice(tmp_path, monkeypatch, f"{{type: folder, path: {corpus}}}")
+    # the seed's layout has no way to a voice prompt: said at prepare, before a GPU is rented for train
+    assert "will train without voice prompts" in caplog.text and "`voice_prompts` column" in caplog.text
     assert report.rejects == [] and index["counts"] == {"train": 2, "eval": 0, "rejected": 0}
     seed_line = (corpus / "text" / "d001.txt").read_text(encoding="utf-8").strip()
     assert rows["d001"].text == seed_line and rows["d001"].codes.shape == (1, int(1.2 * 24000))
