@@ -162,6 +162,9 @@ def apply_accelerate_env(cfg: RunConfig, env: MutableMapping[str, str] = os.envi
         raise ConfigError(f"the accelerate launch settings {taken} do not fit this config: "
                           f"{one_line(e)[:300]}; set the train.* keys in the voxrelay config") from None
     cfg.train = train
+    if train.strategy != "fsdp":  # the voxrelay config's own strategy won: the FSDP settings are moot, not applied
+        same = {k: v for k, v in same.items() if not k.startswith("FSDP_")}
+        other = {k: v for k, v in other.items() if not k.startswith("FSDP_")}
     if launched_rank() == 0:
         _say(env, taken, kept, same, other)
     if _true(env.get(USE_FSDP)):

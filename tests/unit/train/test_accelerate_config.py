@@ -73,3 +73,15 @@ def test_a_plain_ddp_launch_takes_its_precision_too(tmp_path: Path) -> None:
     assert (cfg.train.precision, cfg.train.strategy) == ("bf16", "ddp")
     assert accelerate_settings({**env, "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"})[2] == {
         "ACCELERATE_DYNAMO_BACKEND=INDUCTOR": "voxrelay does not torch.compile the model"}
+
+
+def test_fsdp_settings_are_not_reported_for_a_run_the_voxrelay_config_makes_ddp(seed_env, caplog, monkeypatch):
+    """A user's walk: with `train.strategy=ddp` the summary still said `checkpoints are sharded (DCP)` and named
+    FSDP_CPU_RAM_EFFICIENT_LOADING as not applied, for a run that shards nothing."""
+    monkeypatch.delenv("RANK", raising=False)
+    with caplog.at_level(logging.INFO, logger="voxrelay.train.launch_env"):
+        cfg = apply_accelerate_env(load_config(None, ["train.strategy=ddp"]), dict(seed_env))
+    assert (cfg.train.strategy, cfg.train.precision) == ("ddp", "bf16")
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "the voxrelay config's own keys win: train.strategy=ddp" in said
+    assert "FSDP_" not in said and "DCP" not in said and [r.levelname for r in caplog.records] == ["INFO"], said
