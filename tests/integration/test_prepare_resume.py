@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -58,6 +59,9 @@ def test_two_processes_split_the_shards(tmp_path):
     assert n >= 4
     # each rank wrote its own half: neither reused anything, both wrote
     assert "prepared" in outs[0] and f"shards written {(n + 1) // 2}" in outs[0]
+    for s in index["shards"]:  # what a node's cached copy is checked against (issue 33 C3)
+        assert s["sha256"] == hashlib.sha256((root / "prepared/demo/shards" / f"{s['name']}.parquet").read_bytes()
+                                             ).hexdigest()
     names = [s["name"] for s in index["shards"]]  # in plan order: shard i belongs to rank i % 2
     for rank, out in enumerate(outs):
         wrote = {name for name in names if f"shard {name}:" in out}

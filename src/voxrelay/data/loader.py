@@ -53,7 +53,7 @@ class PreparedDataset:
             if storage.is_local(uri):
                 data = storage.read_bytes(uri)
             else:
-                data = cache.read(uri, local / f"{name}.parquet", in_use)
+                data = cache.read(uri, local / f"{name}.parquet", in_use, sh.checksums(index).get(name))
             rows += sh.decode_table(data, index["num_codebooks"])
         return cls(prepared_uri, index, rows)
 
@@ -273,6 +273,7 @@ class _Builder:
     """The thread that builds a :class:`BatchStream`'s next batches from ``start`` on (see its docstring)."""
 
     LOOKAHEAD = 8  # batches whose shards are handed to ``want``
+    STOP_WAIT_S = 60.0  # the longest :meth:`stop` waits for the batch in the making
 
     def __init__(self, stream: BatchStream, start: Cursor):
         self.stream = stream
@@ -309,5 +310,10 @@ class _Builder:
         return after, batch
 
     def stop(self) -> None:
+        """Stop building; wait for the batch in the making at most :attr:`STOP_WAIT_S` (a read stalled on the
+        bucket is abandoned: the thread is a daemon, its batch is dropped)."""
         self.stopping.set()
-        self.thread.join()
+        self.thread.join(self.STOP_WAIT_S)
+        if self.thread.is_alive():
+            log.warning("the thread building batches ahead did not stop within %.0f s (a shard read stalled on "
+                        "the bucket?); it is left behind, its batch unused", self.STOP_WAIT_S)

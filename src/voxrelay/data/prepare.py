@@ -185,7 +185,8 @@ def _write_index(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utteran
         counts[split] += marker["rows"]
         seconds += marker["seconds"]
         speakers.update(marker["speakers"])
-        shard_infos.append({"name": name, "split": split, "rows": marker["rows"], "seconds": marker["seconds"]})
+        shard_infos.append({"name": name, "split": split, "rows": marker["rows"], "seconds": marker["seconds"]}
+                           | ({"sha256": marker["sha256"]} if marker.get("sha256") else {}))  # older markers: none
         metas.setdefault(split, []).append(marker.get("rows_meta") or rowindex.meta_of_shard(prepared, name))
     rj.write(prepared, rejects)
     index = {
@@ -327,8 +328,10 @@ def _encode_shards(cfg: RunConfig, codec: AudioCodec, plan: dict[str, list[Utter
             continue
         good, rejects = encode_shard(utts, codec, cfg, strict, keep_audio=name.startswith("eval"),
                                      needs=needs)
-        storage.write_bytes(sh.shard_uri(prepared, name), sh.encode_table(good))
+        table = sh.encode_table(good)
+        storage.write_bytes(sh.shard_uri(prepared, name), table)
         marker = {
+            "sha256": hashlib.sha256(table).hexdigest(),  # what a node's cached copy is checked against
             "rows": len(good),
             "rejects": rejects,
             "seconds": sum(g.duration for g in good),

@@ -18,7 +18,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -118,6 +118,7 @@ class RowIndex:
     text_chars: np.ndarray  # int32
     speaker: np.ndarray  # int32: position in ``speakers``, -1 for none
     speakers: list[str]
+    checksums: dict[str, str] = field(default_factory=dict)  # shard name -> sha256 (prepared data that has them)
 
     def __len__(self) -> int:
         return len(self.row)
@@ -136,8 +137,12 @@ class RowIndex:
         if name is None:
             log.info("the prepared data at %s has no row index (prepared by an older voxrelay); reading its "
                      "shards' metadata columns instead (run `voxrelay prepare` again to write one)", prepared_uri)
-            return cls.from_table(shards, meta_table([meta_of_shard(prepared_uri, s) for s in shards]))
-        return cls.from_table(shards, pq.read_table(io.BytesIO(storage.read_bytes(storage.join(prepared_uri, name)))))
+            out = cls.from_table(shards, meta_table([meta_of_shard(prepared_uri, s) for s in shards]))
+        else:
+            out = cls.from_table(shards, pq.read_table(io.BytesIO(storage.read_bytes(storage.join(prepared_uri,
+                                                                                                    name)))))
+        out.checksums = sh.checksums(index)
+        return out
 
     @classmethod
     def from_table(cls, shards: list[str], table: pa.Table) -> RowIndex:

@@ -6,7 +6,8 @@ Layout of ``<root>/prepared/<data.name>/``::
     shards/train-00000.parquet one row per utterance (columns below)
     shards/train-00000.done    JSON marker written after the shard: rows, rejects, seconds
     rejects.jsonl              every rejected row with its reason
-    index.json                 written LAST: shards, counts, hours, codec; no index, no dataset
+    index.json                 written LAST: shards (name, split, rows, seconds, sha256 of the Parquet file:
+                               absent in data prepared by older versions), counts, hours, codec; no index, no dataset
 
 Columns: id, text, speaker, description (str), duration (float32, seconds), num_frames (int32),
 codes (binary: int16 [K, T] row-major, K = index["num_codebooks"]), ref_audio (binary: int16 PCM
@@ -70,6 +71,12 @@ class EncodedUtterance:
     codes: np.ndarray  # int16 [K, T]
     ref_audio: np.ndarray | None = None  # float32 [N] at the codec rate (eval split only)
     voice_prompts: tuple[np.ndarray, ...] = ()  # int16 [K, T] per speaker, in the order of its labels
+
+
+def checksums(index: dict) -> dict[str, str]:
+    """Shard name -> the sha256 of its Parquet file, for the shards whose prepare recorded one (older prepared
+    data has none: its cached copies are checked by size only)."""
+    return {s["name"]: s["sha256"] for s in index["shards"] if s.get("sha256")}
 
 
 def shard_uri(prepared: str, name: str) -> str:

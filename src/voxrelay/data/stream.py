@@ -21,6 +21,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 
 import numpy as np
 
@@ -32,18 +33,21 @@ from voxrelay.paths import uri_key
 
 log = logging.getLogger(__name__)
 
+CLOSE_WAIT_S = 60.0  # the longest :meth:`ShardSource.close` waits for downloads already running
+
 
 class ShardSource:
     """Rows of one split, fetched and decoded shard by shard (see the module's docstring)."""
 
     def __init__(self, prepared_uri: str, num_codebooks: int, rows: RowIndex, cache: ShardCache, ram_bytes: int,
-                 workers: int = 4):
+                 workers: int = 4, close_wait_s: float = CLOSE_WAIT_S):
         self.prepared_uri = prepared_uri
         self.num_codebooks = num_codebooks
         self.rows = rows
         self.cache = cache
         self.ram_bytes = ram_bytes
         self.workers = workers
+        self.close_wait_s = close_wait_s
         self._decoded: OrderedDict[int, list[sh.EncodedUtterance]] = OrderedDict()
         self._decoded_bytes: dict[int, int] = {}
         self._pending: dict[int, Future] = {}
@@ -86,8 +90,15 @@ class ShardSource:
         return out
 
     def close(self) -> None:
+        """Cancel the downloads not started; wait for those running at most ``close_wait_s``, then leave them."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            running = [f for f in self._pending.values() if not f.cancelled()]
+            _, late = futures_wait(running, timeout=self.close_wait_s)
+            if late:
+                log.warning("%d shard download(s) of %s still running %.0f s after the reader closed (a stalled "
+                            "connection to the bucket?); not waited for", len(late), self.prepared_uri,
+                            self.close_wait_s)
             self._pool = None
         self._pending.clear()
 
@@ -117,7 +128,9 @@ class ShardSource:
         uri = sh.shard_uri(self.prepared_uri, self.rows.shards[s])
         if storage.is_local(uri):
             return storage.read_bytes(uri)
-        return self.cache.read(uri, self.cache.root / uri_key(self.prepared_uri) / f"{self.rows.shards[s]}.parquet")
+        name = self.rows.shards[s]
+        return self.cache.read(uri, self.cache.root / uri_key(self.prepared_uri) / f"{name}.parquet",
+                               sha256=self.rows.checksums.get(name))
 
 
 class StreamBatches:

@@ -68,6 +68,8 @@ class ShardSaver:
     background (made at the first save, a collective every rank reaches there; DCP's async save aborts on
     the default group, and on GPUs that one is NCCL)."""
 
+    WAIT_S = 1800.0  # the longest a save may take (write, hash, gather, stage) before :meth:`wait` gives up
+
     def __init__(self):
         self.group = None
         self.pending: Future | None = None  # the in-flight save: write, hash, gather, stage
@@ -121,8 +123,10 @@ class ShardSaver:
         """Block until the save in flight is staged or failed (every rank calls it at the same point). Its
         failure was reported when it happened and does not stop the next save (e.g. the emergency one)."""
         pending, self.pending = self.pending, None
-        if pending is not None:
-            futures_wait([pending])
+        if pending is not None and futures_wait([pending], timeout=self.WAIT_S).not_done:
+            raise TimeoutError(f"the sharded save in flight has not finished after {self.WAIT_S:.0f} s (a hung "
+                               "disk, or a rank stuck before the save's collectives); stopping rather than "
+                               "waiting forever: look for the rank that logged an error or stopped logging")
 
 
 def _report_failure(run, step: int, err: BaseException | None) -> None:

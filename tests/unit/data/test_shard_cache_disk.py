@@ -1,0 +1,257 @@
+"""The node's shard cache under pressure (issue 33 H3, C1-C3, H4): a full disk mid-download reads the shard into
+memory (one warning), downloads in flight count against ``cache.min_free_gb``, one download per shard per node,
+files left by a process killed mid-download are removed and counted, hits are checked against the shard's
+sha256 from index.json, and the reader's waits are bounded. Races are forced with Events, not sleeps."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from voxrelay import storage
+from voxrelay.data import rowindex as ri
+from voxrelay.data import shards as sh
+from voxrelay.data.loader import BatchPlan, BatchStream
+from voxrelay.data.shard_cache import ShardCache
+from voxrelay.data.stream import ShardSource
+from voxrelay.paths import uri_key
+
+K = 2
+BOUND = 20.0  # how long a test waits for an Event before it calls the code under test hung (never when it works)
+
+
+def _shards(uri: str, count: int = 3, sha: bool = False) -> dict:
+    """``count`` train shards of random (incompressible) codes at ``uri``; their index (``sha``: with sha256)."""
+    rng = np.random.default_rng(3)
+    index = {"num_codebooks": K, "shards": []}
+    for n in range(count):
+        data = sh.encode_table([sh.EncodedUtterance(f"{n}-{i}", "text", None, None, 1.0,
+                                                    rng.integers(0, 1000, (K, 400), dtype=np.int16)) for i in range(3)])
+        storage.write_bytes(sh.shard_uri(uri, f"train-{n:05d}"), data)
+        index["shards"].append({"name": f"train-{n:05d}", "split": "train"}
+                               | ({"sha256": hashlib.sha256(data).hexdigest()} if sha else {}))
+    storage.write_json(storage.join(uri, sh.INDEX_FILE), index)
+    return index
+
+
+def _read(cache: ShardCache, uri: str, n: int) -> bytes:
+    return cache.read(sh.shard_uri(uri, f"train-{n:05d}"), cache.root / uri_key(uri) / f"train-{n:05d}.parquet")
+
+
+def _left(root: Path) -> list[str]:
+    """Download leftovers under the cache: ``.part-*`` files and in-flight markers."""
+    return sorted(p.name for p in root.rglob("*") if ".part-" in p.name or p.name.endswith(".reserved"))
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+class _Gate:
+    """``storage.get_file`` that blocks the first download of ``uri`` until :meth:`open` (a forced interleaving)."""
+
+    def __init__(self, monkeypatch, uri: str):
+        self.uri, self.calls = uri, []
+        self.entered, self.released, self.other = threading.Event(), threading.Event(), threading.Event()
+        real = storage.get_file
+
+        def get_file(src, local):
+            self.calls.append(src)
+            if src == self.uri and len([c for c in self.calls if c == self.uri]) == 1:
+                self.entered.set()
+                assert self.released.wait(BOUND), "the test never released the first download"
+            elif src == self.uri:
+                self.other.set()  # a second download of the same shard: what C2 forbids
+            real(src, local)
+
+        monkeypatch.setattr(storage, "get_file", get_file)
+
+
+def test_a_disk_that_fills_mid_download_reads_the_shard_into_memory_with_one_warning(memory_root, tmp_path,
+                                                                                      monkeypatch, caplog):
+    _shards(memory_root)
+    cache = ShardCache(tmp_path / "prepared", 2**30)
+
+    def full_disk(src, local):  # the cache's write seam: some bytes land, then the disk is full
+        Path(local).write_bytes(b"x" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device", str(local))
+
+    monkeypatch.setattr(storage, "get_file", full_disk)
+    with caplog.at_level(logging.WARNING, logger="voxrelay.data.shard_cache"):
+        got = [_read(cache, memory_root, n) for n in range(3)]
+    assert got == [storage.read_bytes(sh.shard_uri(memory_root, f"train-{n:05d}")) for n in range(3)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0], warnings
+    assert cache.stats["uncached"] == 3
+    assert not list((tmp_path / "prepared").rglob("*.parquet")) and _left(tmp_path / "prepared") == []
+
+
+def test_downloads_in_flight_on_the_node_count_against_min_free(memory_root, tmp_path, monkeypatch):
+    _shards(memory_root)
+    size = storage.size(sh.shard_uri(memory_root, "train-00000"))
+    free = 10**12
+    monkeypatch.setattr("shutil.disk_usage", lambda _: type("U", (), {"free": free})())  # sparse or not, frozen
+    gate = _Gate(monkeypatch, sh.shard_uri(memory_root, "train-00000"))
+    # room on the disk for one shard over min_free, not for two: a download in flight must be counted
+    first, second = (ShardCache(tmp_path / "prepared", 2**30, free - size * 3 // 2) for _ in range(2))
+    out = Future()
+    thread = threading.Thread(target=lambda: out.set_result(_read(first, memory_root, 0)))
+    thread.start()
+    try:
+        assert gate.entered.wait(BOUND)
+        assert _read(second, memory_root, 1) == storage.read_bytes(sh.shard_uri(memory_root, "train-00001"))
+    finally:
+        gate.released.set()
+        thread.join(BOUND)
+    assert out.result(BOUND) == storage.read_bytes(sh.shard_uri(memory_root, "train-00000"))
+    assert second.stats == {"downloaded": 0, "cache_hits": 0, "uncached": 1}
+    assert first.stats["downloaded"] == 1 and _left(tmp_path / "prepared") == []
+
+
+def test_the_processes_of_a_node_download_a_shard_once_the_others_wait_for_it(memory_root, tmp_path, monkeypatch):
+    _shards(memory_root)
+    uri = sh.shard_uri(memory_root, "train-00000")
+    gate = _Gate(monkeypatch, uri)
+    waiting = threading.Event()
+    real_await = getattr(ShardCache, "_await", None)
+
+    def await_(self, path):  # the second process reached its wait: now let the first finish
+        waiting.set()
+        return real_await(self, path)
+
+    monkeypatch.setattr(ShardCache, "_await", await_, raising=False)
+    first, second = (ShardCache(tmp_path / "prepared", 2**30) for _ in range(2))  # two processes' caches
+    results = [Future(), Future()]
+    threads = [threading.Thread(target=lambda c=c, f=f: f.set_result(_read(c, memory_root, 0)))
+               for c, f in zip((first, second), results, strict=True)]
+    threads[0].start()
+    try:
+        assert gate.entered.wait(BOUND)
+        threads[1].start()
+        assert any(e.wait(BOUND / 2) for e in (waiting, gate.other)), "the second reader neither waited nor downloaded"
+    finally:
+        gate.released.set()
+        for t in threads:
+            t.join(BOUND)
+    assert [f.result(BOUND) for f in results] == [storage.read_bytes(uri)] * 2
+    assert gate.calls == [uri]  # one download for the node
+    assert second.stats == {"downloaded": 0, "cache_hits": 1, "uncached": 0}
+
+
+def test_files_left_by_a_process_killed_mid_download_are_removed_and_live_ones_counted(memory_root, tmp_path):
+    _shards(memory_root)
+    size = storage.size(sh.shard_uri(memory_root, "train-00000"))
+    folder = tmp_path / "prepared" / uri_key(memory_root)
+    folder.mkdir(parents=True)
+    dead = _dead_pid()
+    (folder / f"train-00007.parquet.part-{dead}").write_bytes(b"x" * size)  # SIGKILLed mid-download
+    (folder / "train-00008.parquet.reserved").write_text(f"{dead} {10 * size}")  # its claim
+    (folder / f"train-00009.parquet.part-{dead}.part-{dead}").write_bytes(b"x" * 10)
+    live = folder / f"train-00006.parquet.part-{__import__('os').getpid()}"  # a download in flight now
+    live.write_bytes(b"x" * (2 * size))
+    cache = ShardCache(tmp_path / "prepared", 3 * size + size // 2)  # the live download + one shard fit
+    for n in range(3):
+        assert _read(cache, memory_root, n) == storage.read_bytes(sh.shard_uri(memory_root, f"train-{n:05d}"))
+    assert _left(tmp_path / "prepared") == [live.name]
+    assert sorted(p.name for p in folder.glob("*.parquet")) == ["train-00002.parquet"]
+
+
+def test_a_cached_copy_not_matching_its_sha256_is_downloaded_again_older_data_is_checked_by_size(
+        memory_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
+    from voxrelay.paths import cache_dir
+
+    checked, old = storage.join(memory_root, "new"), storage.join(memory_root, "old")
+    index, old_index = _shards(checked, sha=True), _shards(old)
+    for uri, idx in ((checked, index), (old, old_index)):
+        source = _source(uri, idx, cache_dir("prepared"))
+        want = [r.codes for r in source.get([0, 1, 2])]
+        copy = cache_dir("prepared") / uri_key(uri) / "train-00000.parquet"
+        torn = bytearray(copy.read_bytes())
+        codes = pq.ParquetFile(copy).metadata.row_group(0).column(6)  # the codes' column chunk
+        mid = codes.data_page_offset + codes.total_compressed_size // 2
+        torn[mid: mid + 64] = bytes(64)  # same size: a copy a crash left half-written
+        copy.write_bytes(bytes(torn))
+        again = _source(uri, idx, cache_dir("prepared"))
+        if uri == checked:
+            assert all(np.array_equal(a.codes, b) for a, b in zip(again.get([0, 1, 2]), want, strict=True))
+            assert again.stats["downloaded"] == 1
+            assert copy.read_bytes() == storage.read_bytes(sh.shard_uri(uri, "train-00000"))
+        else:  # no checksum to check against: the size is all there is (a hit)
+            assert again._fetch(0) == bytes(torn)
+            assert again.stats["cache_hits"] == 1 and again.stats["downloaded"] == 0
+
+
+def _source(uri: str, index: dict, root: Path) -> ShardSource:
+    return ShardSource(uri, K, ri.RowIndex.load(uri, index, "train"), ShardCache(root, 2**30), 2**30)
+
+
+def test_the_readers_waits_are_bounded_and_say_so(memory_root, tmp_path, caplog):
+    index = _shards(memory_root)
+    stalled = threading.Event()
+    stuck = threading.Event()
+
+    def make_batch(ids):  # a shard read stalled on the bucket
+        stalled.set()
+        stuck.wait(BOUND)
+        return {"ids": ids}
+
+    stream = BatchStream(BatchPlan([10] * 8, [1.0] * 8, 0, batch_tokens=20), make_batch, ahead=2)
+    it = iter(stream)
+    done = threading.Event()
+    closer = threading.Thread(target=lambda: (stalled.wait(BOUND), _stop(stream), done.set()), daemon=True)
+    try:
+        with caplog.at_level(logging.WARNING):
+            threading.Thread(target=lambda: next(it, None), daemon=True).start()
+            closer.start()
+            assert done.wait(BOUND / 2), "BatchStream.close waited for a stalled batch without a bound"
+            source = ShardSource(memory_root, K, ri.RowIndex.load(memory_root, index, "train"),
+                                 ShardCache(tmp_path / "prepared", 2**30), 2**30, close_wait_s=0.01)
+            source._executor().submit(stuck.wait, BOUND)
+            source._pending[0] = source._executor().submit(stuck.wait, BOUND)
+            closed = threading.Event()
+            threading.Thread(target=lambda: (source.close(), closed.set()), daemon=True).start()
+            assert closed.wait(BOUND / 2), "ShardSource.close waited for a stalled download without a bound"
+    finally:
+        stuck.set()
+    text = caplog.text
+    assert "did not stop within" in text and "still running" in text
+
+
+def _stop(stream: BatchStream) -> None:
+    builder = stream._builder
+    if builder is not None:
+        builder.STOP_WAIT_S = 0.01
+    stream.close()
+
+
+def test_a_sharded_save_that_never_finishes_stops_the_wait_with_a_message():
+    from voxrelay.train.sharded import ShardSaver
+
+    saver = ShardSaver()
+    saver.WAIT_S = 0.01
+    saver.pending = Future()  # a save whose write or collective hangs
+    out = Future()
+    threading.Thread(target=lambda: _capture(saver.wait, out), daemon=True).start()
+    err = out.result(BOUND / 2)
+    assert isinstance(err, TimeoutError) and "has not finished after" in str(err)
+    saver.pending = None
+
+
+def _capture(call, out: Future) -> None:
+    try:
+        call()
+        out.set_result(None)
+    except BaseException as err:  # noqa: BLE001 - the test looks at it
+        out.set_result(err)
