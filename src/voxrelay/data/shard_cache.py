@@ -64,8 +64,11 @@ class ShardCache:
         data = self._hit(path, size, sha256)
         if data is not None:
             return data
-        path.parent.mkdir(parents=True, exist_ok=True)
-        marker = self._claim(path, size, in_use)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            marker = self._claim(path, size, in_use)
+        except OSError as err:  # a full, read-only or failing cache disk: not even a marker fits
+            return self._uncached(uri, size, f"the cache at {self.root} cannot be written ({err})")
         if marker is WAIT:
             self._await(path)
             data = self._hit(path, size, sha256)
@@ -147,8 +150,12 @@ class ShardCache:
                 return None
             self.make_room(size, in_use)
             fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{os.getpid()} {size}")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(f"{os.getpid()} {size}")
+            except OSError:
+                marker.unlink(missing_ok=True)
+                raise
             self._inflight += size
             self.stats["downloaded"] += 1
         return marker

@@ -2,12 +2,14 @@
 
 :class:`ShardSource` serves rows by their position in the row index (:mod:`voxrelay.data.rowindex`):
 
-- a remote shard is downloaded once per node into the shared disk cache (``$VOXRELAY_CACHE/prepared``, LRU,
-  ``cache.max_gb``; the processes of a node share it) by a small pool of threads, ahead of use in the order
-  the plan needs them (``cache.prefetch_shards``); a local one is read in place;
+- a remote shard is downloaded once per node (the node's other processes wait for that download) into the
+  shared disk cache (``$VOXRELAY_CACHE/prepared``, LRU, ``cache.max_gb``) by a small pool of threads, ahead of
+  use in the order the plan needs them (``cache.prefetch_shards``); a local one is read in place;
 - decoded shards are kept in RAM in an LRU of at most ``cache.ram_gb`` per process;
-- a download that would leave less than ``cache.min_free_gb`` free on the cache's disk is not cached: the
-  shard is read into memory instead, so prefetching never fills the disk checkpoints are staged on.
+- a download that would leave less than ``cache.min_free_gb`` free on the cache's disk (the node's downloads in
+  flight counted), or whose write fails (ENOSPC: the disk filled by something else meanwhile), is not cached: the
+  shard is read into memory instead, so prefetching never fills the disk checkpoints are staged on and a full
+  disk never reaches the training loop (:class:`~voxrelay.data.shard_cache.ShardCache`).
 
 :class:`StreamBatches` is what :class:`voxrelay.data.loader.BatchStream` calls: the examples of a batch's rows,
 collated, and the shards of the next batches to fetch.

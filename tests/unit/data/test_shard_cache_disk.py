@@ -255,3 +255,64 @@ def _capture(call, out: Future) -> None:
         out.set_result(None)
     except BaseException as err:  # noqa: BLE001 - the test looks at it
         out.set_result(err)
+
+
+# A real kernel ENOSPC (issue 33 H3 measured it on a 64 MiB tmpfs): the cache on a 256 KiB tmpfs in a mount
+# namespace of the script's own; the disk is filled (by "someone else": a staged checkpoint) right as the download
+# starts, after the min_free check passed.
+_FULL_MID_DOWNLOAD = r'''
+import errno, logging, sys
+from pathlib import Path
+import numpy as np
+from voxrelay import storage
+from voxrelay.data import shards as sh
+from voxrelay.data.shard_cache import ShardCache
+
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+root, disk = "memory://bucket", Path(sys.argv[1])
+rng = np.random.default_rng(0)
+for n in range(2):
+    rows = [sh.EncodedUtterance(str(i), "t", None, None, 1.0, rng.integers(-2**15, 2**15, (2, 8000), dtype=np.int16))
+            for i in range(4)]
+    storage.write_bytes(sh.shard_uri(root, f"s{n}"), sh.encode_table(rows))
+real = storage.get_file
+
+def get_file(src, local):
+    try:
+        with open(disk / "checkpoint", "ab") as f:  # the staging disk's other tenant fills it
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+    except OSError as err:
+        assert err.errno == errno.ENOSPC, err
+    real(src, local)
+
+storage.get_file = get_file
+cache = ShardCache(disk / "prepared", 2**30)
+got = [cache.read(sh.shard_uri(root, f"s{n}"), disk / "prepared" / f"s{n}.parquet") for n in range(2)]
+assert got == [storage.read_bytes(sh.shard_uri(root, f"s{n}")) for n in range(2)]
+print("STATS", cache.stats, sorted(p.name for p in (disk / "prepared").iterdir()))
+'''
+
+
+def _can_mount_tmpfs() -> bool:
+    from tests.integration.runner import can_hide_folders
+
+    return can_hide_folders()
+
+
+def test_a_real_full_disk_mid_download_reads_the_shard_into_memory(tmp_path):
+    if not _can_mount_tmpfs():
+        import pytest
+
+        pytest.skip("needs unshare and mount (root or user namespaces)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = tmp_path / "full.py"
+    script.write_text(_FULL_MID_DOWNLOAD)
+    res = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                          f'mount -t tmpfs -o size=256k tmpfs "{disk}" && exec "$@"', "sh", sys.executable,
+                          str(script), str(disk)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "STATS {'downloaded': 1, 'cache_hits': 0, 'uncached': 2} ['.lock']" in res.stdout, res.stdout
+    assert res.stdout.count("WARNING") == 1 and "No space left on device" in res.stdout, res.stdout
