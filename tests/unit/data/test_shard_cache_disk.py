@@ -316,3 +316,91 @@ def test_a_real_full_disk_mid_download_reads_the_shard_into_memory(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "STATS {'downloaded': 1, 'cache_hits': 0, 'uncached': 2} ['.lock']" in res.stdout, res.stdout
     assert res.stdout.count("WARNING") == 1 and "No space left on device" in res.stdout, res.stdout
+
+
+# Another process of the node mid-download, for real: it builds the same in-memory "bucket" (same seed, same
+# bytes), claims a shard, writes part of it, says READY and waits for a line on stdin (or a SIGKILL).
+_BUCKET = r'''
+import numpy as np
+from voxrelay import storage
+from voxrelay.data import shards as sh
+
+def bucket(root):
+    rng = np.random.default_rng(5)
+    for n in range(2):
+        rows = [sh.EncodedUtterance(str(i), "t", None, None, 1.0, rng.integers(0, 1000, (2, 500), dtype=np.int16))
+                for i in range(3)]
+        storage.write_bytes(sh.shard_uri(root, f"s{n}"), sh.encode_table(rows))
+'''
+_HOLDER = _BUCKET + r'''
+import os
+import sys
+from pathlib import Path
+from voxrelay.data.shard_cache import ShardCache
+
+bucket("memory://bucket")
+real = storage.get_file
+
+def get_file(src, local):
+    Path(f"{local}.part-{os.getpid()}").write_bytes(b"x" * 1000)  # the first bytes, where storage.get_file puts them
+    print("READY", flush=True)
+    sys.stdin.readline()
+    real(src, local)
+
+storage.get_file = get_file
+cache = ShardCache(Path(sys.argv[1]), 2**30)
+cache.read(sh.shard_uri("memory://bucket", "s0"), Path(sys.argv[1]) / "s0.parquet")
+print("DONE", cache.stats, flush=True)
+'''
+
+
+def _holder(tmp_path: Path) -> subprocess.Popen:
+    script = tmp_path / "holder.py"
+    script.write_text(_HOLDER)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "prepared")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "READY"  # it holds the download of s0 now
+    return proc
+
+
+def _bucket() -> str:
+    env: dict = {}
+    exec(_BUCKET, env)  # the holder's bucket, byte for byte
+    env["bucket"]("memory://bucket")
+    return "memory://bucket"
+
+
+def test_another_process_downloading_a_shard_is_waited_for_not_repeated(tmp_path, monkeypatch):
+    root = _bucket()
+    holder = _holder(tmp_path)
+    waiting = threading.Event()
+    real_await = getattr(ShardCache, "_await", None)
+    monkeypatch.setattr(ShardCache, "_await", lambda self, path: (waiting.set(), real_await(self, path))[1],
+                        raising=False)
+    cache = ShardCache(tmp_path / "prepared", 2**30)
+    out: Future = Future()
+    reader = threading.Thread(target=lambda: out.set_result(cache.read(sh.shard_uri(root, "s0"),
+                                                                       tmp_path / "prepared" / "s0.parquet")))
+    try:
+        reader.start()
+        assert any(w() for w in (lambda: waiting.wait(BOUND / 2), lambda: out.exception(BOUND / 2) is None))
+    finally:
+        holder.communicate("go\n", timeout=BOUND)
+        reader.join(BOUND)
+    assert out.result(BOUND) == storage.read_bytes(sh.shard_uri(root, "s0"))
+    assert cache.stats == {"downloaded": 0, "cache_hits": 1, "uncached": 0}  # its copy, not a second download
+    assert holder.returncode == 0
+
+
+def test_a_process_killed_mid_download_leaves_nothing_that_blocks_or_fills_the_cache(tmp_path):
+    root = _bucket()
+    holder = _holder(tmp_path)
+    holder.kill()
+    holder.wait()
+    folder = tmp_path / "prepared"
+    assert any(f".part-{holder.pid}" in name for name in _left(folder))  # what a SIGKILL leaves
+    cache = ShardCache(folder, 2**30)
+    for n in (1, 0):  # the scan of the first download removes them; the killed one's shard is downloaded
+        assert cache.read(sh.shard_uri(root, f"s{n}"), folder / f"s{n}.parquet") == \
+            storage.read_bytes(sh.shard_uri(root, f"s{n}"))
+    assert _left(folder) == [] and cache.stats["downloaded"] == 2
