@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from voxrelay import storage
 from voxrelay.data import rowindex as ri
@@ -303,8 +304,6 @@ def _can_mount_tmpfs() -> bool:
 
 def test_a_real_full_disk_mid_download_reads_the_shard_into_memory(tmp_path):
     if not _can_mount_tmpfs():
-        import pytest
-
         pytest.skip("needs unshare and mount (root or user namespaces)")
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -404,3 +403,12 @@ def test_a_process_killed_mid_download_leaves_nothing_that_blocks_or_fills_the_c
         assert cache.read(sh.shard_uri(root, f"s{n}"), folder / f"s{n}.parquet") == \
             storage.read_bytes(sh.shard_uri(root, f"s{n}"))
     assert _left(folder) == [] and cache.stats["downloaded"] == 2
+
+
+def test_a_download_not_matching_its_index_sha256_is_refused_naming_the_shard(memory_root, tmp_path):
+    index = _shards(memory_root, sha=True)
+    storage.write_bytes(sh.shard_uri(memory_root, "train-00001"),
+                        storage.read_bytes(sh.shard_uri(memory_root, "train-00002")))  # changed under the run
+    source = _source(memory_root, index, tmp_path / "prepared")
+    with pytest.raises(storage.StorageError, match=r"train-00001\.parquet does not match its sha256.*prepare"):
+        source.get([3])
