@@ -47,13 +47,14 @@ class PreparedDataset:
         cache = ShardCache(cache_dir("prepared"), max_bytes)
         local = cache.root / uri_key(prepared_uri)
         in_use = {local / f"{name}.parquet" for name in shards}
+        checksums = sh.checksums(index)
         rows: list[sh.EncodedUtterance] = []
         for name in shards:
             uri = sh.shard_uri(prepared_uri, name)
             if storage.is_local(uri):
                 data = storage.read_bytes(uri)
             else:
-                data = cache.read(uri, local / f"{name}.parquet", in_use, sh.checksums(index).get(name))
+                data = cache.read(uri, local / f"{name}.parquet", in_use, checksums.get(name))
             rows += sh.decode_table(data, index["num_codebooks"])
         return cls(prepared_uri, index, rows)
 
