@@ -168,12 +168,14 @@ def test_files_left_by_a_process_killed_mid_download_are_removed_and_live_ones_c
     assert sorted(p.name for p in folder.glob("*.parquet")) == ["train-00002.parquet"]
 
 
+@pytest.mark.parametrize("backend", ["memory_root", "s3_root", "gcs_root"])
 def test_a_cached_copy_not_matching_its_sha256_is_downloaded_again_older_data_is_checked_by_size(
-        memory_root, tmp_path, monkeypatch):
+        backend, request, tmp_path, monkeypatch):
+    root = request.getfixturevalue(backend)  # the download path of each backend (its own .part handling)
     monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
     from voxrelay.paths import cache_dir
 
-    checked, old = storage.join(memory_root, "new"), storage.join(memory_root, "old")
+    checked, old = storage.join(root, "new"), storage.join(root, "old")
     index, old_index = _shards(checked, sha=True), _shards(old)
     for uri, idx in ((checked, index), (old, old_index)):
         source = _source(uri, idx, cache_dir("prepared"))
