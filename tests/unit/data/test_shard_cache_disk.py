@@ -18,10 +18,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from tests.integration.runner import can_hide_folders
 from voxrelay import storage
 from voxrelay.data import rowindex as ri
 from voxrelay.data import shards as sh
-from voxrelay.data.loader import BatchPlan, BatchStream
+from voxrelay.data.loader import BatchPlan, BatchStream, _Builder
 from voxrelay.data.shard_cache import ShardCache
 from voxrelay.data.stream import ShardSource
 from voxrelay.paths import uri_key
@@ -211,14 +212,14 @@ def test_the_readers_waits_are_bounded_and_say_so(memory_root, tmp_path, caplog)
         return {"ids": ids}
 
     stream = BatchStream(BatchPlan([10] * 8, [1.0] * 8, 0, batch_tokens=20), make_batch, ahead=2)
-    it = iter(stream)
+    builder = _Builder(stream, stream.cursor)  # what BatchStream starts at its first batch
+    builder.STOP_WAIT_S = 0.01
     done = threading.Event()
-    closer = threading.Thread(target=lambda: (stalled.wait(BOUND), _stop(stream), done.set()), daemon=True)
+    closer = threading.Thread(target=lambda: (stalled.wait(BOUND), builder.stop(), done.set()), daemon=True)
     try:
         with caplog.at_level(logging.WARNING):
-            threading.Thread(target=lambda: next(it, None), daemon=True).start()
             closer.start()
-            assert done.wait(BOUND / 2), "BatchStream.close waited for a stalled batch without a bound"
+            assert done.wait(BOUND / 2), "the batch builder's stop waited for a stalled batch without a bound"
             source = ShardSource(memory_root, K, ri.RowIndex.load(memory_root, index, "train"),
                                  ShardCache(tmp_path / "prepared", 2**30), 2**30, close_wait_s=0.01)
             source._executor().submit(stuck.wait, BOUND)
@@ -230,13 +231,6 @@ def test_the_readers_waits_are_bounded_and_say_so(memory_root, tmp_path, caplog)
         stuck.set()
     text = caplog.text
     assert "did not stop within" in text and "still running" in text
-
-
-def _stop(stream: BatchStream) -> None:
-    builder = stream._builder
-    if builder is not None:
-        builder.STOP_WAIT_S = 0.01
-    stream.close()
 
 
 def test_a_sharded_save_that_never_finishes_stops_the_wait_with_a_message():
@@ -298,14 +292,8 @@ print("STATS", cache.stats, sorted(p.name for p in (disk / "prepared").iterdir()
 '''
 
 
-def _can_mount_tmpfs() -> bool:
-    from tests.integration.runner import can_hide_folders
-
-    return can_hide_folders()
-
-
 def test_a_real_full_disk_mid_download_reads_the_shard_into_memory(tmp_path):
-    if not _can_mount_tmpfs():
+    if not can_hide_folders():
         pytest.skip("needs unshare and mount (root or user namespaces)")
     disk = tmp_path / "disk"
     disk.mkdir()
