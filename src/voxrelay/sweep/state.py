@@ -120,7 +120,8 @@ def clear_failure(root: str, sweep: Sweep, experiment: Experiment) -> None:
 def write_queue(root: str, sweep: Sweep) -> str:
     """``queue.json``: the sweep's experiments as this sweep file lists them now (rewritten when it changed)."""
     uri = storage.join(sweep_uri(root, sweep), QUEUE_FILE)
-    queue = {"sweep": sweep.name, "source": sweep.source, "base": sweep.base, "overrides": list(sweep.overrides),
+    queue = {"sweep": sweep.name, "source": sweep.source, "base": sweep.base, "base_digest": sweep.base_digest,
+             "overrides": list(sweep.overrides),
              "experiments": [{"name": e.name, "overrides": e.overrides} for e in sweep.experiments]}
     if not storage.exists(uri) or json.loads(storage.read_text(uri)) != queue:
         storage.write_json(uri, queue)
