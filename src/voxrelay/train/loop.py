@@ -169,6 +169,8 @@ def _train(run: Run) -> TrainResult:
             loop.advance(stats.tokens, stats.audio_seconds, wall0 + time.time() - t0, stats.finite,
                          stats.scaler_skipped)
             meter.add(stats.tokens, stats.audio_seconds, waited)
+            if run.usage is not None:  # renewed with the lease's cadence: a crash loop counts against cost.budget
+                run.usage.heartbeat(loop.step, ck.lease_seconds / 3)
             _log_step(run, stats, meter, bar)
             results = _evaluate(run, stops, bar, time.time() - started)
             new_best = "eval/loss" in results and ck.keep_best and loop.evals_since_best == 0  # keep_best: saved
