@@ -173,7 +173,7 @@ class CheckpointConfig(Section):
     metadata_url: str | None = Field(None, description="Override the metadata server base URL (tests, proxies)")
     max_failed_saves: int = Field(
         3, gt=0, description="Saves in a row that cannot be staged (a full disk, a failed write) after which training "
-        "stops (exit 76, the reason named) instead of going on with nothing to resume from",
+        "stops (exit 74, final: the reason named) instead of going on with nothing to resume from",
     )
     lease_seconds: float = Field(
         60.0, ge=1, description="The run's writer lease (<run>/lease.json) expires this long after its last "

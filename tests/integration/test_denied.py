@@ -2,7 +2,8 @@
 once, naming the bucket and the fix, whatever exception class the SDK raises for it (gcsfs raises a plain
 OSError("Forbidden"), which used to be retried as transient while the run trained on with nothing durable):
 refused from the start, `train` exits 2 before writing anything; refused mid-run, training stops with its
-checkpoint staged (exit 76) instead of retrying for ever."""
+checkpoint staged (exit 74: final, a new machine would be refused too, so no job template recovers
+on it) instead of retrying for ever."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from tests.helpers.gate import WriteGate
 from tests.integration.runner import CONFIG, Trainer, env_for, voxrelay
 from tests.integration.tiny import tiny
-from voxrelay.checkpoint.preemption import EXIT_PREEMPTED_STAGED
+from voxrelay.checkpoint.preemption import EXIT_FAILED_FOR_GOOD
 
 
 def _env(tmp_path, kind: str, gate: WriteGate) -> dict:
@@ -41,7 +42,7 @@ def test_a_bucket_that_refuses_writes_stops_training_at_once(tmp_path, kind, req
         finally:
             trainer.kill()
         out = " ".join(trainer.output().split())
-        assert code == EXIT_PREEMPTED_STAGED, trainer.output()
+        assert code == EXIT_FAILED_FOR_GOOD, trainer.output()
         assert gate.refused and f"access to {bucket} was denied" in out and "check the credentials" in out, out
         assert "only on this machine" in out  # where its last checkpoint is
         again = voxrelay("train", CONFIG, *tiny(root, "name=other", "train.max_steps=2"), env=env)

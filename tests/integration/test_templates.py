@@ -73,6 +73,9 @@ def test_skypilot_task_passes_skypilots_schema(path):
     assert resources["use_spot"] is True and "file_mounts" not in task  # voxrelay talks to the bucket itself
     assert {75, 76} <= set(resources["job_recovery"]["recover_on_exit_codes"])  # voxrelay's "run it again" codes
     assert 77 not in resources["job_recovery"]["recover_on_exit_codes"]  # a spent total_time_limit: never again
+    # (issue 33 W2) a permanent failure (storage refused, saves failing) is final: never recovered, nor restarted
+    assert 74 not in resources["job_recovery"]["recover_on_exit_codes"]
+    assert resources["job_recovery"].get("max_restarts_on_errors", 0) == 0
     assert "voxrelay " in task["run"]
 
 

@@ -28,6 +28,9 @@ from voxrelay import host
 
 log = logging.getLogger(__name__)
 
+# a permanent failure a new machine would meet too (storage refusing uploads: HTTP 403, no such bucket; or
+# checkpoint.max_failed_saves saves in a row not staged): never "run it again" (sysexits' EX_IOERR, beside 75)
+EXIT_FAILED_FOR_GOOD = 74
 EXIT_PREEMPTED = 75  # stopped by a signal or a preemption notice; the checkpoint is durable
 EXIT_PREEMPTED_STAGED = 76  # stopped; the checkpoint is on local disk only (upload did not finish)
 EXIT_TIME_LIMIT = 77  # train.time_limit (this session), train.total_time_limit or cost.budget reached; durable

@@ -4,7 +4,10 @@ One entry per session (rank 0's process and its job; id: host, pid, process star
 process started, its processes, and the storage requests and bytes of all its processes
 (:mod:`voxrelay.storage.counters`, gathered at every checkpoint and at the end). A session rewrites its own
 entry only (its lease makes it the run's one writer), so resumed sessions add up and nothing is counted
-twice; a session killed hard keeps what it last recorded, at its last checkpoint. ``--fresh`` deletes the
+twice. The entry is written when the session starts (its lease taken, before weights and data load) and
+renewed as training makes progress (every third of ``checkpoint.lease_seconds``, with the lease), so a
+session killed hard — even before its first save, as in a crash loop — keeps what it last recorded and
+counts against ``cost.budget``. ``--fresh`` deletes the
 file with the checkpoints and metrics.
 """
 
@@ -85,6 +88,7 @@ class UsageLog:
         self.previous = previous  # the other sessions' entries (rank 0)
         self.guard = guard  # the run's lease check: raises once another session owns the run folder
         self.others = dict.fromkeys(KEYS, 0)  # the other ranks' counts at the last record
+        self.written_at = 0.0  # time.monotonic() of the last write of this session's entry
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -146,8 +150,24 @@ class UsageLog:
         self.session.update(self.counts(), seconds=now - self.session["started"], updated=now, step=step)
         if stopped is not None:
             self.session.update(stopped=stopped, budget=self.cost.budget)
-        if not write:
+        if write:
+            self._submit(wait)
+
+    def heartbeat(self, step: int | None = None, every_s: float = 0.0) -> None:
+        """Rank 0, no collective: write this session's entry as it stands (its seconds so far, this process's
+        counts, the other ranks' as last gathered) when ``every_s`` have passed since the last write. Called at
+        the session's start (``every_s`` 0: at once, and waited for) and at each step's end, so a session killed
+        before its first save still counts."""
+        if not self.main or time.monotonic() - self.written_at < every_s:
             return
+        now = time.time()
+        self.session.update(self.counts(), seconds=now - self.session["started"], updated=now)
+        if step is not None:
+            self.session["step"] = step
+        self._submit(wait=every_s == 0)
+
+    def _submit(self, wait: bool) -> None:
+        self.written_at = time.monotonic()
         doc = {SESSIONS: [*self.previous, dict(self.session)]}
         if self._thread is not None and self._thread.is_alive():
             if not wait:

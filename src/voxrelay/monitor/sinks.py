@@ -1,7 +1,11 @@
 """Metric sinks: JSONL (always), TensorBoard (default), wandb (optional).
 
 Sinks write into a local run folder (the run folder itself when the root is local, else a cache
-folder) and ``sync()`` copies the files to the run folder in storage (at checkpoints and the end).
+folder) and ``sync()`` copies the files to the run folder in storage (at checkpoints and the end): only those
+changed (size or mtime) since this session's last sync, so TensorBoard's event files and the eval wavs are not
+sent again at every checkpoint. A session's ``metrics.jsonl`` starts as the bucket's merged with this machine's
+(lines another machine's sessions added, lines a session here logged but never uploaded): a stale local copy
+never replaces the run's.
 """
 
 from __future__ import annotations
@@ -71,6 +75,26 @@ def read_jsonl(uri: str) -> list[dict]:
         except ValueError:
             continue
     return out
+
+
+def merge_metrics(remote: str, local: Path) -> None:
+    """``local`` becomes the run's ``remote`` metrics.jsonl plus the lines only ``local`` has (a session on this
+    machine that never uploaded them), in time order: a local copy older than the bucket's (another machine
+    trained the run since) never replaces it at the next sync."""
+    theirs = storage.read_text(remote).splitlines() if storage.exists(remote) else []
+    mine = local.read_text().splitlines() if local.exists() else []
+    known = set(theirs)
+    lines = [line for line in theirs + [m for m in mine if m not in known] if line.strip()]
+    lines.sort(key=_logged_at)  # stable: lines of one time keep their order
+    if lines != mine:
+        local.write_text("".join(line + "\n" for line in lines))
+
+
+def _logged_at(line: str) -> float:
+    try:
+        return float(json.loads(line).get("time", 0.0))
+    except (ValueError, AttributeError, TypeError):
+        return 0.0  # a line cut by a kill: kept (read_jsonl skips it), first
 
 
 class TensorBoardSink:
@@ -164,6 +188,7 @@ class Monitor:
         self.local_dir = local_dir
         self.run_uri = run_uri
         self.guard = guard  # the run's lease check: raises once another session owns the run folder
+        self.synced: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime_ns) when it was last uploaded
         self._sync_thread: threading.Thread | None = None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -200,9 +225,13 @@ class Monitor:
         if self.guard is not None:
             self.guard()
         for path in sorted(self.local_dir.rglob("*")):
-            if path.is_file():
-                rel = path.relative_to(self.local_dir).as_posix()
-                storage.put_file(path, storage.join(self.run_uri, rel))
+            if not path.is_file():
+                continue
+            rel, stat = path.relative_to(self.local_dir).as_posix(), path.stat()
+            if self.synced.get(rel) == (stat.st_size, stat.st_mtime_ns):
+                continue  # unchanged since this session uploaded it
+            storage.put_file(path, storage.join(self.run_uri, rel))
+            self.synced[rel] = (stat.st_size, stat.st_mtime_ns)
 
     def close(self) -> None:
         for sink in self.sinks:
@@ -218,8 +247,8 @@ def build_monitor(cfg, run_uri: str, local_dir: Path, is_main: bool,
     local_dir.mkdir(parents=True, exist_ok=True)
     metrics = local_dir / METRICS_FILE
     remote = storage.join(run_uri, METRICS_FILE)
-    if not storage.is_local(run_uri) and not metrics.exists() and storage.exists(remote):
-        storage.get_file(remote, metrics)
+    if not storage.is_local(run_uri):
+        merge_metrics(remote, metrics)
     sinks: list[MetricSink] = [JsonlSink(metrics)]
     if cfg.monitor.tensorboard:
         sinks.append(TensorBoardSink(local_dir / TB_DIR))

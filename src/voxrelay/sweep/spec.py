@@ -11,7 +11,9 @@
       - {train.lr: 3.0e-4, model.dropout: 0.1}
 
 Each experiment is a run ``<root>/runs/<sweep>-<what it sets>-<hash>``: the name is derived from the
-overrides alone (sorted), so every machine and every later session computes the same one.
+overrides (sorted) and the base config's content (its YAML as parsed, ``root`` and ``name`` left out), so every
+machine and every later session computes the same one, and two sweeps of one name over different bases never
+share a run folder.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from voxrelay import storage
+from voxrelay.config_source import read_config_text
 from voxrelay.errors import UserError
 
 SWEEPS_DIR = "sweeps"
@@ -64,14 +67,26 @@ class Sweep:
     source: str  # the sweep file (path or URI)
     name: str
     base: str  # the base config (path or URI)
+    base_digest: str  # of the base config's content (part of every experiment's name)
     overrides: tuple[str, ...]  # from the command line: for every experiment (root=..., train.max_steps=...)
     experiments: tuple[Experiment, ...]
 
 
-def experiment_name(sweep: str, overrides: dict) -> str:
+def base_digest(base: str) -> str:
+    """The base config's identity: a hash of its YAML as parsed (comments, key order and layout do not count),
+    without ``root`` and ``name`` (where runs go, not what they train). Raises ConfigError when it is missing."""
+    data = yaml.safe_load(read_config_text(base)) or {}
+    if not isinstance(data, dict):
+        raise SweepError(f"base config {base}: the top level must be a mapping of sections (name, root, data, ...)")
+    content = {k: v for k, v in data.items() if k not in ("root", "name")}
+    return hashlib.sha1(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def experiment_name(sweep: str, overrides: dict, base: str = "") -> str:
     """``<sweep>-<key>-<value>...-<6 hex>``: readable, and unique and stable through the hash of the sorted
-    overrides (the order keys are written in does not matter)."""
-    canonical = json.dumps(sorted((k, format_value(v)) for k, v in overrides.items()))
+    overrides (the order keys are written in does not matter) and of ``base`` (:func:`base_digest`)."""
+    pairs = sorted((k, format_value(v)) for k, v in overrides.items())
+    canonical = json.dumps([base, pairs] if base else pairs)
     digest = hashlib.sha1(canonical.encode()).hexdigest()[:6]
     slug = "-".join(f"{k.rsplit('.', 1)[-1]}-{format_value(v)}" for k, v in sorted(overrides.items()))
     slug = _SLUG_BAD.sub("_", slug).strip("._-")[:60].rstrip("._-")
@@ -152,8 +167,10 @@ def load_sweep(source: str, overrides: list[str] | None = None) -> Sweep:
         raise SweepError(f"{source}: sweep name {name!r} must be letters, digits, '.', '_' or '-' (it names folders); "
                          "set `name:` in the sweep file")
     sets = expand(data, source)
-    experiments = tuple(Experiment(experiment_name(name, s), s) for s in sets)
-    dupes = sorted({e.name for e in experiments if sum(f.name == e.name for f in experiments) > 1})
-    if dupes:
+    names = [experiment_name(name, s) for s in sets]  # the base's hash is the same in every name
+    if dupes := sorted({n for n in names if names.count(n) > 1}):
         raise SweepError(f"{source}: the same experiment is listed twice ({', '.join(dupes)}); remove the repeat")
-    return Sweep(source, name, _base_path(source, data.get("base")), tuple(overrides or ()), experiments)
+    base = _base_path(source, data.get("base"))
+    digest = base_digest(base)
+    experiments = tuple(Experiment(experiment_name(name, s, digest), s) for s in sets)
+    return Sweep(source, name, base, digest, tuple(overrides or ()), experiments)

@@ -3,7 +3,9 @@ the sweep, and ``voxrelay sweep status``, see the same thing.
 
 The queue is the bucket: ``<root>/sweeps/<sweep>/queue.json`` (the experiments and their overrides),
 the runs' own folders (checkpoints: how far; ``lease.json``: who trains it now) and
-``<root>/sweeps/<sweep>/failed/<experiment>.json`` (an experiment that ended in an error).
+``<root>/sweeps/<sweep>/failed/<experiment>.json`` (an experiment that ended in an error) and
+``<root>/sweeps/<sweep>/attempts/<experiment>.json`` (how many times in a row a worker started it and never
+saw its end: the machine went down with it; at :data:`MAX_UNSEEN_ENDS` it is recorded as failed).
 An experiment is claimed by taking its run's lease (:mod:`voxrelay.checkpoint.lease`: an atomic
 conditional create, renewed by the live trainer, left to expire by a dead one), so never two machines
 train one run.
@@ -26,6 +28,10 @@ from voxrelay.sweep.spec import SWEEPS_DIR, Experiment, Sweep
 
 QUEUE_FILE = "queue.json"
 FAILED_DIR = "failed"
+ATTEMPTS_DIR = "attempts"
+# starts in a row whose end no worker saw (the machine died with its trainer: a kernel OOM, a driver crash, a
+# preemption without notice) before the experiment counts as failed: one is bad luck, three is the experiment
+MAX_UNSEEN_ENDS = 3
 PENDING, RUNNING, RESUMABLE = "pending", "running", "resumable"  # not ended: a worker will (go on to) train it
 FINISHED, EARLY_STOPPED, STOPPED, FAILED = "finished", "early-stopped", "stopped", "failed"  # ended
 ENDED = (FINISHED, EARLY_STOPPED, STOPPED)
@@ -105,14 +111,45 @@ def read_failure(root: str, sweep: Sweep, experiment: Experiment) -> dict | None
         return {"error": f"{uri} is not a failure record"}
 
 
-def record_failure(root: str, sweep: Sweep, experiment: Experiment, exit_code: int, why: str, tail: list[str]) -> None:
+def record_failure(root: str, sweep: Sweep, experiment: Experiment, exit_code: int | None, why: str,
+                   tail: list[str]) -> None:
     storage.write_json(_failure_uri(root, sweep, experiment), {
         "experiment": experiment.name, "exit_code": exit_code, "error": why, "output_tail": tail[-20:],
         "host": socket.gethostname(), "time": time.time()})
 
 
 def clear_failure(root: str, sweep: Sweep, experiment: Experiment) -> None:
-    uri = _failure_uri(root, sweep, experiment)
+    for uri in (_failure_uri(root, sweep, experiment), _attempts_uri(root, sweep, experiment)):
+        if storage.exists(uri):
+            storage.delete(uri)
+
+
+def _attempts_uri(root: str, sweep: Sweep, experiment: Experiment) -> str:
+    return storage.join(sweep_uri(root, sweep), ATTEMPTS_DIR, f"{experiment.name}.json")
+
+
+def unseen_ends(root: str, sweep: Sweep, experiment: Experiment) -> int:
+    """Starts of the experiment in a row whose end no worker saw (0 when none, or the record is damaged)."""
+    uri = _attempts_uri(root, sweep, experiment)
+    if not storage.exists(uri):
+        return 0
+    try:
+        return int(json.loads(storage.read_text(uri)).get("unseen_ends", 0))
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+        return 0
+
+
+def note_start(root: str, sweep: Sweep, experiment: Experiment) -> int:
+    """Count a start before the child runs (a machine that dies with it leaves the count up); the new count."""
+    count = unseen_ends(root, sweep, experiment) + 1
+    storage.write_json(_attempts_uri(root, sweep, experiment), {
+        "experiment": experiment.name, "unseen_ends": count, "host": socket.gethostname(), "time": time.time()})
+    return count
+
+
+def note_end(root: str, sweep: Sweep, experiment: Experiment) -> None:
+    """A worker saw the child end (whatever its code): the machine survived, the count starts again."""
+    uri = _attempts_uri(root, sweep, experiment)
     if storage.exists(uri):
         storage.delete(uri)
 
@@ -120,7 +157,8 @@ def clear_failure(root: str, sweep: Sweep, experiment: Experiment) -> None:
 def write_queue(root: str, sweep: Sweep) -> str:
     """``queue.json``: the sweep's experiments as this sweep file lists them now (rewritten when it changed)."""
     uri = storage.join(sweep_uri(root, sweep), QUEUE_FILE)
-    queue = {"sweep": sweep.name, "source": sweep.source, "base": sweep.base, "overrides": list(sweep.overrides),
+    queue = {"sweep": sweep.name, "source": sweep.source, "base": sweep.base, "base_digest": sweep.base_digest,
+             "overrides": list(sweep.overrides),
              "experiments": [{"name": e.name, "overrides": e.overrides} for e in sweep.experiments]}
     if not storage.exists(uri) or json.loads(storage.read_text(uri)) != queue:
         storage.write_json(uri, queue)

@@ -6,7 +6,10 @@ resumed here. Any number of workers, on any machines, may run one sweep; re-runn
 session goes on where the last one stopped.
 
 Exit code: 0 once every experiment has ended; 1 when one failed (`sweep status` shows why; ``--retry-failed``
-tries again); a preempted or time-limited session exits with the training's own code (75, 76, 77).
+tries again); a preempted or time-limited session exits with the training's own code (75, 76, 77). A child's
+permanent failure (74) is the experiment's failure, recorded like a crash; an experiment started
+:data:`~voxrelay.sweep.state.MAX_UNSEEN_ENDS` times in a row whose end no worker saw (its machine went down with
+it) is recorded as failed too, so a new VM does not pick it first for ever.
 """
 
 from __future__ import annotations
@@ -149,9 +152,17 @@ class Worker:
         log.info("experiment %s (%s): %s", e.name, e.label(), "resuming" if s.state == st.RESUMABLE else "starting")
         if s.state == st.FAILED:
             st.clear_failure(root, self.sweep, e)
+        elif (unseen := st.unseen_ends(root, self.sweep, e)) >= st.MAX_UNSEEN_ENDS:
+            why = (f"started {unseen} times in a row without an end any worker saw: its machine went down with it "
+                   "(a kernel OOM kill, a driver crash?)")
+            log.error("experiment %s failed (%s); the sweep goes on", e.name, why)
+            st.record_failure(root, self.sweep, e, None, why, [])
+            return None
+        st.note_start(root, self.sweep, e)
         child = Child([sys.executable, "-m", "voxrelay", "train", self.sweep.base, *self.sweep.overrides, *limit,
                        *e.args()])
         code = child.run()
+        st.note_end(root, self.sweep, e)
         after = st.experiment_state(root, self.sweep, e)
         if after.ended:
             return None
@@ -172,7 +183,7 @@ class Worker:
 
 def _why(code: int, tail) -> str:
     known = {pre.EXIT_NON_FINITE: "non-finite losses (train.max_bad_steps)", pre.EXIT_OUT_OF_MEMORY: "out of memory",
-             2: "refused"}
+             pre.EXIT_FAILED_FOR_GOOD: "storage refused or saves kept failing", 2: "refused"}
     errors = [line for line in tail if line.lstrip().startswith(("error:", "ERROR"))]
     what = known.get(code, "crashed")
     return f"exit {code}: {what}" + (f": {errors[-1].strip()}" if errors else "")

@@ -181,6 +181,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     check_available(cfg.train)  # a missing optional package, before data and weights are loaded
     usage = UsageLog.start(cfg.run_uri, cfg.cost, world, ranks.main, fresh, lease.check if lease else None)
     ranks.on_main(usage.check_budget)  # cost.budget spent: refused before weights and data are loaded
+    ranks.on_main(usage.heartbeat)  # this session counts from now on, even if it dies before its first save
     index = load_index(cfg.prepared_uri)
     check_trainable(cfg.prepared_uri, index)
     check_fits(cfg, index, world, gpu_memory())  # on a GPU: stop now, with the plan, if it will not fit

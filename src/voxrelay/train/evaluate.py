@@ -15,6 +15,7 @@ import json
 import numpy as np
 import soundfile as sf
 
+from voxrelay.errors import one_line
 from voxrelay.quality.evaluation import EvalParts, EvalResult, evaluate_model
 from voxrelay.quality.samples import held_out_loss
 
@@ -27,19 +28,31 @@ def eval_loss(run) -> dict[str, float]:
     return held_out_loss(run.model, run.module, run.eval_rows, run.accelerator.device, run.accelerator.autocast)
 
 
+class EvalFailed(RuntimeError):
+    """The eval failed outside its guarded parts on some rank; raised on every rank alike (the loop logs it)."""
+
+
 def evaluate(run, step: int) -> dict[str, float]:
     """The eval of ``step``: the loss on every rank; samples on rank 0 (on every rank with sharded weights: each
     forward needs them all), scored, logged and saved by rank 0. Returns what was measured, with
-    ``eval/failed_parts`` when a part failed."""
+    ``eval/failed_parts`` when a part failed. Every rank reaches the agreement at the end, whatever failed on it
+    (Whisper running out of GPU memory on rank 0 alone, a full disk): an error outside the guarded parts is
+    caught, gathered, and raised as :class:`EvalFailed` on every rank, never a barrier one rank skips."""
     acc, tc = run.accelerator, run.cfg.train
-    parts = EvalParts(step)
+    parts, error = EvalParts(step), None
     speaks = acc.is_main_process or run.sharded
-    result = evaluate_model(run.model, run.codec, run.eval_rows, run.eval_rows[: tc.eval_synth] if speaks else [],
-                            step, tc.seed, run.cfg.eval, run.scorer if acc.is_main_process else None, parts,
-                            module=run.module, device=acc.device, autocast=acc.autocast)
-    if acc.is_main_process:
-        _publish(run, step, result, parts)
-    acc.wait_for_everyone()
+    try:
+        result = evaluate_model(run.model, run.codec, run.eval_rows,
+                                run.eval_rows[: tc.eval_synth] if speaks else [], step, tc.seed, run.cfg.eval,
+                                run.scorer if acc.is_main_process else None, parts, module=run.module,
+                                device=acc.device, autocast=acc.autocast)
+        if acc.is_main_process:
+            _publish(run, step, result, parts)
+    except Exception as err:  # noqa: BLE001 (agreed on below: every rank learns it, none is left waiting)
+        error = f"{type(err).__name__}: {one_line(err)[:300]}"
+    failed = [(rank, why) for rank, why in enumerate(run.ranks.gather(error)) if why]  # in place of a barrier
+    if failed:
+        raise EvalFailed(f"on rank {failed[0][0]}: {failed[0][1]}")
     return result.metrics | parts.metrics()
 
 

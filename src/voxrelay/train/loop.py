@@ -169,6 +169,8 @@ def _train(run: Run) -> TrainResult:
             loop.advance(stats.tokens, stats.audio_seconds, wall0 + time.time() - t0, stats.finite,
                          stats.scaler_skipped)
             meter.add(stats.tokens, stats.audio_seconds, waited)
+            if run.usage is not None:  # renewed with the lease's cadence: a crash loop counts against cost.budget
+                run.usage.heartbeat(loop.step, ck.lease_seconds / 3)
             _log_step(run, stats, meter, bar)
             results = _evaluate(run, stops, bar, time.time() - started)
             new_best = "eval/loss" in results and ck.keep_best and loop.evals_since_best == 0  # keep_best: saved
@@ -268,7 +270,8 @@ def _finish(run: Run, decision: Decision, stops: Stops, bar: ProgressLine) -> Tr
         run.monitor.close()
         _report_end(run, stop, durable, bar)
     _record_usage(run, stop, final=True)  # the last upload's requests included
-    code = run.ranks.broadcast(_exit_code(stop, durable) if run.ranks.main else None)
+    refused = run.ranks.main and run.checkpoints.uploader.fatal is not None  # e.g. HTTP 403 on an upload
+    code = run.ranks.broadcast(_exit_code(stop, durable, refused) if run.ranks.main else None)
     return TrainResult(step, stop, durable, code)
 
 
@@ -292,7 +295,8 @@ def _report_end(run: Run, stop: str | None, durable: bool, bar: ProgressLine) ->
         staged = run.checkpoints.staging.list()
         where = staged[0].uri if staged else str(run.checkpoints.staging.folder)
         error = uploader.fatal or uploader.last_error or "the upload did not finish"
-        bar.note(f"the checkpoint of step {step} is only on this machine, at {where} ({error}). Run the same "
+        fix = "Fix that (the credentials, the bucket), then run" if uploader.fatal else "Run"
+        bar.note(f"the checkpoint of step {step} is only on this machine, at {where} ({error}). {fix} the same "
                  "command again on this machine to upload it and continue")
     elif stop is not None:
         saved = "checkpoint committed" if run.checkpoints.durable_step is not None else "no checkpoint yet"
@@ -310,12 +314,16 @@ def _step_or_none(step: int | None) -> str:
     return "none yet" if step is None else f"step {step}"
 
 
-def _exit_code(stop: str | None, durable: bool) -> int:
+def _exit_code(stop: str | None, durable: bool, refused: bool = False) -> int:
+    """75/76 only where a new machine can do better (a signal, an upload that did not finish in time); a cause
+    that follows the run to any machine (storage refusing the upload, saves that keep failing) is final: 74."""
     if stop == LEASE_LOST:
         return EXIT_USER_ERROR
-    if not durable or stop == SAVES_FAILED:  # failed saves: 76 even when the very last one went through
+    if refused or stop in (STORAGE, SAVES_FAILED):
+        return pre.EXIT_FAILED_FOR_GOOD
+    if not durable:
         return pre.EXIT_PREEMPTED_STAGED
-    if is_preemption(stop) or stop == STORAGE:
+    if is_preemption(stop):
         return pre.EXIT_PREEMPTED
     return {TIME_LIMIT: pre.EXIT_TIME_LIMIT, TOTAL_TIME_LIMIT: pre.EXIT_TIME_LIMIT, BUDGET: pre.EXIT_TIME_LIMIT,
             NON_FINITE: pre.EXIT_NON_FINITE, OUT_OF_MEMORY: pre.EXIT_OUT_OF_MEMORY}.get(stop, 0)

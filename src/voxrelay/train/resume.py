@@ -81,12 +81,13 @@ def save_checkpoint(run, metrics: dict | None = None, background: bool = True, s
         expected = sum(p.numel() * p.element_size() for p in run.module.parameters() if p.requires_grad) * 4
         run.shard_saver.save(run, train_state(run, rngs), extra, expected, background=background)
     elif run.accelerator.is_main_process:
-        model_state = run.model_state()
-        expected = sum(t.numel() * t.element_size() for t in model_state.values()) * 4  # + AdamW moments
-        try:
+        try:  # whatever fails here is counted, never raised: the other ranks wait for this one below
+            model_state = run.model_state()
+            expected = sum(t.numel() * t.element_size() for t in model_state.values()) * 4  # + AdamW moments
             run.checkpoints.save(step, {MODEL_FILE: model_writer(model_state), STATE_FILE: state_writer(
                 train_state(run, rngs))}, extra, expected_bytes=expected, background=background)
-        except Exception as err:  # no room to stage it, or (a last save) its write failed: reported, counted
+        except Exception as err:  # noqa: BLE001 (no room to stage it, its write failed, a state that cannot be
+            # copied: reported and counted, checkpoint.max_failed_saves stops the run on every rank alike)
             run.checkpoints.uploader.save_failed(step, err)
     run.accelerator.wait_for_everyone()
     return time.perf_counter() - t0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from voxrelay.config import apply_overrides, load_config
+from voxrelay.config import ConfigError, apply_overrides, load_config
 from voxrelay.sweep.spec import SweepError, expand, experiment_name, format_value, load_sweep
 from voxrelay.sweep.worker import settings
 
@@ -47,6 +47,7 @@ def test_values_reach_the_config_unchanged(value):
 
 
 def test_exponents_written_without_a_dot_are_numbers(tmp_path):
+    (tmp_path / "base.yaml").write_text("train: {max_steps: 2}\n")
     source = _write(tmp_path, "base: base.yaml\ngrid:\n  train.lr: [1e-4, 5e-5]\n")
     lrs = [e.overrides["train.lr"] for e in load_sweep(source).experiments]
     assert lrs == [1.0e-4, 5.0e-5]
@@ -54,10 +55,34 @@ def test_exponents_written_without_a_dot_are_numbers(tmp_path):
 
 def test_base_is_relative_to_the_sweep_file(tmp_path):
     (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "base.yaml").write_text("train: {max_steps: 2}\n")
     source = _write(tmp_path / "cfg", {"base": "base.yaml", "grid": GRID})
     sweep = load_sweep(source, ["root=/x"])
     assert sweep.base == str(tmp_path / "cfg" / "base.yaml") and sweep.name == "lr" and sweep.overrides == ("root=/x",)
-    assert load_sweep(_write(tmp_path, {"base": "/abs/b.yaml", "name": "mine", "grid": GRID})).name == "mine"
+    absolute = str(tmp_path / "cfg" / "base.yaml")
+    assert load_sweep(_write(tmp_path, {"base": absolute, "name": "mine", "grid": GRID})).name == "mine"
+
+
+def test_two_sweeps_of_one_name_over_different_bases_share_no_run(tmp_path):
+    """(issue 33 W4) The run name carries the base config's content: another base is another run folder; the
+    same content (other layout, other root/name, other place) is the same run, so later sessions resume it."""
+    for folder, text in {"a": "train: {max_steps: 2, lr: 1.0e-4}\n", "b": "train: {max_steps: 50, lr: 1.0e-4}\n",
+                         "c": "# a comment\nname: other\nroot: /elsewhere\ntrain:\n  lr: 0.0001\n  max_steps: 2\n"
+                         }.items():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "base.yaml").write_text(text)
+        _write(tmp_path / folder, {"base": "base.yaml", "name": "lr", "grid": GRID})
+    a, b, c = (load_sweep(str(tmp_path / f / "lr.yaml")) for f in "abc")
+    assert not {e.name for e in a.experiments} & {e.name for e in b.experiments}
+    assert [e.name for e in a.experiments] == [e.name for e in c.experiments]
+    assert all(e.name.startswith("lr-lr-") for e in a.experiments)
+
+
+def test_a_sweep_whose_base_is_missing_names_it(tmp_path):
+    source = _write(tmp_path, {"base": "nope.yaml", "grid": GRID})
+    with pytest.raises(ConfigError) as info:
+        load_sweep(source)
+    assert "nope.yaml" in str(info.value) and "does not exist" in str(info.value)
 
 
 @pytest.mark.parametrize("data, words", [

@@ -1,6 +1,7 @@
-"""Failures that surface instead of hiding: saves that keep failing stop the run (exit 76, the reason
-named) rather than training on for hours with nothing to resume from; an exception out of the loop still
-closes the checkpoint manager, so the last good checkpoint finishes uploading, and releases the lease."""
+"""Failures that surface instead of hiding: saves that keep failing stop the run (exit 74, final: a new
+machine would not do better; the reason named) rather than training on for hours with nothing to resume
+from; an exception out of the loop still closes the checkpoint manager, so the last good checkpoint finishes
+uploading, and releases the lease."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from tests.integration.runner import CONFIG
 from tests.integration.tiny import tiny
 from voxrelay.checkpoint.lease import read_lease
-from voxrelay.checkpoint.preemption import EXIT_PREEMPTED_STAGED
+from voxrelay.checkpoint.preemption import EXIT_FAILED_FOR_GOOD
 
 
 def _run(tmp_path, monkeypatch, *extra):
@@ -35,7 +36,7 @@ def test_saves_that_keep_failing_stop_the_run_naming_why(tmp_path, monkeypatch, 
     blocker.write_text("the staging disk is gone")  # a file where the staging folder should be
     run.checkpoints.staging.folder = blocker / "staging"
     result = train(run)
-    assert result.stop_reason == SAVES_FAILED and result.exit_code == EXIT_PREEMPTED_STAGED
+    assert result.stop_reason == SAVES_FAILED and result.exit_code == EXIT_FAILED_FOR_GOOD
     # the saves of steps 1-3 failed; the decision after step 4 stops, and its last save attempt fails too
     assert result.step == 4 and not result.durable
     out = " ".join(capsys.readouterr().err.split())
