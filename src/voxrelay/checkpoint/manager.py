@@ -12,12 +12,18 @@ A committed checkpoint is read from a local copy in ``<staging>/fetched/step-N/`
 once loaded into memory, so local disk does not grow with every resume. In a multi-process job
 the processes of one machine share that copy (one download); the main process's ``start()``,
 called after every process has loaded, removes it.
+
+A ``reader`` (synthesize, export, eval, status: a command beside a trainer on its machine) reads the staged
+checkpoints but never writes or deletes in the staging folder, and never commits: its copies of committed
+checkpoints go to a folder of its own (``$VOXRELAY_CACHE/read/<run>/<pid>-…``), removed once loaded.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -82,8 +88,10 @@ class CheckpointManager:
         max_staged: int = 3,
         staging_dir: Path | None = None,
         guard: Callable[[], None] | None = None,
+        reader: bool = False,
     ):
         self.run_uri = run_uri
+        self.reader = reader  # reads only: never writes in the staging folder, never commits
         self.store = CommittedStore(storage.join(run_uri, CKPT_DIR), keep_last, keep_every, keep_best, guard)
         self.staging = Staging(staging_dir or cache_dir("staging", uri_key(run_uri)))
         self.uploader = Uploader(self.store, self.staging, max_staged)
@@ -96,6 +104,8 @@ class CheckpointManager:
         previous session died before uploading them) are uploaded first. In a multi-process job,
         call it on the main process only once every process has loaded its checkpoint: it removes
         the fetched copies they shared."""
+        if self.reader:
+            raise RuntimeError(f"a reader of {self.run_uri} never saves, uploads or cleans the trainer's staging")
         self.staging.clean()
         shutil.rmtree(self.fetched_dir, ignore_errors=True)
         whole = [c for c in self.store.list() if self.store.problem(c) is None]  # a damaged newest supersedes nothing
@@ -242,9 +252,10 @@ class CheckpointManager:
             except CheckpointVanished:
                 raise
             except CheckpointIncomplete as err:  # never whole: not damaged, not worth keeping
-                log.warning("the staged checkpoint %s cannot be completed (%s); it is removed, falling back to the "
-                            "previous one", ckpt.uri, err)
-                self.staging.remove(ckpt.step)
+                log.warning("the staged checkpoint %s cannot be completed (%s); %s, falling back to the previous one",
+                            ckpt.uri, err, "left to its trainer" if self.reader else "it is removed")
+                if not self.reader:
+                    self.staging.remove(ckpt.step)
             except CheckpointError as err:
                 where = "committed" if ckpt.durable else "staged"
                 damaged.append(f"{where} {ckpt.uri} ({err})")
@@ -256,14 +267,32 @@ class CheckpointManager:
     def fetched_dir(self) -> Path:
         return self.staging.folder / FETCHED_DIR
 
+    def _reader_dir(self) -> Path:
+        """A reader's own folder for its copies (never the trainer's ``fetched``); those of dead readers go."""
+        base = cache_dir("read", uri_key(self.run_uri))
+        for old in base.iterdir():
+            pid = old.name.split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
+        return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base))
+
     def _local_copy(self, ckpt: Checkpoint) -> tuple[Checkpoint, Path]:
         """(the checkpoint, a local folder with its verified files)."""
         if not ckpt.durable:
             folder = Path(ckpt.uri)
             if any(not (folder / name).exists() for name in ckpt.manifest.get(ELSEWHERE, ())):
+                if self.reader:  # only the trainer holding the lease commits it
+                    raise CheckpointIncomplete("its other machines' shards are not here; it is not committed yet")
                 return self._complete(ckpt, folder)
             verify_folder(folder, ckpt.manifest)
             return ckpt, folder
+        if self.reader:
+            dest = self._reader_dir() / step_name(ckpt.step)
+            try:
+                return ckpt, self.store.fetch(ckpt, dest)
+            except CheckpointError:
+                shutil.rmtree(dest.parent, ignore_errors=True)
+                raise
         dest = self.fetched_dir / step_name(ckpt.step)
         if self.fetched_dir.exists():  # copies of other steps left by an earlier multi-process session
             for old in self.fetched_dir.iterdir():
@@ -325,12 +354,24 @@ class CheckpointManager:
     def release(self, folder: Path) -> None:
         """Remove a fetched copy once it is in memory; never a staged checkpoint (the only copy of
         one not yet uploaded). With several processes it stays for the others (see start())."""
-        if folder.parent == self.fetched_dir and rank_world()[1] == 1:
+        if self.reader and folder.parent.parent == cache_dir("read", uri_key(self.run_uri)):
+            shutil.rmtree(folder.parent, ignore_errors=True)
+        elif not self.reader and folder.parent == self.fetched_dir and rank_world()[1] == 1:
             shutil.rmtree(folder, ignore_errors=True)
 
 
 class CheckpointIncomplete(CheckpointError):
     """A staged checkpoint whose other machines' shards never reached the bucket: it cannot be loaded anywhere."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def load_state(path: Path, mmap: bool = False) -> dict:
