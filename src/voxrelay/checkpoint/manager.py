@@ -164,8 +164,20 @@ class CheckpointManager:
         """On a machine other than rank 0's (a job over several machines, each staging on its own disk): upload this
         process's files of the checkpoint of ``step`` (its DCP shards) from ``folder``, then remove them there
         (and the folder once the last process of the machine is done). Rank 0 commits the manifest once every
-        machine's files are in the bucket (:meth:`CommittedStore.upload`)."""
-        self.store.upload_files(folder, step, names)
+        machine's files are in the bucket (:meth:`CommittedStore.upload`). A transient failure is retried with
+        backoff as rank 0's uploads are, for as long as rank 0's commit waits for the parts (``parts_wait_s``)."""
+        deadline, delay = time.monotonic() + self.store.parts_wait_s, self.uploader.base_backoff
+        while True:
+            try:
+                self.store.upload_files(folder, step, names)
+                break
+            except Exception as err:
+                if not storage.is_transient(err, io_errors=True) or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("upload of this machine's part of step %d failed (%s: %s); retrying in %.1fs", step,
+                            type(err).__name__, err, delay)
+                time.sleep(delay)  # a backoff, not a synchronisation
+                delay = min(delay * 2, self.uploader.max_backoff)
         for name in names:
             (folder / name).unlink(missing_ok=True)
         try:

@@ -6,6 +6,10 @@ bucket is unreachable (a transient error) the uploader keeps retrying with backo
 goes on; staged checkpoints stay on disk (at most ``max_staged``; older ones are superseded by newer
 ones). A permanent error (access denied, no such bucket, a bug) is not retried: ``fatal`` says what
 it was, waits return at once, and the loop stops with the checkpoint staged.
+
+A checkpoint of a job over several machines whose other machines' parts did not reach the bucket within
+``CommittedStore.parts_wait_s`` is abandoned (logged, its staged folder removed): it can never be whole, and
+the checkpoints after it commit. ``max_abandoned`` abandoned in a row (nothing committed meanwhile) is fatal.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from voxrelay.checkpoint.store import (
     Checkpoint,
     CheckpointError,
     CommittedStore,
+    PartsMissing,
     make_manifest,
     parse_step,
     read_local_manifest,
@@ -123,12 +128,14 @@ class Uploader:
     """Background thread: uploads the newest staged checkpoint, retrying until it is committed."""
 
     def __init__(self, store: CommittedStore, staging: Staging, max_staged: int = 3, max_backoff: float = 30.0,
-                 base_backoff: float = 0.5):
+                 base_backoff: float = 0.5, max_abandoned: int = 3):
         self.store = store
         self.staging = staging
         self.max_staged = max_staged
         self.max_backoff = max_backoff
         self.base_backoff = base_backoff  # seconds before the 1st retry, doubled after each failure
+        self.max_abandoned = max_abandoned  # checkpoints in a row whose other machines' parts never arrived
+        self.abandoned: list[int] = []  # their steps, since the last commit
         self.pending: list[Checkpoint] = []
         self.snapshots: list[tuple] = []  # (step, writers, extra) to stage in the thread, oldest first
         self.durable_step: int | None = None
@@ -273,6 +280,11 @@ class Uploader:
                 self.store.upload(Path(ckpt.uri), ckpt.manifest)
                 size = sum(int(f.get("size", 0)) for f in ckpt.manifest.get("files", {}).values())
                 self.uploaded = (self.uploaded[0] + size, self.uploaded[1] + time.monotonic() - started)
+            except PartsMissing as err:  # waited parts_wait_s already: retrying would block every later commit
+                self._uploading = None
+                self.last_error = f"{type(err).__name__}: {err}"
+                self._abandon(ckpt, err)
+                continue
             except Exception as err:  # keep training while the bucket is away; report and retry
                 failures += 1
                 self._uploading = None
@@ -317,6 +329,21 @@ class Uploader:
         return newer >= self.store.keep_last and not (keep_every and ckpt.step % keep_every == 0) \
             and not _evaluated(ckpt)
 
+    def _abandon(self, ckpt: Checkpoint, err: PartsMissing) -> None:
+        """Drop a checkpoint that can never be whole; too many in a row is fatal (training would go on with
+        nothing committed)."""
+        with self._cond:
+            self.pending = [c for c in self.pending if c.step != ckpt.step]
+            self.staging.remove(ckpt.step)
+            self.abandoned.append(ckpt.step)
+            log.error("the checkpoint of step %d is abandoned: %s. Later checkpoints are committed without it",
+                      ckpt.step, err)
+            if len(self.abandoned) >= self.max_abandoned:
+                self.fatal = (f"the checkpoints of steps {', '.join(map(str, self.abandoned))} were abandoned: the "
+                              "shards the job's other machines staged never reached the bucket (see their logs for "
+                              f"the failed uploads); nothing was committed after step {self.durable_step}. {err}")
+            self._cond.notify_all()
+
     def _give_up(self, ckpt: Checkpoint, err: Exception) -> None:
         with self._cond:
             self.fatal = f"{type(err).__name__}: {err}"
@@ -328,6 +355,7 @@ class Uploader:
         with self._cond:
             self.durable_step = max(ckpt.step, self.durable_step if self.durable_step is not None else -1)
             self._committed_steps.add(ckpt.step)
+            self.abandoned = []
             done = [c for c in self.pending if c.step == ckpt.step or c.step < ckpt.step and self._superseded(c)]
             self.pending = [c for c in self.pending if c not in done]
             self._uploading = None

@@ -57,7 +57,8 @@ def test_spans_machines(monkeypatch) -> None:
 
 # ---------------------------------------------------------------- no shared disk: shards staged on two machines
 
-def _stage_on_two_machines(tmp_path: Path, run: Path, step: int) -> tuple[CheckpointManager, CheckpointManager]:
+def _stage_on_two_machines(tmp_path: Path, run: Path, step: int, extra: dict | None = None
+                           ) -> tuple[CheckpointManager, CheckpointManager]:
     """What a save of a 2-machine sharded job leaves: machine 0 staged its shard, the state and a manifest naming
     machine 1's shard as ``elsewhere``; machine 1 holds its shard in a folder of its own staging disk."""
     main = CheckpointManager(str(run), staging_dir=tmp_path / "m0")
@@ -71,7 +72,7 @@ def _stage_on_two_machines(tmp_path: Path, run: Path, step: int) -> tuple[Checkp
     files = {n: {"size": p.stat().st_size, "sha256": sha256_file(p)}
              for p in (here / "__0_0.distcp", here / STATE_FILE, there / "__1_0.distcp") for n in [p.name]}
     main.staging.commit(step, here, {"format_version": 1, "step": step, "time": 0.0, "files": files,
-                                     ELSEWHERE: ["__1_0.distcp"]})
+                                     ELSEWHERE: ["__1_0.distcp"], **(extra or {})})
     return main, other
 
 
@@ -120,3 +121,72 @@ def test_a_staged_checkpoint_whose_parts_never_arrived_gives_way_to_the_newest_c
 def test_the_first_checkpoint_never_completed_means_starting_over(tmp_path: Path) -> None:
     main, _ = _stage_on_two_machines(tmp_path, tmp_path / "bucket/runs/r", 2)
     assert main.open() is None and main.staging.list() == []
+
+
+# ---------------------------------------------------------------- parts that never arrive (issue 33 D1)
+
+def test_an_evaluated_checkpoint_whose_parts_never_arrived_is_abandoned_and_later_ones_commit(tmp_path, caplog):
+    """Step 4 (evaluated: uploaded first) waits for machine 1's shard, which never comes; step 6 must still commit."""
+    run = tmp_path / "bucket/runs/r"
+    main, _ = _stage_on_two_machines(tmp_path, run, 4, {"metrics": {"eval/loss": 0.1}})
+    _stage(main, 6)
+    main.store.parts_wait_s = 0  # the commit's bounded wait for the parts has run out
+    main.start()
+    try:
+        assert main.wait(30), main.uploader.last_error  # not retried forever: every later commit would wait
+        assert [c.step for c in main.store.list()] == [6] and main.durable_step == 6
+        assert main.staging.list() == []  # step 4 can never be whole: its staged folder is removed
+        assert "step 4 is abandoned" in caplog.text and "__1_0.distcp is missing" in caplog.text
+        assert main.uploader.fatal is None
+    finally:
+        main.close(5)
+
+
+def test_checkpoints_abandoned_in_a_row_are_fatal(tmp_path):
+    run = tmp_path / "bucket/runs/r"
+    main, _ = _stage_on_two_machines(tmp_path, run, 2)
+    for step in (4, 6):
+        _stage_on_two_machines(tmp_path, run, step)
+    main.store.parts_wait_s = 0
+    main.start()
+    try:
+        assert not main.wait(30)  # training stops (stops.py: STORAGE) instead of going on with nothing committed
+        fatal = main.uploader.fatal
+        assert "abandoned" in fatal and all(s in fatal for s in ("2", "4", "6")) and "other machines" in fatal
+        assert main.store.list() == []
+    finally:
+        main.close(5)
+
+
+def test_another_machines_part_upload_is_retried_like_any_upload(tmp_path, monkeypatch):
+    run = tmp_path / "bucket/runs/r"
+    main, other = _stage_on_two_machines(tmp_path, run, 4)
+    there = next(other.staging.folder.iterdir())
+    real, calls = other.store.upload_files, []
+
+    def flaky(folder, step, names):  # the bucket drops the first two tries (a blip), then takes the part
+        calls.append(step)
+        if len(calls) <= 2:
+            raise ConnectionError("connection reset by peer")
+        real(folder, step, names)
+
+    monkeypatch.setattr(other.store, "upload_files", flaky)
+    other.uploader.base_backoff = 0.001
+    other.upload_part(4, there, ["__1_0.distcp"])
+    assert len(calls) == 3 and not there.exists()
+    staged = main.staging.list()[0]
+    assert main.store.upload(Path(staged.uri), staged.manifest, parts_wait_s=0).step == 4
+
+
+def test_a_permanent_part_upload_error_is_not_retried(tmp_path, monkeypatch):
+    main, other = _stage_on_two_machines(tmp_path, tmp_path / "bucket/runs/r", 4)
+    there, calls = next(other.staging.folder.iterdir()), []
+
+    def denied(folder, step, names):
+        calls.append(step)
+        raise PermissionError("Access Denied")
+
+    monkeypatch.setattr(other.store, "upload_files", denied)
+    with pytest.raises(PermissionError):
+        other.upload_part(4, there, ["__1_0.distcp"])
+    assert calls == [4] and (there / "__1_0.distcp").exists()  # kept: nothing was uploaded
