@@ -43,6 +43,7 @@ from voxrelay.checkpoint.store import (
     CommittedStore,
     PartsMissing,
     check_manifest,
+    sha256_file,
     step_name,
     verify_folder,
 )
@@ -111,8 +112,11 @@ class CheckpointManager:
         whole = [c for c in self.store.list() if self.store.problem(c) is None]  # a damaged newest supersedes nothing
         newest = whole[0].step if whole else -1
         self.uploader.durable_step = newest if whole else None
+        hashes = {c.step: _hashes(c) for c in whole}
         for ckpt in reversed(self.staging.list()):
-            if ckpt.step <= newest:
+            # the same step committed with other bytes (stale parts, another session's save of it): the staged
+            # copy may be the only good one, it is uploaded again rather than deleted
+            if ckpt.step < newest or ckpt.step == newest and hashes[newest] == _hashes(ckpt):
                 self.staging.remove(ckpt.step)
             else:
                 self.uploader.submit(ckpt, trusted=False)  # a previous session's: re-hashed before upload
@@ -160,16 +164,19 @@ class CheckpointManager:
         self.uploader.submit(ckpt)
         return ckpt
 
-    def upload_part(self, step: int, folder: Path, names: list[str]) -> None:
+    def upload_part(self, step: int, folder: Path, names: list[str] | dict[str, dict]) -> None:
         """On a machine other than rank 0's (a job over several machines, each staging on its own disk): upload this
         process's files of the checkpoint of ``step`` (its DCP shards) from ``folder``, then remove them there
         (and the folder once the last process of the machine is done). Rank 0 commits the manifest once every
-        machine's files are in the bucket (:meth:`CommittedStore.upload`). A transient failure is retried with
+        machine's files are in the bucket (:meth:`CommittedStore.upload`), checked against the part manifest written
+        after them (``names`` -> size and sha256 as hashed when written; a list: hashed here). A transient failure is retried with
         backoff as rank 0's uploads are, for as long as rank 0's commit waits for the parts (``parts_wait_s``)."""
+        files = names if isinstance(names, dict) else {n: {"size": (folder / n).stat().st_size,
+                                                          "sha256": sha256_file(folder / n)} for n in names}
         deadline, delay = time.monotonic() + self.store.parts_wait_s, self.uploader.base_backoff
         while True:
             try:
-                self.store.upload_files(folder, step, names)
+                self.store.upload_part(folder, step, files)
                 break
             except Exception as err:
                 if not storage.is_transient(err, io_errors=True) or time.monotonic() + delay > deadline:
@@ -374,6 +381,10 @@ class CheckpointManager:
 
 class CheckpointIncomplete(CheckpointError):
     """A staged checkpoint whose other machines' shards never reached the bucket: it cannot be loaded anywhere."""
+
+
+def _hashes(ckpt: Checkpoint) -> dict[str, str]:
+    return {name: meta["sha256"] for name, meta in ckpt.manifest["files"].items()}
 
 
 def _alive(pid: int) -> bool:

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
+PART_SUFFIX = ".part.json"  # a machine's record of the parts it uploaded (name -> size, sha256), written after them
 ELSEWHERE = "elsewhere"  # manifest key: files of the checkpoint staged (and uploaded) by other machines of the job
 
 
@@ -163,12 +164,24 @@ class CommittedStore:
                 self.guard()
             storage.put_file(folder / name, storage.join(uri, name))
 
+    def upload_part(self, folder: Path, step: int, files: dict[str, dict]) -> None:
+        """Another machine's files of the checkpoint of ``step`` (name -> size and sha256 as written), then its part
+        manifest: what the committer checks them against (an earlier upload of the same step, a fenced old job's,
+        has the same sizes but not the same sha256)."""
+        names = sorted(files)
+        self.upload_files(folder, step, names)
+        if self.guard is not None:
+            self.guard()
+        part = storage.join(self.root_uri, step_name(step), names[0] + PART_SUFFIX)
+        storage.write_json(part, {"step": step, "files": {n: files[n] for n in names}})
+
     def _wait_for_parts(self, ckpt: Checkpoint, elsewhere: set[str], wait_s: float) -> str | None:
-        """Poll the listing until the files other machines upload are there (size checked); what is still wrong
-        after ``wait_s``: PartsMissing when only their files are missing, a message for a problem of our own."""
+        """Poll the listing until the files other machines upload are there, each recorded with the manifest's
+        sha256 in its machine's part manifest; what is still wrong after ``wait_s``: PartsMissing when only their
+        files are missing or stale, a message for a problem of our own."""
         deadline, pause = time.monotonic() + wait_s, 0.1
         while True:
-            problems = self._size_problems(ckpt)
+            problems = self._part_problems(ckpt, elsewhere)
             ours = [why for name, why in problems.items() if name not in elsewhere]
             if not problems or ours:
                 return ours[0] if ours else None
@@ -177,6 +190,24 @@ class CommittedStore:
                                    f"job's other machines: {next(iter(problems.values()))} after {wait_s:.0f} s")
             time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             pause = min(pause * 2, 5.0)
+
+    def _part_problems(self, ckpt: Checkpoint, elsewhere: set[str]) -> dict[str, str]:
+        """:meth:`_size_problems`, and for the files of ``elsewhere``: their part manifest records another sha256
+        than the checkpoint's manifest, or there is none (a stale upload)."""
+        problems, recorded = self._size_problems(ckpt), {}
+        for name in storage.file_sizes(ckpt.uri):
+            if name.endswith(PART_SUFFIX):
+                try:
+                    files = storage.read_json(storage.join(ckpt.uri, name))["files"]
+                    recorded |= {n: m.get("sha256") for n, m in files.items()}
+                except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+                    continue  # being written, or not ours to trust: its files count as not uploaded yet
+        for name in sorted(elsewhere - problems.keys()):
+            if recorded.get(name) != ckpt.manifest["files"][name]["sha256"]:
+                problems[name] = (f"{name} in the bucket is not the one written for this checkpoint (no part manifest "
+                                  "records it)" if name not in recorded else f"{name} in the bucket is a stale "
+                                  "upload (its part manifest records another sha256)")
+        return problems
 
     def _check_sizes(self, ckpt: Checkpoint) -> str | None:
         return next(iter(self._size_problems(ckpt).values()), None)

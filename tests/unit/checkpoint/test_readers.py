@@ -54,7 +54,7 @@ def test_a_reader_never_commits_nor_removes_a_staged_multi_machine_checkpoint(tr
         write(folder / name)
     (folder / shard).write_bytes(b"the other machine's shard")
     manifest = make_manifest(3, folder, [MODEL_FILE, STATE_FILE, shard], {ELSEWHERE: [shard]})
-    trainer.store.upload_files(folder, 3, [shard])  # the other machine uploaded its part
+    trainer.store.upload_part(folder, 3, {shard: manifest["files"][shard]})  # the other machine uploaded its part
     (folder / shard).unlink()  # it was staged on that machine's disk, not here
     trainer.staging.commit(3, folder, manifest)
     before = _snapshot(trainer.staging.folder)

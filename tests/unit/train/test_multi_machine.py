@@ -190,3 +190,54 @@ def test_a_permanent_part_upload_error_is_not_retried(tmp_path, monkeypatch):
     with pytest.raises(PermissionError):
         other.upload_part(4, there, ["__1_0.distcp"])
     assert calls == [4] and (there / "__1_0.distcp").exists()  # kept: nothing was uploaded
+
+
+# ---------------------------------------------------------------- stale parts (issue 33 D3)
+
+def _stale_part(tmp_path: Path, main: CheckpointManager, step: int, with_record: bool) -> None:
+    """Machine 1's shard of ``step`` as an earlier upload left it in the bucket: the same size (DCP part sizes depend
+    only on shapes), other bytes; with its part manifest (an earlier session's upload of that step) or without one
+    (a fenced old job's stray write)."""
+    old = tmp_path / "old"
+    old.mkdir(exist_ok=True)
+    (old / "__1_0.distcp").write_bytes(bytes([99]) * 70)
+    if with_record:
+        main.store.upload_part(old, step, {"__1_0.distcp": {"size": 70, "sha256": sha256_file(old / "__1_0.distcp")}})
+    else:
+        main.store.upload_files(old, step, ["__1_0.distcp"])
+
+
+@pytest.mark.parametrize("with_record", [True, False])
+def test_a_stale_part_of_the_same_size_is_never_committed(tmp_path: Path, with_record: bool) -> None:
+    run = tmp_path / "bucket/runs/r"
+    main, other = _stage_on_two_machines(tmp_path, run, 4)
+    _stale_part(tmp_path, main, 4, with_record)
+    staged = main.staging.list()[0]
+    with pytest.raises(PartsMissing, match="stale upload|not the one written"):
+        main.store.upload(Path(staged.uri), staged.manifest, parts_wait_s=0)
+    assert main.store.list() == []  # on size alone it was committed, and failed its sha256 at every load
+    other.upload_part(4, next(other.staging.folder.iterdir()), ["__1_0.distcp"])  # this session's part arrives
+    assert main.store.upload(Path(staged.uri), staged.manifest, parts_wait_s=0).step == 4
+    _, folder, _ = CheckpointManager(str(run), staging_dir=tmp_path / "m2").open()  # loads whole elsewhere
+    assert (folder / "__1_0.distcp").read_bytes() == bytes([5]) * 70
+
+
+def test_start_keeps_a_staged_copy_whose_step_was_committed_with_other_bytes(tmp_path: Path) -> None:
+    """Step 4 committed with other bytes (an old job's stale parts, before sha256 was checked): the staged copy is
+    the good one; start() uploads it again instead of deleting it."""
+    run = tmp_path / "bucket/runs/r"
+    elsewhere = CheckpointManager(str(run), staging_dir=tmp_path / "old-job")
+    elsewhere.staging.stage(4, {MODEL_FILE: model_writer({"w": torch.full((3,), 7.0)}),
+                                STATE_FILE: state_writer({"step": 4})}, {})
+    bad = elsewhere.staging.list()[0]
+    elsewhere.store.upload(Path(bad.uri), bad.manifest)
+    mgr = CheckpointManager(str(run), staging_dir=tmp_path / "m0")
+    _stage(mgr, 4)
+    good = mgr.staging.list()[0].manifest["files"][MODEL_FILE]["sha256"]
+    mgr.start()
+    try:
+        assert mgr.wait(30)
+        assert [c.manifest["files"][MODEL_FILE]["sha256"] for c in mgr.store.list()] == [good]
+        assert torch.equal(mgr.load(4)[1]["w"], torch.full((3,), 4.0))
+    finally:
+        mgr.close(5)
