@@ -168,9 +168,9 @@ class CheckpointManager:
         """On a machine other than rank 0's (a job over several machines, each staging on its own disk): upload this
         process's files of the checkpoint of ``step`` (its DCP shards) from ``folder``, then remove them there
         (and the folder once the last process of the machine is done). Rank 0 commits the manifest once every
-        machine's files are in the bucket (:meth:`CommittedStore.upload`), checked against the part manifest written
-        after them (``names`` -> size and sha256 as hashed when written; a list: hashed here). A transient failure is retried with
-        backoff as rank 0's uploads are, for as long as rank 0's commit waits for the parts (``parts_wait_s``)."""
+        machine's files are in the bucket, checked against the part manifest written after them (``names`` -> size
+        and sha256 as hashed when written; a list: hashed here). Transient failures are retried with backoff for as
+        long as rank 0's commit waits for the parts (``parts_wait_s``)."""
         files = names if isinstance(names, dict) else {n: {"size": (folder / n).stat().st_size,
                                                           "sha256": sha256_file(folder / n)} for n in names}
         deadline, delay = time.monotonic() + self.store.parts_wait_s, self.uploader.base_backoff
