@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from voxrelay import storage
+from voxrelay.checkpoint.fence import FencedWriter
 from voxrelay.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ def make_manifest(step: int, folder: Path, names: list[str], extra: dict) -> dic
 class CommittedStore:
     """Committed checkpoints under ``<run>/checkpoints/`` in storage, with retention.
 
-    ``guard`` (the run's lease check) is called before every commit and every deletion: it raises
+    ``guard`` (the run's lease check) is called before every object written or deleted (:mod:`.fence`): it raises
     when this session may no longer write to the run folder. ``protected``: steps retention never
     deletes (the checkpoint this session resumed from)."""
 
@@ -111,6 +112,7 @@ class CommittedStore:
         self.keep_every = keep_every
         self.keep_best = keep_best
         self.guard = guard
+        self.writer = FencedWriter(guard)  # every object written or deleted: the lease checked right before it
         self.parts_wait_s = 600.0  # how long a commit waits for the files other machines upload (then retried)
         self.protected: set[int] = set()
         self.unreadable: dict[str, str] = {}  # folder name -> why its manifest.json cannot be read (last list())
@@ -150,9 +152,7 @@ class CommittedStore:
         problem = self._wait_for_parts(ckpt, elsewhere, wait_s) if elsewhere else self._check_sizes(ckpt)
         if problem:  # e.g. a copy cut short: retried, never committed as it is
             raise OSError(errno.EIO, f"the upload of {uri} is incomplete: {problem}")
-        if self.guard is not None:
-            self.guard()
-        storage.write_json(storage.join(uri, MANIFEST), manifest)
+        self.writer.write_json(storage.join(uri, MANIFEST), manifest)
         self._problems[ckpt.step] = None
         return ckpt
 
@@ -160,9 +160,7 @@ class CommittedStore:
         """Copy files of ``folder`` into the checkpoint folder of ``step`` in storage (no manifest: not a commit)."""
         uri = storage.join(self.root_uri, step_name(step))
         for name in names:
-            if self.guard is not None:  # taken over meanwhile: not one more file
-                self.guard()
-            storage.put_file(folder / name, storage.join(uri, name))
+            self.writer.put_file(folder / name, storage.join(uri, name))  # taken over meanwhile: not one more
 
     def upload_part(self, folder: Path, step: int, files: dict[str, dict]) -> None:
         """Another machine's files of the checkpoint of ``step`` (name -> size and sha256 as written), then its part
@@ -170,10 +168,8 @@ class CommittedStore:
         has the same sizes but not the same sha256)."""
         names = sorted(files)
         self.upload_files(folder, step, names)
-        if self.guard is not None:
-            self.guard()
         part = storage.join(self.root_uri, step_name(step), names[0] + PART_SUFFIX)
-        storage.write_json(part, {"step": step, "files": {n: files[n] for n in names}})
+        self.writer.write_json(part, {"step": step, "files": {n: files[n] for n in names}})
 
     def _wait_for_parts(self, ckpt: Checkpoint, elsewhere: set[str], wait_s: float) -> str | None:
         """Poll the listing until the files other machines upload are there, each recorded with the manifest's
@@ -272,16 +268,14 @@ class CommittedStore:
         steps = {c.step for c in committed}
         leftovers = [name for name in storage.listdir(self.root_uri) if name not in self.unreadable
                      and (step := parse_step(name)) is not None and step < newest and step not in steps | keep]
-        if (doomed or leftovers) and self.guard is not None:
-            self.guard()
         for ckpt in doomed:
             if ckpt not in whole:
                 log.warning("deleting the damaged checkpoint %s (%s)", ckpt.uri, self.problem(ckpt))
-            storage.delete(storage.join(ckpt.uri, MANIFEST))
-            storage.delete(ckpt.uri, recursive=True)
+            self.writer.delete(storage.join(ckpt.uri, MANIFEST))
+            self.writer.delete(ckpt.uri, recursive=True)
             self._problems.pop(ckpt.step, None)
         for name in leftovers:
-            storage.delete(storage.join(self.root_uri, name), recursive=True)
+            self.writer.delete(storage.join(self.root_uri, name), recursive=True)
 
 
 def verify_folder(folder: Path, manifest: dict, skip: frozenset[str] | set[str] = frozenset()) -> None:
