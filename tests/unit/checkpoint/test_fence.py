@@ -31,8 +31,9 @@ class _Flip:
             raise LeaseLost("taken over by the test")
 
 
-def test_another_machines_part_upload_stops_once_the_run_is_taken_over(tmp_path: Path) -> None:
-    run = str(tmp_path / "bucket/runs/r")
+@pytest.mark.parametrize("backend", ["local", "s3_root", "gcs_root"])
+def test_another_machines_part_upload_stops_once_the_run_is_taken_over(tmp_path: Path, backend: str, request) -> None:
+    run = str(tmp_path / "bucket/runs/r") if backend == "local" else f"{request.getfixturevalue(backend)}/runs/r"
     lease = RunLease(run, 60)
     assert lease.acquire() is None  # rank 0's
     other = CheckpointManager(run, staging_dir=tmp_path / "m1", guard=LeaseFence(run, lease.record["token"]))

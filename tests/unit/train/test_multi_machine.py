@@ -208,8 +208,11 @@ def _stale_part(tmp_path: Path, main: CheckpointManager, step: int, with_record:
 
 
 @pytest.mark.parametrize("with_record", [True, False])
-def test_a_stale_part_of_the_same_size_is_never_committed(tmp_path: Path, with_record: bool) -> None:
-    run = tmp_path / "bucket/runs/r"
+@pytest.mark.parametrize("backend", ["local", "s3_root", "gcs_root"])
+def test_a_stale_part_of_the_same_size_is_never_committed(tmp_path: Path, with_record: bool, backend: str,
+                                                           request) -> None:
+    """On the local folder and the S3 and GCS test servers (part manifests are found by listing)."""
+    run = tmp_path / "bucket/runs/r" if backend == "local" else f"{request.getfixturevalue(backend)}/runs/r"
     main, other = _stage_on_two_machines(tmp_path, run, 4)
     _stale_part(tmp_path, main, 4, with_record)
     staged = main.staging.list()[0]
