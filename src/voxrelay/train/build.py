@@ -340,7 +340,7 @@ def start_over(run_uri: str, checkpoints: CheckpointManager) -> None:
     for ckpt in checkpoints.staging.list():
         checkpoints.staging.remove(ckpt.step)
     for name in (CKPT_DIR, METRICS_FILE, USAGE_FILE, TB_DIR, SAMPLES_DIR, WANDB_RUN_FILE):
-        storage.delete(storage.join(run_uri, name), recursive=True)
+        checkpoints.store.writer.delete(storage.join(run_uri, name), recursive=True)  # each one fenced
     local = local_run_dir(run_uri)
     if not storage.is_local(run_uri):
         shutil.rmtree(local, ignore_errors=True)

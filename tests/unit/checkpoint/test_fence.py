@@ -100,3 +100,21 @@ def test_each_deletion_of_a_retention_pass_is_fenced(tmp_path: Path) -> None:
         fenced.store.retain()
     steps = [c.step for c in fenced.store.list()]
     assert len(steps) == 2 and steps[0] == 3  # one doomed step untouched: nothing deleted after the take-over
+
+
+def test_each_deletion_of_fresh_is_fenced(tmp_path: Path) -> None:
+    """--fresh deletes the run's checkpoints, metrics, usage record...: a take-over landing between two of them
+    stops it there (the new holder's files are not deleted)."""
+    from voxrelay.train.build import start_over
+
+    run = str(tmp_path / "bucket/runs/r")
+    mgr = CheckpointManager(run, staging_dir=tmp_path / "s")
+    staged = mgr.staging.stage(1, _writers(1), {})
+    mgr.store.upload(Path(staged.uri), staged.manifest)
+    for name in ("metrics.jsonl", "usage.json"):
+        storage.write_text(storage.join(run, name), "{}")
+    fenced = CheckpointManager(run, staging_dir=tmp_path / "s", guard=_Flip(allowed=1))
+    with pytest.raises(LeaseLost):
+        start_over(run, fenced)
+    assert [c.step for c in mgr.store.list()] == []  # the first deletion went through (the checkpoints)
+    assert storage.exists(storage.join(run, "metrics.jsonl")) and storage.exists(storage.join(run, "usage.json"))
