@@ -12,12 +12,18 @@ A committed checkpoint is read from a local copy in ``<staging>/fetched/step-N/`
 once loaded into memory, so local disk does not grow with every resume. In a multi-process job
 the processes of one machine share that copy (one download); the main process's ``start()``,
 called after every process has loaded, removes it.
+
+A ``reader`` (synthesize, export, eval, status: a command beside a trainer on its machine) reads the staged
+checkpoints but never writes or deletes in the staging folder, and never commits: its copies of committed
+checkpoints go to a folder of its own (``$VOXRELAY_CACHE/read/<run>/<pid>-…``), removed once loaded.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +43,7 @@ from voxrelay.checkpoint.store import (
     CommittedStore,
     PartsMissing,
     check_manifest,
+    sha256_file,
     step_name,
     verify_folder,
 )
@@ -82,8 +89,10 @@ class CheckpointManager:
         max_staged: int = 3,
         staging_dir: Path | None = None,
         guard: Callable[[], None] | None = None,
+        reader: bool = False,
     ):
         self.run_uri = run_uri
+        self.reader = reader  # reads only: never writes in the staging folder, never commits
         self.store = CommittedStore(storage.join(run_uri, CKPT_DIR), keep_last, keep_every, keep_best, guard)
         self.staging = Staging(staging_dir or cache_dir("staging", uri_key(run_uri)))
         self.uploader = Uploader(self.store, self.staging, max_staged)
@@ -96,13 +105,18 @@ class CheckpointManager:
         previous session died before uploading them) are uploaded first. In a multi-process job,
         call it on the main process only once every process has loaded its checkpoint: it removes
         the fetched copies they shared."""
+        if self.reader:
+            raise RuntimeError(f"a reader of {self.run_uri} never saves, uploads or cleans the trainer's staging")
         self.staging.clean()
         shutil.rmtree(self.fetched_dir, ignore_errors=True)
         whole = [c for c in self.store.list() if self.store.problem(c) is None]  # a damaged newest supersedes nothing
         newest = whole[0].step if whole else -1
         self.uploader.durable_step = newest if whole else None
+        hashes = {c.step: _hashes(c) for c in whole}
         for ckpt in reversed(self.staging.list()):
-            if ckpt.step <= newest:
+            # the same step committed with other bytes (stale parts, another session's save of it): the staged
+            # copy may be the only good one, it is uploaded again rather than deleted
+            if ckpt.step < newest or ckpt.step == newest and hashes[newest] == _hashes(ckpt):
                 self.staging.remove(ckpt.step)
             else:
                 self.uploader.submit(ckpt, trusted=False)  # a previous session's: re-hashed before upload
@@ -150,12 +164,27 @@ class CheckpointManager:
         self.uploader.submit(ckpt)
         return ckpt
 
-    def upload_part(self, step: int, folder: Path, names: list[str]) -> None:
+    def upload_part(self, step: int, folder: Path, names: list[str] | dict[str, dict]) -> None:
         """On a machine other than rank 0's (a job over several machines, each staging on its own disk): upload this
         process's files of the checkpoint of ``step`` (its DCP shards) from ``folder``, then remove them there
         (and the folder once the last process of the machine is done). Rank 0 commits the manifest once every
-        machine's files are in the bucket (:meth:`CommittedStore.upload`)."""
-        self.store.upload_files(folder, step, names)
+        machine's files are in the bucket, checked against the part manifest written after them (``names`` -> size
+        and sha256 as hashed when written; a list: hashed here). Transient failures are retried with backoff for as
+        long as rank 0's commit waits for the parts (``parts_wait_s``)."""
+        files = names if isinstance(names, dict) else {n: {"size": (folder / n).stat().st_size,
+                                                          "sha256": sha256_file(folder / n)} for n in names}
+        deadline, delay = time.monotonic() + self.store.parts_wait_s, self.uploader.base_backoff
+        while True:
+            try:
+                self.store.upload_part(folder, step, files)
+                break
+            except Exception as err:
+                if not storage.is_transient(err, io_errors=True) or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("upload of this machine's part of step %d failed (%s: %s); retrying in %.1fs", step,
+                            type(err).__name__, err, delay)
+                time.sleep(delay)  # a backoff, not a synchronisation
+                delay = min(delay * 2, self.uploader.max_backoff)
         for name in names:
             (folder / name).unlink(missing_ok=True)
         try:
@@ -242,9 +271,10 @@ class CheckpointManager:
             except CheckpointVanished:
                 raise
             except CheckpointIncomplete as err:  # never whole: not damaged, not worth keeping
-                log.warning("the staged checkpoint %s cannot be completed (%s); it is removed, falling back to the "
-                            "previous one", ckpt.uri, err)
-                self.staging.remove(ckpt.step)
+                log.warning("the staged checkpoint %s cannot be completed (%s); %s, falling back to the previous one",
+                            ckpt.uri, err, "left to its trainer" if self.reader else "it is removed")
+                if not self.reader:
+                    self.staging.remove(ckpt.step)
             except CheckpointError as err:
                 where = "committed" if ckpt.durable else "staged"
                 damaged.append(f"{where} {ckpt.uri} ({err})")
@@ -256,14 +286,32 @@ class CheckpointManager:
     def fetched_dir(self) -> Path:
         return self.staging.folder / FETCHED_DIR
 
+    def _reader_dir(self) -> Path:
+        """A reader's own folder for its copies (never the trainer's ``fetched``); those of dead readers go."""
+        base = cache_dir("read", uri_key(self.run_uri))
+        for old in base.iterdir():
+            pid = old.name.split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
+        return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base))
+
     def _local_copy(self, ckpt: Checkpoint) -> tuple[Checkpoint, Path]:
         """(the checkpoint, a local folder with its verified files)."""
         if not ckpt.durable:
             folder = Path(ckpt.uri)
             if any(not (folder / name).exists() for name in ckpt.manifest.get(ELSEWHERE, ())):
+                if self.reader:  # only the trainer holding the lease commits it
+                    raise CheckpointIncomplete("its other machines' shards are not here; it is not committed yet")
                 return self._complete(ckpt, folder)
             verify_folder(folder, ckpt.manifest)
             return ckpt, folder
+        if self.reader:
+            dest = self._reader_dir() / step_name(ckpt.step)
+            try:
+                return ckpt, self.store.fetch(ckpt, dest)
+            except CheckpointError:
+                shutil.rmtree(dest.parent, ignore_errors=True)
+                raise
         dest = self.fetched_dir / step_name(ckpt.step)
         if self.fetched_dir.exists():  # copies of other steps left by an earlier multi-process session
             for old in self.fetched_dir.iterdir():
@@ -325,12 +373,28 @@ class CheckpointManager:
     def release(self, folder: Path) -> None:
         """Remove a fetched copy once it is in memory; never a staged checkpoint (the only copy of
         one not yet uploaded). With several processes it stays for the others (see start())."""
-        if folder.parent == self.fetched_dir and rank_world()[1] == 1:
+        if self.reader and folder.parent.parent == cache_dir("read", uri_key(self.run_uri)):
+            shutil.rmtree(folder.parent, ignore_errors=True)
+        elif not self.reader and folder.parent == self.fetched_dir and rank_world()[1] == 1:
             shutil.rmtree(folder, ignore_errors=True)
 
 
 class CheckpointIncomplete(CheckpointError):
     """A staged checkpoint whose other machines' shards never reached the bucket: it cannot be loaded anywhere."""
+
+
+def _hashes(ckpt: Checkpoint) -> dict[str, str]:
+    return {name: meta["sha256"] for name, meta in ckpt.manifest["files"].items()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def load_state(path: Path, mmap: bool = False) -> dict:

@@ -6,6 +6,10 @@ bucket is unreachable (a transient error) the uploader keeps retrying with backo
 goes on; staged checkpoints stay on disk (at most ``max_staged``; older ones are superseded by newer
 ones). A permanent error (access denied, no such bucket, a bug) is not retried: ``fatal`` says what
 it was, waits return at once, and the loop stops with the checkpoint staged.
+
+A checkpoint of a job over several machines whose other machines' parts did not reach the bucket within
+``CommittedStore.parts_wait_s`` is abandoned (logged, its staged folder removed): it can never be whole, and
+the checkpoints after it commit. ``max_abandoned`` abandoned in a row (nothing committed meanwhile) is fatal.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from voxrelay.checkpoint.store import (
     Checkpoint,
     CheckpointError,
     CommittedStore,
+    PartsMissing,
     make_manifest,
     parse_step,
     read_local_manifest,
@@ -123,14 +128,16 @@ class Uploader:
     """Background thread: uploads the newest staged checkpoint, retrying until it is committed."""
 
     def __init__(self, store: CommittedStore, staging: Staging, max_staged: int = 3, max_backoff: float = 30.0,
-                 base_backoff: float = 0.5):
+                 base_backoff: float = 0.5, max_abandoned: int = 3):
         self.store = store
         self.staging = staging
         self.max_staged = max_staged
         self.max_backoff = max_backoff
         self.base_backoff = base_backoff  # seconds before the 1st retry, doubled after each failure
+        self.max_abandoned = max_abandoned  # checkpoints in a row whose other machines' parts never arrived
+        self.abandoned: list[int] = []  # their steps, since the last commit
         self.pending: list[Checkpoint] = []
-        self.snapshot: tuple | None = None  # (step, writers, extra): staged by the thread, newest wins
+        self.snapshots: list[tuple] = []  # (step, writers, extra) to stage in the thread, oldest first
         self.durable_step: int | None = None
         self.last_error: str | None = None
         self.fatal: str | None = None  # a permanent upload error: nothing more is uploaded
@@ -167,14 +174,28 @@ class Uploader:
                 self.staging.remove(dropped.step)
             self._cond.notify_all()
 
+    @property
+    def snapshot(self) -> tuple | None:
+        """The next snapshot to stage, or None."""
+        with self._cond:
+            return self.snapshots[0] if self.snapshots else None
+
     def submit_snapshot(self, step: int, writers: dict[str, Writer], extra: dict) -> None:
         """Stage (write to local disk) in this thread, then upload. ``writers`` must hold copies of
-        the state, not live tensors. A snapshot not yet staged is replaced by a newer one."""
+        the state, not live tensors. A plain snapshot not yet staged is replaced by a newer one (its copy of
+        the state is memory); an evaluated one is queued: ``keep_best`` may need it (at most ``max_staged``
+        of them wait, the worst scored goes first)."""
         with self._cond:
-            if self.snapshot is not None:
+            for old in [s for s in self.snapshots if not _scored(s[2])]:
                 log.warning("step %d was not staged yet when step %d arrived; the newer one is staged next",
-                            self.snapshot[0], step)
-            self.snapshot = (step, writers, extra)
+                            old[0], step)
+                self.snapshots.remove(old)
+            self.snapshots.append((step, writers, extra))
+            while len(self.snapshots) > self.max_staged:  # only evaluated ones are left before the newest
+                worst = max(self.snapshots[:-1], key=lambda s: s[2]["metrics"]["eval/loss"])
+                log.warning("step %d (evaluated) was not staged yet and %d newer ones wait; a better evaluated one "
+                            "is kept, it is dropped", worst[0], len(self.snapshots) - 1)
+                self.snapshots.remove(worst)
             self._cond.notify_all()
 
     def save_failed(self, step: int, err: BaseException | str) -> None:
@@ -193,14 +214,14 @@ class Uploader:
     def holds(self, step: int) -> bool:
         """True when ``step`` is staged, being staged or uploaded, or committed by this session."""
         with self._cond:
-            return step in {c.step for c in self.pending} | self._committed_steps or step == self._uploading or (
-                self.snapshot is not None and self.snapshot[0] == step)
+            return step in {c.step for c in self.pending} | self._committed_steps | {s[0] for s in self.snapshots} \
+                or step == self._uploading
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted is committed; False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while (self.pending or self.snapshot is not None or self._retaining) and self.fatal is None:
+            while (self.pending or self.snapshots or self._retaining) and self.fatal is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -212,7 +233,7 @@ class Uploader:
         Closing again answers at once."""
         if self._closing:
             with self._cond:
-                return not (self.pending or self.snapshot) and self.fatal is None
+                return not (self.pending or self.snapshots) and self.fatal is None
         done = self.wait(timeout)
         with self._cond:
             self._closing = True
@@ -222,15 +243,15 @@ class Uploader:
 
     def _stage_snapshot(self) -> None:
         with self._cond:
-            job = self.snapshot  # stays set until staged, so wait() keeps waiting
+            job = self.snapshots[0]  # stays queued until staged, so wait() keeps waiting
         try:
             ckpt = self.staging.stage(*job)
         except Exception as err:  # e.g. a full staging disk: committed checkpoints are untouched
             ckpt = None
             self.save_failed(job[0], err)
         with self._cond:
-            if self.snapshot is job:
-                self.snapshot = None
+            if job in self.snapshots:
+                self.snapshots.remove(job)
             if ckpt is not None:
                 self.submit(ckpt)
             self._cond.notify_all()
@@ -239,11 +260,11 @@ class Uploader:
         failures = 0
         while True:
             with self._cond:
-                while (not self.pending and self.snapshot is None or self.fatal) and not self._closing:
+                while (not self.pending and not self.snapshots or self.fatal) and not self._closing:
                     self._cond.wait()
                 if self._closing:
                     return
-                staged_first = self.snapshot is not None
+                staged_first = bool(self.snapshots)
             if staged_first:
                 self._stage_snapshot()
                 continue
@@ -259,6 +280,11 @@ class Uploader:
                 self.store.upload(Path(ckpt.uri), ckpt.manifest)
                 size = sum(int(f.get("size", 0)) for f in ckpt.manifest.get("files", {}).values())
                 self.uploaded = (self.uploaded[0] + size, self.uploaded[1] + time.monotonic() - started)
+            except PartsMissing as err:  # waited parts_wait_s already: retrying would block every later commit
+                self._uploading = None
+                self.last_error = f"{type(err).__name__}: {err}"
+                self._abandon(ckpt, err)
+                continue
             except Exception as err:  # keep training while the bucket is away; report and retry
                 failures += 1
                 self._uploading = None
@@ -270,7 +296,7 @@ class Uploader:
                 log.warning("upload of step %d failed (%s); retrying in %.0fs, training goes on",
                             ckpt.step, self.last_error, delay)
                 with self._cond:  # a new snapshot is staged at once: it must not wait in memory for the bucket
-                    self._cond.wait_for(lambda: self._closing or self.snapshot is not None, timeout=delay)
+                    self._cond.wait_for(lambda: self._closing or bool(self.snapshots), timeout=delay)
                 continue
             failures, self.last_error = 0, None
             self._committed(ckpt)
@@ -295,6 +321,29 @@ class Uploader:
         self._trusted.add(ckpt.step)
         return True
 
+    def _superseded(self, ckpt: Checkpoint) -> bool:
+        """An older staged checkpoint not worth uploading once a newer one is committed: retention would delete it
+        (``keep_last`` newer ones committed by this session, not a ``keep_every`` step, not evaluated)."""
+        keep_every = self.store.keep_every
+        newer = sum(1 for s in self._committed_steps if s > ckpt.step)
+        return newer >= self.store.keep_last and not (keep_every and ckpt.step % keep_every == 0) \
+            and not _evaluated(ckpt)
+
+    def _abandon(self, ckpt: Checkpoint, err: PartsMissing) -> None:
+        """Drop a checkpoint that can never be whole; too many in a row is fatal (training would go on with
+        nothing committed)."""
+        with self._cond:
+            self.pending = [c for c in self.pending if c.step != ckpt.step]
+            self.staging.remove(ckpt.step)
+            self.abandoned.append(ckpt.step)
+            log.error("the checkpoint of step %d is abandoned: %s. Later checkpoints are committed without it",
+                      ckpt.step, err)
+            if len(self.abandoned) >= self.max_abandoned:
+                self.fatal = (f"the checkpoints of steps {', '.join(map(str, self.abandoned))} were abandoned: the "
+                              "shards the job's other machines staged never reached the bucket (see their logs for "
+                              f"the failed uploads); nothing was committed after step {self.durable_step}. {err}")
+            self._cond.notify_all()
+
     def _give_up(self, ckpt: Checkpoint, err: Exception) -> None:
         with self._cond:
             self.fatal = f"{type(err).__name__}: {err}"
@@ -304,10 +353,11 @@ class Uploader:
 
     def _committed(self, ckpt: Checkpoint) -> None:
         with self._cond:
-            self.durable_step = ckpt.step
+            self.durable_step = max(ckpt.step, self.durable_step if self.durable_step is not None else -1)
             self._committed_steps.add(ckpt.step)
-            done = [c for c in self.pending if c.step <= ckpt.step]
-            self.pending = [c for c in self.pending if c.step > ckpt.step]
+            self.abandoned = []
+            done = [c for c in self.pending if c.step == ckpt.step or c.step < ckpt.step and self._superseded(c)]
+            self.pending = [c for c in self.pending if c not in done]
             self._uploading = None
             for c in done:
                 self.staging.remove(c.step)
@@ -326,6 +376,11 @@ class Uploader:
 def _evaluated(ckpt: Checkpoint) -> bool:
     """A checkpoint saved with eval metrics (retention's keep_best compares them)."""
     return "eval/loss" in ckpt.metrics
+
+
+def _scored(extra: dict) -> bool:
+    """A snapshot's ``extra`` holds eval metrics (see :func:`_evaluated`)."""
+    return "eval/loss" in (extra.get("metrics") or {})
 
 
 def _json(obj: dict) -> str:

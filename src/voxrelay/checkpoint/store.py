@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from voxrelay import storage
+from voxrelay.checkpoint.fence import FencedWriter
 from voxrelay.errors import UserError
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
+PART_SUFFIX = ".part.json"  # a machine's record of the parts it uploaded (name -> size, sha256), written after them
 ELSEWHERE = "elsewhere"  # manifest key: files of the checkpoint staged (and uploaded) by other machines of the job
 
 
@@ -99,7 +101,7 @@ def make_manifest(step: int, folder: Path, names: list[str], extra: dict) -> dic
 class CommittedStore:
     """Committed checkpoints under ``<run>/checkpoints/`` in storage, with retention.
 
-    ``guard`` (the run's lease check) is called before every commit and every deletion: it raises
+    ``guard`` (the run's lease check) is called before every object written or deleted (:mod:`.fence`): it raises
     when this session may no longer write to the run folder. ``protected``: steps retention never
     deletes (the checkpoint this session resumed from)."""
 
@@ -110,6 +112,7 @@ class CommittedStore:
         self.keep_every = keep_every
         self.keep_best = keep_best
         self.guard = guard
+        self.writer = FencedWriter(guard)  # every object written or deleted: the lease checked right before it
         self.parts_wait_s = 600.0  # how long a commit waits for the files other machines upload (then retried)
         self.protected: set[int] = set()
         self.unreadable: dict[str, str] = {}  # folder name -> why its manifest.json cannot be read (last list())
@@ -149,9 +152,7 @@ class CommittedStore:
         problem = self._wait_for_parts(ckpt, elsewhere, wait_s) if elsewhere else self._check_sizes(ckpt)
         if problem:  # e.g. a copy cut short: retried, never committed as it is
             raise OSError(errno.EIO, f"the upload of {uri} is incomplete: {problem}")
-        if self.guard is not None:
-            self.guard()
-        storage.write_json(storage.join(uri, MANIFEST), manifest)
+        self.writer.write_json(storage.join(uri, MANIFEST), manifest)
         self._problems[ckpt.step] = None
         return ckpt
 
@@ -159,16 +160,24 @@ class CommittedStore:
         """Copy files of ``folder`` into the checkpoint folder of ``step`` in storage (no manifest: not a commit)."""
         uri = storage.join(self.root_uri, step_name(step))
         for name in names:
-            if self.guard is not None:  # taken over meanwhile: not one more file
-                self.guard()
-            storage.put_file(folder / name, storage.join(uri, name))
+            self.writer.put_file(folder / name, storage.join(uri, name))  # taken over meanwhile: not one more
+
+    def upload_part(self, folder: Path, step: int, files: dict[str, dict]) -> None:
+        """Another machine's files of the checkpoint of ``step`` (name -> size and sha256 as written), then its part
+        manifest: what the committer checks them against (an earlier upload of the same step, a fenced old job's,
+        has the same sizes but not the same sha256)."""
+        names = sorted(files)
+        self.upload_files(folder, step, names)
+        part = storage.join(self.root_uri, step_name(step), names[0] + PART_SUFFIX)
+        self.writer.write_json(part, {"step": step, "files": {n: files[n] for n in names}})
 
     def _wait_for_parts(self, ckpt: Checkpoint, elsewhere: set[str], wait_s: float) -> str | None:
-        """Poll the listing until the files other machines upload are there (size checked); what is still wrong
-        after ``wait_s``: PartsMissing when only their files are missing, a message for a problem of our own."""
+        """Poll the listing until the files other machines upload are there, each recorded with the manifest's
+        sha256 in its machine's part manifest; what is still wrong after ``wait_s``: PartsMissing when only their
+        files are missing or stale, a message for a problem of our own."""
         deadline, pause = time.monotonic() + wait_s, 0.1
         while True:
-            problems = self._size_problems(ckpt)
+            problems = self._part_problems(ckpt, elsewhere)
             ours = [why for name, why in problems.items() if name not in elsewhere]
             if not problems or ours:
                 return ours[0] if ours else None
@@ -177,6 +186,24 @@ class CommittedStore:
                                    f"job's other machines: {next(iter(problems.values()))} after {wait_s:.0f} s")
             time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             pause = min(pause * 2, 5.0)
+
+    def _part_problems(self, ckpt: Checkpoint, elsewhere: set[str]) -> dict[str, str]:
+        """:meth:`_size_problems`, and for the files of ``elsewhere``: their part manifest records another sha256
+        than the checkpoint's manifest, or there is none (a stale upload)."""
+        problems, recorded = self._size_problems(ckpt), {}
+        for name in storage.file_sizes(ckpt.uri):
+            if name.endswith(PART_SUFFIX):
+                try:
+                    files = storage.read_json(storage.join(ckpt.uri, name))["files"]
+                    recorded |= {n: m.get("sha256") for n, m in files.items()}
+                except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+                    continue  # being written, or not ours to trust: its files count as not uploaded yet
+        for name in sorted(elsewhere - problems.keys()):
+            if recorded.get(name) != ckpt.manifest["files"][name]["sha256"]:
+                problems[name] = (f"{name} in the bucket is not the one written for this checkpoint (no part manifest "
+                                  "records it)" if name not in recorded else f"{name} in the bucket is a stale "
+                                  "upload (its part manifest records another sha256)")
+        return problems
 
     def _check_sizes(self, ckpt: Checkpoint) -> str | None:
         return next(iter(self._size_problems(ckpt).values()), None)
@@ -241,16 +268,14 @@ class CommittedStore:
         steps = {c.step for c in committed}
         leftovers = [name for name in storage.listdir(self.root_uri) if name not in self.unreadable
                      and (step := parse_step(name)) is not None and step < newest and step not in steps | keep]
-        if (doomed or leftovers) and self.guard is not None:
-            self.guard()
         for ckpt in doomed:
             if ckpt not in whole:
                 log.warning("deleting the damaged checkpoint %s (%s)", ckpt.uri, self.problem(ckpt))
-            storage.delete(storage.join(ckpt.uri, MANIFEST))
-            storage.delete(ckpt.uri, recursive=True)
+            self.writer.delete(storage.join(ckpt.uri, MANIFEST))
+            self.writer.delete(ckpt.uri, recursive=True)
             self._problems.pop(ckpt.step, None)
         for name in leftovers:
-            storage.delete(storage.join(self.root_uri, name), recursive=True)
+            self.writer.delete(storage.join(self.root_uri, name), recursive=True)
 
 
 def verify_folder(folder: Path, manifest: dict, skip: frozenset[str] | set[str] = frozenset()) -> None:

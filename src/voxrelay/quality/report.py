@@ -154,7 +154,7 @@ def run_steps(run_uri: str, step: int | None, all_steps: bool) -> list[int | Non
         return [step]
     from voxrelay.checkpoint.manager import CheckpointManager
 
-    steps = sorted({c.step for c in CheckpointManager(run_uri).candidates()})
+    steps = sorted({c.step for c in CheckpointManager(run_uri, reader=True).candidates()})
     if not steps:
         raise EvalError(f"{run_uri} has no checkpoint yet; train first (voxrelay train CONFIG)")
     return steps

@@ -16,6 +16,7 @@ import torch
 from accelerate import Accelerator
 
 from voxrelay import storage
+from voxrelay.checkpoint.fence import Guard, job_guard
 from voxrelay.checkpoint.lease import RunLease
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.checkpoint.sharded import is_sharded
@@ -154,7 +155,8 @@ def build_run(cfg: RunConfig, fresh: bool = False, take_over: bool = False) -> R
     storage.check_root(cfg.root)
     lease = take_lease(cfg, ranks, take_over)  # before anything is written to the run folder, --fresh included
     try:
-        return _build(cfg, accelerator, ranks, lease, fresh)
+        guard = job_guard(ranks, lease, cfg.run_uri)  # rank 0's token: the other machines' writes are fenced too
+        return _build(cfg, accelerator, ranks, lease, fresh, guard)
     except BaseException:
         if lease is not None:
             lease.release()
@@ -176,7 +178,8 @@ def take_lease(cfg: RunConfig, ranks: Ranks, take_over: bool) -> RunLease | None
     return lease
 
 
-def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLease | None, fresh: bool) -> Run:
+def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLease | None, fresh: bool,
+           guard: Guard | None) -> Run:
     rank, world = accelerator.process_index, accelerator.num_processes
     check_available(cfg.train)  # a missing optional package, before data and weights are loaded
     usage = UsageLog.start(cfg.run_uri, cfg.cost, world, ranks.main, fresh, lease.check if lease else None)
@@ -208,7 +211,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
     ck = cfg.checkpoint
     checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged,
-                                    guard=lease.check if lease is not None else None)
+                                    guard=guard)
     if fresh and accelerator.is_main_process:
         lease.check()  # still ours (a lease taken over meanwhile must not lose its run)
         start_over(cfg.run_uri, checkpoints)
@@ -338,7 +341,7 @@ def start_over(run_uri: str, checkpoints: CheckpointManager) -> None:
     for ckpt in checkpoints.staging.list():
         checkpoints.staging.remove(ckpt.step)
     for name in (CKPT_DIR, METRICS_FILE, USAGE_FILE, TB_DIR, SAMPLES_DIR, WANDB_RUN_FILE):
-        storage.delete(storage.join(run_uri, name), recursive=True)
+        checkpoints.store.writer.delete(storage.join(run_uri, name), recursive=True)  # each one fenced
     local = local_run_dir(run_uri)
     if not storage.is_local(run_uri):
         shutil.rmtree(local, ignore_errors=True)

@@ -169,7 +169,7 @@ def _stage(run, step: int, folder: Path, extra: dict, group, error: str | None =
     elsewhere = ranks.broadcast(elsewhere)
     if not run.accelerator.is_main_process:
         if set(mine) & set(elsewhere):
-            run.checkpoints.upload_part(step, folder, sorted(mine))
+            run.checkpoints.upload_part(step, folder, mine)  # with the sha256 rank 0's manifest holds
         return
     files |= {name: _file_meta(folder / name) for name in (DCP_METADATA, STATE_FILE)}
     run.checkpoints.save_folder(step, folder, files, extra | {SHARDED: DCP} | ({ELSEWHERE: elsewhere} if elsewhere

@@ -293,7 +293,7 @@ def test_a_snapshot_is_staged_at_once_while_the_uploader_backs_off(tmp_path):
     uploader.submit_snapshot(2, _writers(2), {})
     # written to disk within seconds, not after the backoff: a SIGKILL now loses only what is after step 2
     assert _wait_until(lambda: 2 in [c.step for c in staging.list()], 20), "step 2 waited in memory"
-    assert store.calls >= 2  # and its upload was tried right away
+    assert _wait_until(lambda: store.calls >= 2, 20)  # and its upload was tried right away (after staging)
     assert not uploader.close(timeout=0.1)
 
 

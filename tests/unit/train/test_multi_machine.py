@@ -57,7 +57,8 @@ def test_spans_machines(monkeypatch) -> None:
 
 # ---------------------------------------------------------------- no shared disk: shards staged on two machines
 
-def _stage_on_two_machines(tmp_path: Path, run: Path, step: int) -> tuple[CheckpointManager, CheckpointManager]:
+def _stage_on_two_machines(tmp_path: Path, run: Path, step: int, extra: dict | None = None
+                           ) -> tuple[CheckpointManager, CheckpointManager]:
     """What a save of a 2-machine sharded job leaves: machine 0 staged its shard, the state and a manifest naming
     machine 1's shard as ``elsewhere``; machine 1 holds its shard in a folder of its own staging disk."""
     main = CheckpointManager(str(run), staging_dir=tmp_path / "m0")
@@ -71,7 +72,7 @@ def _stage_on_two_machines(tmp_path: Path, run: Path, step: int) -> tuple[Checkp
     files = {n: {"size": p.stat().st_size, "sha256": sha256_file(p)}
              for p in (here / "__0_0.distcp", here / STATE_FILE, there / "__1_0.distcp") for n in [p.name]}
     main.staging.commit(step, here, {"format_version": 1, "step": step, "time": 0.0, "files": files,
-                                     ELSEWHERE: ["__1_0.distcp"]})
+                                     ELSEWHERE: ["__1_0.distcp"], **(extra or {})})
     return main, other
 
 
@@ -120,3 +121,126 @@ def test_a_staged_checkpoint_whose_parts_never_arrived_gives_way_to_the_newest_c
 def test_the_first_checkpoint_never_completed_means_starting_over(tmp_path: Path) -> None:
     main, _ = _stage_on_two_machines(tmp_path, tmp_path / "bucket/runs/r", 2)
     assert main.open() is None and main.staging.list() == []
+
+
+# ---------------------------------------------------------------- parts that never arrive (issue 33 D1)
+
+def test_an_evaluated_checkpoint_whose_parts_never_arrived_is_abandoned_and_later_ones_commit(tmp_path, caplog):
+    """Step 4 (evaluated: uploaded first) waits for machine 1's shard, which never comes; step 6 must still commit."""
+    run = tmp_path / "bucket/runs/r"
+    main, _ = _stage_on_two_machines(tmp_path, run, 4, {"metrics": {"eval/loss": 0.1}})
+    _stage(main, 6)
+    main.store.parts_wait_s = 0  # the commit's bounded wait for the parts has run out
+    main.start()
+    try:
+        assert main.wait(30), main.uploader.last_error  # not retried forever: every later commit would wait
+        assert [c.step for c in main.store.list()] == [6] and main.durable_step == 6
+        assert main.staging.list() == []  # step 4 can never be whole: its staged folder is removed
+        assert "step 4 is abandoned" in caplog.text and "__1_0.distcp is missing" in caplog.text
+        assert main.uploader.fatal is None
+    finally:
+        main.close(5)
+
+
+def test_checkpoints_abandoned_in_a_row_are_fatal(tmp_path):
+    run = tmp_path / "bucket/runs/r"
+    main, _ = _stage_on_two_machines(tmp_path, run, 2)
+    for step in (4, 6):
+        _stage_on_two_machines(tmp_path, run, step)
+    main.store.parts_wait_s = 0
+    main.start()
+    try:
+        assert not main.wait(30)  # training stops (stops.py: STORAGE) instead of going on with nothing committed
+        fatal = main.uploader.fatal
+        assert "abandoned" in fatal and all(s in fatal for s in ("2", "4", "6")) and "other machines" in fatal
+        assert main.store.list() == []
+    finally:
+        main.close(5)
+
+
+def test_another_machines_part_upload_is_retried_like_any_upload(tmp_path, monkeypatch):
+    run = tmp_path / "bucket/runs/r"
+    main, other = _stage_on_two_machines(tmp_path, run, 4)
+    there = next(other.staging.folder.iterdir())
+    real, calls = other.store.upload_files, []
+
+    def flaky(folder, step, names):  # the bucket drops the first two tries (a blip), then takes the part
+        calls.append(step)
+        if len(calls) <= 2:
+            raise ConnectionError("connection reset by peer")
+        real(folder, step, names)
+
+    monkeypatch.setattr(other.store, "upload_files", flaky)
+    other.uploader.base_backoff = 0.001
+    other.upload_part(4, there, ["__1_0.distcp"])
+    assert len(calls) == 3 and not there.exists()
+    staged = main.staging.list()[0]
+    assert main.store.upload(Path(staged.uri), staged.manifest, parts_wait_s=0).step == 4
+
+
+def test_a_permanent_part_upload_error_is_not_retried(tmp_path, monkeypatch):
+    main, other = _stage_on_two_machines(tmp_path, tmp_path / "bucket/runs/r", 4)
+    there, calls = next(other.staging.folder.iterdir()), []
+
+    def denied(folder, step, names):
+        calls.append(step)
+        raise PermissionError("Access Denied")
+
+    monkeypatch.setattr(other.store, "upload_files", denied)
+    with pytest.raises(PermissionError):
+        other.upload_part(4, there, ["__1_0.distcp"])
+    assert calls == [4] and (there / "__1_0.distcp").exists()  # kept: nothing was uploaded
+
+
+# ---------------------------------------------------------------- stale parts (issue 33 D3)
+
+def _stale_part(tmp_path: Path, main: CheckpointManager, step: int, with_record: bool) -> None:
+    """Machine 1's shard of ``step`` as an earlier upload left it in the bucket: the same size (DCP part sizes depend
+    only on shapes), other bytes; with its part manifest (an earlier session's upload of that step) or without one
+    (a fenced old job's stray write)."""
+    old = tmp_path / "old"
+    old.mkdir(exist_ok=True)
+    (old / "__1_0.distcp").write_bytes(bytes([99]) * 70)
+    if with_record:
+        main.store.upload_part(old, step, {"__1_0.distcp": {"size": 70, "sha256": sha256_file(old / "__1_0.distcp")}})
+    else:
+        main.store.upload_files(old, step, ["__1_0.distcp"])
+
+
+@pytest.mark.parametrize("with_record", [True, False])
+@pytest.mark.parametrize("backend", ["local", "s3_root", "gcs_root"])
+def test_a_stale_part_of_the_same_size_is_never_committed(tmp_path: Path, with_record: bool, backend: str,
+                                                           request) -> None:
+    """On the local folder and the S3 and GCS test servers (part manifests are found by listing)."""
+    run = tmp_path / "bucket/runs/r" if backend == "local" else f"{request.getfixturevalue(backend)}/runs/r"
+    main, other = _stage_on_two_machines(tmp_path, run, 4)
+    _stale_part(tmp_path, main, 4, with_record)
+    staged = main.staging.list()[0]
+    with pytest.raises(PartsMissing, match="stale upload|not the one written"):
+        main.store.upload(Path(staged.uri), staged.manifest, parts_wait_s=0)
+    assert main.store.list() == []  # on size alone it was committed, and failed its sha256 at every load
+    other.upload_part(4, next(other.staging.folder.iterdir()), ["__1_0.distcp"])  # this session's part arrives
+    assert main.store.upload(Path(staged.uri), staged.manifest, parts_wait_s=0).step == 4
+    _, folder, _ = CheckpointManager(str(run), staging_dir=tmp_path / "m2").open()  # loads whole elsewhere
+    assert (folder / "__1_0.distcp").read_bytes() == bytes([5]) * 70
+
+
+def test_start_keeps_a_staged_copy_whose_step_was_committed_with_other_bytes(tmp_path: Path) -> None:
+    """Step 4 committed with other bytes (an old job's stale parts, before sha256 was checked): the staged copy is
+    the good one; start() uploads it again instead of deleting it."""
+    run = tmp_path / "bucket/runs/r"
+    elsewhere = CheckpointManager(str(run), staging_dir=tmp_path / "old-job")
+    elsewhere.staging.stage(4, {MODEL_FILE: model_writer({"w": torch.full((3,), 7.0)}),
+                                STATE_FILE: state_writer({"step": 4})}, {})
+    bad = elsewhere.staging.list()[0]
+    elsewhere.store.upload(Path(bad.uri), bad.manifest)
+    mgr = CheckpointManager(str(run), staging_dir=tmp_path / "m0")
+    _stage(mgr, 4)
+    good = mgr.staging.list()[0].manifest["files"][MODEL_FILE]["sha256"]
+    mgr.start()
+    try:
+        assert mgr.wait(30)
+        assert [c.manifest["files"][MODEL_FILE]["sha256"] for c in mgr.store.list()] == [good]
+        assert torch.equal(mgr.load(4)[1]["w"], torch.full((3,), 4.0))
+    finally:
+        mgr.close(5)
