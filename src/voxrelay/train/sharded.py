@@ -100,9 +100,9 @@ class ShardSaver:
         if name is None:
             return
         folder = str(run.checkpoints.staging.folder / name)
-        Path(folder).mkdir(parents=True, exist_ok=True)  # on another machine's disk: not made yet
-        model_sd, optim_sd = _state_dicts(run, _options(run.base_hash is not None))
-        shards = {MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}
+        shards = _agreed_shards(run, step, Path(folder))
+        if shards is None:
+            return
         if not background:  # last or emergency save: no copy in memory, the write is what we wait for
             try:
                 dcp.save(shards, checkpoint_id=folder, process_group=run.ranks.group)
@@ -127,6 +127,26 @@ class ShardSaver:
             raise TimeoutError(f"the sharded save in flight has not finished after {self.WAIT_S:.0f} s (a hung "
                                "disk, or a rank stuck before the save's collectives); stopping rather than "
                                "waiting forever: look for the rank that logged an error or stopped logging")
+
+
+def _agreed_shards(run, step: int, folder: Path) -> dict | None:
+    """Every rank: its folder (on another machine's disk: not made yet) and its DCP state dicts, or None on every
+    rank when any rank could not make them (a full staging disk, out of memory copying its state): agreed on
+    before DCP's collectives, which a rank that raised here would leave the others waiting in."""
+    shards, error = None, None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        model_sd, optim_sd = _state_dicts(run, _options(run.base_hash is not None))
+        shards = {MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}
+    except Exception as err:  # noqa: BLE001 (agreed on below, reported and counted on rank 0)
+        error = f"{type(err).__name__}: {err}"
+    failed = {r: why for r, why in enumerate(run.ranks.gather(error)) if why}
+    if not failed:
+        return shards
+    _report_failure(run, step, CheckpointError(f"the sharded checkpoint of step {step} was not written: {failed} "
+                                               "(rank: error)"))
+    shutil.rmtree(folder, ignore_errors=True)
+    return None
 
 
 def _report_failure(run, step: int, err: BaseException | None) -> None:

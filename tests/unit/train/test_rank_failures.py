@@ -3,9 +3,10 @@ memory on rank 0, the only rank that scores) or inside a save (a state that cann
 agreed on, never a barrier one rank skips while the others wait in it until the 30-minute timeouts.
 
 A real two-process DDP job on gloo (torchrun, this file as its script) trains 4 steps, evaluating and saving at
-steps 2 and 4; rank 0's eval, or its save, of step 2 fails. Both ranks log the eval of step 2 as failed (or rank 0
-counts the save as failed), train on and finish together: exit 0, step 4 committed. (It used to hang in
-mismatched collectives, or crash; the launch is bounded, so a regression fails instead of hanging.)"""
+steps 2 and 4; rank 0's eval, or its save, of step 2 fails (with fsdp: rank 1's copy of its shards). Both ranks
+log the eval of step 2 as failed (or the failing rank counts the save as failed), train on and finish together:
+exit 0, step 4 committed. (It used to hang in mismatched collectives, or crash; the launch is bounded, so a
+regression fails instead of hanging.)"""
 
 from __future__ import annotations
 
@@ -20,16 +21,17 @@ import pytest
 WORLD, FAILING_STEP = 2, 2
 
 
-def _config(root: str):
+def _config(root: str, fault: str = "eval"):
     from tests.integration.runner import CONFIG
     from tests.integration.tiny import tiny
     from voxrelay.config import load_config
 
+    sharded = ("train.strategy=fsdp", "train.schedule=constant") if fault == "sharded" else ()
     return load_config(CONFIG, tiny(root, "name=ranks", "train.max_steps=4", "train.eval_every=2",
-                                    "train.eval_synth=1", "checkpoint.every_steps=2", "train.log_every=1"))
+                                    "train.eval_synth=1", "checkpoint.every_steps=2", "train.log_every=1", *sharded))
 
 
-@pytest.mark.parametrize("fault", ["eval", "save"])
+@pytest.mark.parametrize("fault", ["eval", "save", "sharded"])
 def test_an_error_on_one_rank_in_eval_or_save_is_agreed_on_and_nobody_hangs(tmp_path, fault):
     from tests.helpers.servers import free_port
     from tests.integration.runner import _kill_tree
@@ -40,7 +42,7 @@ def test_an_error_on_one_rank_in_eval_or_save_is_agreed_on_and_nobody_hangs(tmp_
     env = dict(os.environ, OMP_NUM_THREADS="1", VOXRELAY_CACHE=str(tmp_path / "cache"),
                PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
     os.environ["VOXRELAY_CACHE"] = env["VOXRELAY_CACHE"]
-    cfg = _config(str(tmp_path / "root"))
+    cfg = _config(str(tmp_path / "root"), fault)
     prepare(cfg)
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={WORLD}",
                             f"--master-port={free_port()}", __file__, str(tmp_path), fault], env=env,
@@ -61,20 +63,33 @@ def test_an_error_on_one_rank_in_eval_or_save_is_agreed_on_and_nobody_hangs(tmp_
         assert "OutOfMemoryError" in flat and "on rank 0" in flat
         assert committed == [4, 2]  # the eval failed, its step's checkpoint did not
     else:  # counted on rank 0 (checkpoint.max_failed_saves), not raised; the next save goes through
-        assert results[0]["failed_saves_seen"] == 1 and "No space left on device" in flat, out[-6000:]
+        failing = 1 if fault == "sharded" else 0  # fsdp: rank 1 alone fails to copy its shards (before DCP)
+        assert results[failing]["failed_saves_seen"] == 1 and "No space left on device" in flat, out[-6000:]
         assert committed == [4]
 
 
 def _worker(tmp: Path, fault: str) -> None:
-    """One rank of the job: rank 0's scorer runs out of memory (``fault`` eval) or its state copy fails (save), at
-    step 2 only."""
+    """One rank of the job: rank 0's scorer runs out of memory (``fault`` eval) or its state copy fails (save), or,
+    sharded (fsdp), rank 1's copy of its shards fails, at step 2 only."""
     import torch
 
     from voxrelay.train.build import build_run
     from voxrelay.train.loop import train
 
-    run = build_run(_config(str(tmp / "root")))
+    run = build_run(_config(str(tmp / "root"), fault))
     seen = {"failed_saves": 0}
+    if fault == "sharded" and run.ranks.rank == 1:
+        from voxrelay.train import sharded
+
+        state_dicts = sharded._state_dicts
+
+        def shards_or_failure(*args):
+            if run.loop.step == FAILING_STEP:
+                seen["failed_saves"] += 1
+                raise OSError(28, "No space left on device")
+            return state_dicts(*args)
+
+        sharded._state_dicts = shards_or_failure
     if run.ranks.main:
         scorer, model_state = run.scorer, run.model_state
 
