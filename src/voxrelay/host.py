@@ -21,15 +21,26 @@ def boot_time() -> float | None:
     return float(found[0]) if found else None
 
 
-def started_at(pid: int) -> float | None:
-    """Wall-clock time process ``pid`` of this machine started; None when there is no such process."""
-    stat, boot = _read(f"/proc/{pid}/stat"), boot_time()
-    if stat is None or boot is None:
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` of this machine started, in clock ticks since boot (``/proc/<pid>/stat`` field 22);
+    None when there is no such process. Unlike :func:`started_at` it does not move when the wall clock is
+    stepped (NTP, a VM resumed), so it tells a live process from a reused pid on its own."""
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
         return None
     try:
-        return boot + int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")  # field 22: in ticks
+        return int(stat.rsplit(")", 1)[1].split()[19])
     except (ValueError, IndexError):
         return None
+
+
+def started_at(pid: int) -> float | None:
+    """Wall-clock time process ``pid`` of this machine started (for display and session limits: it moves with
+    the wall clock, via btime); None when there is no such process."""
+    ticks, boot = start_ticks(pid), boot_time()
+    if ticks is None or boot is None:
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def boot_id() -> str | None:

@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from voxrelay.checkpoint import preemption as pre
+from voxrelay.checkpoint.lease import LeaseWatch
 from voxrelay.config import ConfigError, load_config
 from voxrelay.sweep import state as st
 from voxrelay.sweep.spec import Sweep, SweepError
@@ -38,6 +39,7 @@ class Settings:
     poll_s: float  # how often a waiting worker looks again
     time_limit: float | None  # this session's (train.time_limit), counted from the worker's start
     limit_from_boot: bool
+    lease_s: float  # checkpoint.lease_seconds: how long an experiment's lease may stay unrenewed
 
 
 def settings(sweep: Sweep) -> Settings:
@@ -54,7 +56,7 @@ def settings(sweep: Sweep) -> Settings:
             raise SweepError(f"{sweep.source}: experiment {e.label()} ({e.name}): {err}") from None
     ck, tc = cfg.checkpoint, cfg.train
     return Settings(cfg.root, max(1.0, min(30.0, ck.lease_seconds / 4)), parse_duration(tc.time_limit),
-                    tc.time_limit_from == "boot")
+                    tc.time_limit_from == "boot", ck.lease_seconds)
 
 
 def _die_with_parent() -> None:  # in the child, before exec: a SIGKILLed worker takes its trainer with it
@@ -101,6 +103,7 @@ class Worker:
         self.retry_failed = retry_failed
         self.started = started
         self.retried: set[str] = set()  # failed experiments this worker tried again (once each)
+        self.watch = LeaseWatch()  # the experiments' leases as seen across our polls, on our own clock
 
     def seconds_left(self) -> float | None:
         """Of this session's ``train.time_limit`` (the session is the worker's: it counts from its start)."""
@@ -121,7 +124,7 @@ class Worker:
         st.write_queue(self.conf.root, self.sweep)
         waiting_for: set[str] = set()
         while True:
-            now = st.states(self.conf.root, self.sweep)
+            now = st.states(self.conf.root, self.sweep, self.watch, self.conf.lease_s)
             todo = self.next_one(now)
             if todo is None:
                 busy = {s.experiment.name for s in now if s.state == st.RUNNING}
@@ -152,7 +155,7 @@ class Worker:
         child = Child([sys.executable, "-m", "voxrelay", "train", self.sweep.base, *self.sweep.overrides, *limit,
                        *e.args()])
         code = child.run()
-        after = st.experiment_state(root, self.sweep, e)
+        after = st.experiment_state(root, self.sweep, e, self.watch, self.conf.lease_s)
         if after.ended:
             return None
         if child.signalled is not None or code in _GOING_AWAY:
