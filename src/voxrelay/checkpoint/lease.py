@@ -46,6 +46,10 @@ from voxrelay.host import boot_id, pid_namespace, start_ticks, started_at
 from voxrelay.paths import LEASE_FILE
 
 log = logging.getLogger(__name__)
+# progress, not pulse: the renewal thread renews only while training reported progress (a step, an eval, a save:
+# RunLease.progress) within this bound; a hung trainer (a stuck collective, a dead data mount) lets its lease
+# expire so another session can resume the run. 30 min: longer than a first step's compile, an eval or a big save
+PROGRESS_S = 1800.0
 
 
 class LeaseHeld(UserError):
@@ -109,6 +113,8 @@ class RunLease:
         self.held_at = 0.0  # when (watch.clock) we last wrote it
         self.lost: str | None = None  # why we no longer hold it (taken over)
         self.released = False
+        self.progress_s = PROGRESS_S
+        self.progress_at = 0.0  # when (watch.clock) training last reported progress
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -203,19 +209,35 @@ class RunLease:
     # ------------------------------------------------------------------ keeping it
 
     def start_renewing(self) -> None:
-        """Renew every third of the lease in a background thread until :meth:`release`."""
+        """Renew every third of the lease in a background thread until :meth:`release`, while training makes
+        progress (:meth:`progress`, counted from now)."""
+        self.progress()
         self._thread = threading.Thread(target=self._renew_loop, name="voxrelay-lease", daemon=True)
         self._thread.start()
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
             try:
-                self.renew()
+                self.renew_if_progressing()
             except LeaseLost:
                 return
             except Exception as err:  # the bucket is away: nothing can be committed either; try again
                 log.warning("could not renew the lease of %s (%s: %s); retrying", self.run_uri, type(err).__name__,
                             err)
+
+    def progress(self) -> None:
+        """Training made progress (a step, an eval, a save): the lease may be renewed for another bound."""
+        self.progress_at = self.watch.clock()
+
+    def renew_if_progressing(self) -> bool:
+        """Renew unless training reported no progress for ``progress_s``: then the lease is left to expire."""
+        silent = self.watch.clock() - self.progress_at
+        if silent > self.progress_s:
+            log.error("training made no progress for %.0f s (no step, eval or save): the lease of %s is not renewed "
+                      "so that another session can take the run over", silent, self.run_uri)
+            return False
+        self.renew()
+        return True
 
     def renew(self) -> None:
         with self._lock:

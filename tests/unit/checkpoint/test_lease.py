@@ -209,3 +209,28 @@ def test_a_wall_clock_step_does_not_make_a_live_holder_of_this_machine_look_dead
     monkeypatch.setattr(host, "boot_time", lambda: real + 3600)  # NTP stepped the clock an hour forward
     assert lease_state(record, 0.0, 60) == "live"
     assert lease_state(record | {"start_ticks": record["start_ticks"] + 1}, 0.0, 60) == "dead"  # a reused pid
+
+
+def test_a_hung_trainer_lets_its_lease_expire(run: str) -> None:
+    """Issue 33 H2: renewed while training reports progress; a trainer stuck (an Event never set) stops renewing
+    once the progress bound passes, and another session takes the run after the lease's ttl."""
+    clock = Clock()
+    lease = clock.lease(run, 9)
+    lease.acquire()
+    lease.progress()
+    reached, never = threading.Event(), threading.Event()
+
+    def trainer() -> None:
+        lease.progress()  # a step
+        reached.set()
+        never.wait()  # hung: a collective that never returns
+
+    threading.Thread(target=trainer, daemon=True).start()
+    assert reached.wait(60)
+    clock.pause(lease.progress_s - 1)
+    assert lease.renew_if_progressing() is True  # within the bound: renewed
+    clock.pause(2)
+    seq = read_lease(run)["seq"]
+    assert lease.renew_if_progressing() is False  # past it: left to expire
+    assert read_lease(run)["seq"] == seq
+    assert "expired" in clock.lease(run, 9).acquire()
