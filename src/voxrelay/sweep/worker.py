@@ -17,13 +17,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from voxrelay import storage
 from voxrelay.checkpoint import preemption as pre
-from voxrelay.checkpoint.lease import LeaseWatch
+from voxrelay.checkpoint.lease import LeaseWatch, read_lease
 from voxrelay.config import ConfigError, load_config
+from voxrelay.paths import LEASE_FILE
 from voxrelay.sweep import state as st
 from voxrelay.sweep.spec import Sweep, SweepError
 from voxrelay.train.config import parse_duration
@@ -31,6 +35,7 @@ from voxrelay.train.config import parse_duration
 log = logging.getLogger(__name__)
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 _GOING_AWAY = (pre.EXIT_PREEMPTED, pre.EXIT_PREEMPTED_STAGED, pre.EXIT_ABORTED)
+HUNG_GRACE_S = 60.0  # a hung trainer's SIGTERM handler may still save; past this it is killed
 
 
 @dataclass
@@ -66,18 +71,45 @@ def _die_with_parent() -> None:  # in the child, before exec: a SIGKILLed worker
         pass
 
 
+def stalled(watch: LeaseWatch, run: str, before: str | None, ttl_s: float) -> bool:
+    """Whether the child training ``run`` is hung: the lease it took (a token other than ``before``, the one
+    there when it started) is neither released nor renewed for its ttl on our clock. The trainer renews only
+    while it makes progress (:mod:`voxrelay.checkpoint.lease`), so this is the same rule."""
+    lease = read_lease(run)
+    if lease is None or lease.get("token") in (None, before):
+        return False  # not taken yet (the child is still starting, or watching an old holder's lease)
+    return watch.state(storage.join(run, LEASE_FILE), lease, ttl_s) == "expired"
+
+
 class Child:
     """A `voxrelay train` child in a process group of its own: a Ctrl-C reaches it once, from us, so it
-    saves (a second SIGINT would abort it); its output is passed through, the last lines kept."""
+    saves (a second SIGINT would abort it); its output is passed through, the last lines kept. ``hung``
+    (polled every ``poll_s``) tells a child that makes no progress: it gets SIGTERM, SIGKILL after
+    ``HUNG_GRACE_S``."""
 
-    def __init__(self, cmd: list[str]):
+    def __init__(self, cmd: list[str], hung: Callable[[], bool] | None = None, poll_s: float = 10.0):
         self.cmd = cmd
+        self.hung = hung
+        self.poll_s = poll_s
         self.tail: deque[str] = deque(maxlen=40)
         self.signalled: int | None = None
+        self.was_hung = False
+
+    def _watchdog(self, proc: subprocess.Popen, done: threading.Event) -> None:
+        while not done.wait(self.poll_s):
+            if self.hung is not None and self.hung():
+                self.was_hung = True
+                log.error("the trainer (pid %d) made no progress for its lease's length: stopping it", proc.pid)
+                proc.terminate()
+                if not done.wait(HUNG_GRACE_S):
+                    proc.kill()
+                return
 
     def run(self) -> int:
         proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 start_new_session=True, preexec_fn=_die_with_parent)
+        done = threading.Event()
+        threading.Thread(target=self._watchdog, args=(proc, done), name="voxrelay-sweep-watchdog", daemon=True).start()
 
         def forward(signum, _frame):
             self.signalled = signum
@@ -92,6 +124,7 @@ class Child:
                 self.tail.append(line.rstrip("\n"))
             return proc.wait()
         finally:
+            done.set()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -152,10 +185,16 @@ class Worker:
         log.info("experiment %s (%s): %s", e.name, e.label(), "resuming" if s.state == st.RESUMABLE else "starting")
         if s.state == st.FAILED:
             st.clear_failure(root, self.sweep, e)
+        before = (read_lease(s.run_uri) or {}).get("token")
         child = Child([sys.executable, "-m", "voxrelay", "train", self.sweep.base, *self.sweep.overrides, *limit,
-                       *e.args()])
+                       *e.args()], lambda: stalled(self.watch, s.run_uri, before, self.conf.lease_s), self.conf.poll_s)
         code = child.run()
         after = st.experiment_state(root, self.sweep, e, self.watch, self.conf.lease_s)
+        if child.was_hung:
+            why = f"hung: no step, eval or save, so its lease went unrenewed for {self.conf.lease_s:.0f} s; stopped"
+            log.error("experiment %s %s; the sweep goes on", e.name, why)
+            st.record_failure(root, self.sweep, e, code, why, list(child.tail))
+            return None
         if after.ended:
             return None
         if child.signalled is not None or code in _GOING_AWAY:
