@@ -11,7 +11,6 @@ tries again); a preempted or time-limited session exits with the training's own 
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -27,6 +26,7 @@ from voxrelay import storage
 from voxrelay.checkpoint import preemption as pre
 from voxrelay.checkpoint.lease import LeaseWatch, read_lease
 from voxrelay.config import ConfigError, load_config
+from voxrelay.host import set_parent_death_signal
 from voxrelay.paths import LEASE_FILE
 from voxrelay.sweep import state as st
 from voxrelay.sweep.spec import Sweep, SweepError
@@ -65,10 +65,7 @@ def settings(sweep: Sweep) -> Settings:
 
 
 def _die_with_parent() -> None:  # in the child, before exec: a SIGKILLed worker takes its trainer with it
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    set_parent_death_signal(signal.SIGKILL)
 
 
 def stalled(watch: LeaseWatch, run: str, before: str | None, ttl_s: float) -> bool:
