@@ -60,6 +60,36 @@ class LeaseLost(UserError):
     """This session's lease was taken over: it must not write to the run folder any more."""
 
 
+class LeaseUnsafe(UserError):
+    """The root's storage does not refuse a second conditional create: a lease there would not exclude anyone."""
+
+
+# why a local root on a FUSE mount (Colab's Google Drive, gcsfuse) only warns: O_EXCL and flock there are answered
+# by this machine's FUSE daemon, so they exclude a second session here but are not shown to exclude another
+# machine (a Colab reconnect beside the old runtime). Refusing would stop the users whose root it is (seed 002);
+# they are told, and doctor names it
+FUSE_LEASE_CAVEAT = ("one writer per run holds only on this machine: the lease's O_EXCL create and flock on a FUSE "
+                     "mount are not shown to exclude another machine (a Colab runtime reconnected beside the old "
+                     "one could write the run too)")
+
+
+def check_root_for_leases(root: str, mount_kind: str | None,
+                          probe: Callable[[str], str | None] = storage.ignores_conditional_create) -> str | None:
+    """Probe ``root``'s conditional create once (:func:`voxrelay.storage.ignores_conditional_create`): a store
+    that does not refuse the second create is refused (:class:`LeaseUnsafe`, exit 2). ``mount_kind``: the FUSE
+    mount a local root lies on (gcsfuse, Google Drive, FUSE), or None. Returns a warning for such a root.
+    ``probe``: the storage seam's probe (a test passes one over a store that ignores the condition)."""
+    ignored = probe(root)
+    if ignored is not None:
+        raise LeaseUnsafe(
+            f"{root} cannot hold a run's lease: {ignored}. Two sessions of one run would both win it and delete "
+            "each other's checkpoints. Use a store with conditional writes (GCS; AWS S3; MinIO, R2 and others "
+            "that honour If-None-Match/If-Match on PutObject), or a local folder")
+    if mount_kind is not None:
+        return f"{root} is on a {mount_kind} mount: {FUSE_LEASE_CAVEAT}. For a lease across machines set root=gs://..."
+    return None
+
+
 def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 

@@ -4,6 +4,7 @@ taken over with fencing."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -13,8 +14,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.metadata import FIXTURES
 from voxrelay import host, storage
-from voxrelay.checkpoint.lease import LeaseHeld, LeaseLost, LeaseWatch, RunLease, lease_state, read_lease
+from voxrelay.checkpoint.lease import (
+    LeaseHeld,
+    LeaseLost,
+    LeaseUnsafe,
+    LeaseWatch,
+    RunLease,
+    check_root_for_leases,
+    lease_state,
+    read_lease,
+)
+from voxrelay.doctor.host_checks import root_mount_kind
+from voxrelay.errors import UserError
 
 
 class Clock:
@@ -234,3 +247,23 @@ def test_a_hung_trainer_lets_its_lease_expire(run: str) -> None:
     assert lease.renew_if_progressing() is False  # past it: left to expire
     assert read_lease(run)["seq"] == seq
     assert "expired" in clock.lease(run, 9).acquire()
+
+
+def test_a_root_whose_store_ignores_conditional_creates_is_refused_for_leases(tmp_path) -> None:
+    """Issue 33 D5: exit 2 (a UserError) with the reason and the fix."""
+    root = str(tmp_path / "root")
+    plain = functools.partial(storage.ignores_conditional_create, create=storage.write_bytes)
+    with pytest.raises(LeaseUnsafe, match="ignores the condition.*both win it") as refused:
+        check_root_for_leases(root, None, probe=plain)
+    assert isinstance(refused.value, UserError)
+    assert check_root_for_leases(root, None) is None  # a local folder refuses the second create
+
+
+def test_a_root_on_a_fuse_mount_is_warned_about_with_the_reason() -> None:
+    """Colab's Google Drive (seed 002's root) and gcsfuse: taken from a recorded /proc/mounts of a Colab VM."""
+    mounts = str(FIXTURES / "proc_mounts_colab.txt")
+    assert root_mount_kind("/content/drive/MyDrive/tts", mounts) == "Google Drive"
+    assert root_mount_kind("/content/gcs/voxrelay", mounts) == "gcsfuse"
+    assert root_mount_kind("gs://b/voxrelay", mounts) is None
+    said = check_root_for_leases("/content/drive/MyDrive/tts", "Google Drive", probe=lambda _root: None)
+    assert "Google Drive mount" in said and "another machine" in said and "root=gs://" in said
