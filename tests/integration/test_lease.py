@@ -59,19 +59,21 @@ def test_a_second_writer_is_refused_until_the_first_is_killed(tmp_path, root):
     env = _env(tmp_path)
     assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
     run_uri = storage.join(root, "runs", "leased")
-    first = Trainer(root, env, "name=leased", *ENDLESS)
+    # a 9 s lease: renewed every 3 s, so a second session sees a renewal within seconds (60 s: up to 30 s)
+    first = Trainer(root, env, "name=leased", "checkpoint.lease_seconds=9", *ENDLESS)
     try:
         deadline = time.monotonic() + 120
         while not _committed(run_uri):  # it has written to the run folder
             assert first.proc.poll() is None and time.monotonic() < deadline, first.output()
             time.sleep(0.05)
-        second = voxrelay("train", CONFIG, *tiny(root, "name=leased", *ENDLESS), env=env)
+        second = voxrelay("train", CONFIG, *tiny(root, "name=leased", "checkpoint.lease_seconds=9", *ENDLESS), env=env)
         msg = _one_line(second.stderr)
         assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
         assert f"host {socket.gethostname()}, pid {first.proc.pid}, since" in msg and "expires in" in msg, msg
         assert "--take-over" in msg and run_uri in msg
         holder = json.loads(storage.read_text(storage.join(run_uri, "lease.json")))["token"]
-        fresh = voxrelay("train", CONFIG, *tiny(root, "name=leased", *ENDLESS), "--fresh", env=env)
+        fresh = voxrelay("train", CONFIG, *tiny(root, "name=leased", "checkpoint.lease_seconds=9", *ENDLESS), "--fresh",
+                         env=env)
         assert fresh.returncode == 2 and f"pid {first.proc.pid}" in _one_line(fresh.stderr), fresh.stderr
         assert "--fresh: deleting" not in fresh.stderr  # refused before deleting anything under the holder
         assert json.loads(storage.read_text(storage.join(run_uri, "lease.json")))["token"] == holder
