@@ -141,7 +141,11 @@ def train_cmd(
     ),
 ):
     """Train (resuming from the run's latest valid checkpoint, if any)."""
+    import voxrelay
     from voxrelay.config import load_config
+    from voxrelay.host import stop_with_launcher
+
+    stop_with_launcher(voxrelay.PARENT_AT_IMPORT)  # a torchrun worker stops (saves) when its launcher dies
 
     cfg = load_config(config, overrides or [])  # before the heavy imports: a config error comes at once
     from voxrelay.cost.usage import refuse_if_spent

@@ -11,6 +11,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -57,19 +59,21 @@ def test_a_second_writer_is_refused_until_the_first_is_killed(tmp_path, root):
     env = _env(tmp_path)
     assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
     run_uri = storage.join(root, "runs", "leased")
-    first = Trainer(root, env, "name=leased", *ENDLESS)
+    # a 9 s lease: renewed every 3 s, so a second session sees a renewal within seconds (60 s: up to 30 s)
+    first = Trainer(root, env, "name=leased", "checkpoint.lease_seconds=9", *ENDLESS)
     try:
         deadline = time.monotonic() + 120
         while not _committed(run_uri):  # it has written to the run folder
             assert first.proc.poll() is None and time.monotonic() < deadline, first.output()
             time.sleep(0.05)
-        second = voxrelay("train", CONFIG, *tiny(root, "name=leased", *ENDLESS), env=env)
+        second = voxrelay("train", CONFIG, *tiny(root, "name=leased", "checkpoint.lease_seconds=9", *ENDLESS), env=env)
         msg = _one_line(second.stderr)
         assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
         assert f"host {socket.gethostname()}, pid {first.proc.pid}, since" in msg and "expires in" in msg, msg
         assert "--take-over" in msg and run_uri in msg
         holder = json.loads(storage.read_text(storage.join(run_uri, "lease.json")))["token"]
-        fresh = voxrelay("train", CONFIG, *tiny(root, "name=leased", *ENDLESS), "--fresh", env=env)
+        fresh = voxrelay("train", CONFIG, *tiny(root, "name=leased", "checkpoint.lease_seconds=9", *ENDLESS), "--fresh",
+                         env=env)
         assert fresh.returncode == 2 and f"pid {first.proc.pid}" in _one_line(fresh.stderr), fresh.stderr
         assert "--fresh: deleting" not in fresh.stderr  # refused before deleting anything under the holder
         assert json.loads(storage.read_text(storage.join(run_uri, "lease.json")))["token"] == holder
@@ -131,20 +135,34 @@ def _writers(run_uri: str) -> dict[int, str]:
     return {c.step: c.manifest.get("writer") for c in CommittedStore(storage.join(run_uri, "checkpoints")).list()}
 
 
+def _beside_a_renewing_vm(lease: Path, args: list[str], env: dict) -> subprocess.CompletedProcess:
+    """`voxrelay ARGS` while another machine renews ``lease`` every second (its own schedule: a live holder)."""
+    proc = subprocess.Popen([sys.executable, "-m", "voxrelay", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    while True:
+        try:
+            out, err = proc.communicate(timeout=1)
+            return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            record = json.loads(lease.read_text())
+            lease.write_text(json.dumps(record | {"seq": record["seq"] + 1}))
+
+
 def test_a_lease_left_by_another_machine_blocks_until_it_expires(tmp_path):
     root, env = str(tmp_path / "root"), _env(tmp_path)
     assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
     run = Path(root) / "runs" / "elsewhere"
     run.mkdir(parents=True)
     left = {"token": "t0", "host": "spot-vm-7", "pid": 4242, "boot_id": "another-boot", "since": time.time() - 600,
-            "renewed": time.time(), "expires": time.time() + 600, "ttl": 600, "seq": 9, "released": False,
-            "command": "voxrelay train"}  # a VM that died holding it: its pid means nothing here
+            "renewed": time.time(), "expires": time.time() + 3, "ttl": 3, "seq": 9, "released": False,
+            "command": "voxrelay train"}  # a VM's lease: its pid means nothing here
     (run / "lease.json").write_text(json.dumps(left))
     args = tiny(root, "name=elsewhere", "train.max_steps=2")
-    refused = voxrelay("train", CONFIG, *args, env=env)
+    # while that VM renews (its counter advances), the lease is live whatever its clock says
+    refused = _beside_a_renewing_vm(run / "lease.json", ["train", CONFIG, *args], env)
     assert refused.returncode == 2 and "hostspot-vm-7,pid4242" in _squashed(refused.stderr), refused.stderr
     assert not (run / "checkpoints").exists() and not (run / "config.yaml").exists()  # it wrote nothing
-    # ten minutes on: no renewal came (the record as the dead VM left it, its expiry now past)
-    (run / "lease.json").write_text(json.dumps(left | {"renewed": time.time() - 601, "expires": time.time() - 1}))
+    # the VM died: its counter stays put (its expiry still ahead by our clock) and is taken after its ttl
+    (run / "lease.json").write_text(json.dumps(left | {"renewed": time.time(), "expires": time.time() + 3600}))
     res = voxrelay("train", CONFIG, *args, env=env)
     assert res.returncode == 0 and "spot-vm-7" in res.stderr and ":expired" in _squashed(res.stderr), res.stderr

@@ -8,10 +8,16 @@ of one step and overwrite metrics and config in turn. So:
 * taking the lease is an atomic conditional write (:mod:`voxrelay.storage.conditional`: GCS
   ``ifGenerationMatch``, S3 ``If-None-Match``/``If-Match``, ``O_EXCL`` + ``flock`` locally): of two
   sessions racing, exactly one wins;
-* a lease is free once released, once expired (``expires``: ``checkpoint.lease_seconds`` after its
-  last renewal; the holder renews every third of that), or when its holder ran on this machine (same
-  boot, same pid namespace) and that process is gone: a SIGKILLed session is taken over at once
-  by the next one here, and by any machine once its lease expires;
+* a lease is free once released, once expired, or when its holder ran on this machine (same boot, same
+  pid namespace) and that process is gone (its pid and start time in clock ticks, which a wall-clock
+  step does not move): a SIGKILLed session is taken over at once by the next one here, and by any
+  machine once its lease expires;
+* expiry is judged on the contender's own clock, never by comparing two machines' wall clocks: the
+  holder advances a renewal counter (``seq``) every third of its ``ttl`` (``checkpoint.lease_seconds``),
+  and a contender (:class:`LeaseWatch`) takes the lease only after seeing that counter unchanged for
+  the holder's ``ttl`` on its own monotonic clock. A starting session therefore watches a lease it
+  cannot judge for up to ``ttl``: renewed meanwhile, it is refused; silent, it takes over. The
+  ``expires`` field is written for people (``voxrelay status``), not for decisions;
 * a live lease is refused (:class:`LeaseHeld`, exit 2) with the holder (host, pid, since, expiry)
   and the fix; ``--take-over`` replaces it at once (fencing: the old holder's renewal and its check
   before every commit fail, so it stops without writing), then waits out the old lease so a write it
@@ -36,10 +42,14 @@ from collections.abc import Callable
 
 from voxrelay import storage
 from voxrelay.errors import UserError
-from voxrelay.host import boot_id, pid_namespace, started_at
+from voxrelay.host import boot_id, pid_namespace, start_ticks, started_at
 from voxrelay.paths import LEASE_FILE
 
 log = logging.getLogger(__name__)
+# progress, not pulse: the renewal thread renews only while training reported progress (a step, an eval, a save:
+# RunLease.progress) within this bound; a hung trainer (a stuck collective, a dead data mount) lets its lease
+# expire so another session can resume the run. 30 min: longer than a first step's compile, an eval or a big save
+PROGRESS_S = 1800.0
 
 
 class LeaseHeld(UserError):
@@ -48,6 +58,36 @@ class LeaseHeld(UserError):
 
 class LeaseLost(UserError):
     """This session's lease was taken over: it must not write to the run folder any more."""
+
+
+class LeaseUnsafe(UserError):
+    """The root's storage does not refuse a second conditional create: a lease there would not exclude anyone."""
+
+
+# why a local root on a FUSE mount (Colab's Google Drive, gcsfuse) only warns: O_EXCL and flock there are answered
+# by this machine's FUSE daemon, so they exclude a second session here but are not shown to exclude another
+# machine (a Colab reconnect beside the old runtime). Refusing would stop the users whose root it is (seed 002);
+# they are told, and doctor names it
+FUSE_LEASE_CAVEAT = ("one writer per run holds only on this machine: the lease's O_EXCL create and flock on a FUSE "
+                     "mount are not shown to exclude another machine (a Colab runtime reconnected beside the old "
+                     "one could write the run too)")
+
+
+def check_root_for_leases(root: str, mount_kind: str | None,
+                          probe: Callable[[str], str | None] = storage.ignores_conditional_create) -> str | None:
+    """Probe ``root``'s conditional create once (:func:`voxrelay.storage.ignores_conditional_create`): a store
+    that does not refuse the second create is refused (:class:`LeaseUnsafe`, exit 2). ``mount_kind``: the FUSE
+    mount a local root lies on (gcsfuse, Google Drive, FUSE), or None. Returns a warning for such a root.
+    ``probe``: the storage seam's probe (a test passes one over a store that ignores the condition)."""
+    ignored = probe(root)
+    if ignored is not None:
+        raise LeaseUnsafe(
+            f"{root} cannot hold a run's lease: {ignored}. Two sessions of one run would both win it and delete "
+            "each other's checkpoints. Use a store with conditional writes (GCS; AWS S3; MinIO, R2 and others "
+            "that honour If-None-Match/If-Match on PutObject), or a local folder")
+    if mount_kind is not None:
+        return f"{root} is on a {mount_kind} mount: {FUSE_LEASE_CAVEAT}. For a lease across machines set root=gs://..."
+    return None
 
 
 def _when(t: float) -> str:
@@ -62,17 +102,49 @@ def describe(record: dict, now: float) -> str:
             f"(renewed {now - record.get('renewed', 0):.0f} s ago, {expiry})")
 
 
-class RunLease:
-    """The lease of one run, held by this process once :meth:`acquire` returns."""
+class LeaseWatch:
+    """What this process saw of leases, and since when on its own monotonic ``clock``: a lease whose renewal
+    counter stayed the same for its holder's ttl, as measured here, is expired. Keep one watch per contender
+    (a sweep worker keeps one across its polls)."""
 
-    def __init__(self, run_uri: str, ttl_s: float, clock: Callable[[], float] = time.time):
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.seen: dict[str, tuple[tuple, float]] = {}  # lease uri -> (its renewal mark, when first seen so)
+
+    def silent_for(self, uri: str, record: dict) -> float:
+        """Seconds (on our clock) since the lease at ``uri`` last changed, as far as we watched; 0 at first sight."""
+        mark, now = (record.get("token"), record.get("seq"), record.get("released")), self.clock()
+        last = self.seen.get(uri)
+        if last is None or last[0] != mark:
+            self.seen[uri] = (mark, now)
+            return 0.0
+        return now - last[1]
+
+    def state(self, uri: str, record: dict, ttl_s: float) -> str:
+        """:func:`lease_state` of ``record`` as watched here (``ttl_s``: ours, for a record naming none)."""
+        return lease_state(record, self.silent_for(uri, record), ttl_s)
+
+
+class RunLease:
+    """The lease of one run, held by this process once :meth:`acquire` returns. ``clock``: wall time, written in
+    the record for people; ``watch``: our monotonic view of other holders; ``pause(s)``: waits (tests inject
+    both to force interleavings without sleeping)."""
+
+    def __init__(self, run_uri: str, ttl_s: float, clock: Callable[[], float] = time.time,
+                 watch: LeaseWatch | None = None, pause: Callable[[float], object] | None = None):
         self.run_uri = run_uri
         self.uri = storage.join(run_uri, LEASE_FILE)
         self.ttl_s = ttl_s
         self.clock = clock
+        self.watch = watch if watch is not None else LeaseWatch()
+        self.pause = pause
         self.record: dict | None = None  # what we last wrote
         self.version: str | None = None
+        self.held_at = 0.0  # when (watch.clock) we last wrote it
         self.lost: str | None = None  # why we no longer hold it (taken over)
+        self.released = False
+        self.progress_s = PROGRESS_S
+        self.progress_at = 0.0  # when (watch.clock) training last reported progress
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -83,12 +155,14 @@ class RunLease:
         now = self.clock()
         return {"run": self.run_uri, "token": token, "host": socket.gethostname(), "pid": os.getpid(),
                 "boot_id": boot_id(), "pid_ns": pid_namespace(), "started": started_at(os.getpid()),
+                "start_ticks": start_ticks(os.getpid()),
                 "command": " ".join(sys.argv)[:300], "since": since, "renewed": now, "expires": now + self.ttl_s,
                 "ttl": self.ttl_s, "seq": seq, "released": False, **extra}
 
     def acquire(self, take_over: bool = False) -> str | None:
         """Take the lease; raises :class:`LeaseHeld` while another live session holds it (unless
-        ``take_over``). Returns what was taken over (a line for the log), or None."""
+        ``take_over``). A lease this process cannot judge yet is watched for up to its ttl (see the module
+        doc). Returns what was taken over (a line for the log), or None."""
         mine = self._new_record(uuid.uuid4().hex, self.clock(), 0)
         for _ in range(8):  # each round: someone else changed it meanwhile
             try:
@@ -97,26 +171,25 @@ class RunLease:
             except FileExistsError:
                 pass
             got = storage.read_versioned(self.uri)
-            if got is None:
-                continue  # released by deletion between our two calls
-            current = _decode(got.data)
-            if current.get("token") == mine["token"]:  # our create landed, its answer was lost and retried
-                self._hold(mine, got.version)
+            if got is not None and _decode(got.data).get("token") == mine["token"]:
+                self._hold(mine, got.version)  # our create landed, its answer was lost and retried
                 return None
-            state = self._state(current)
+            state, got = self._judge(got, take_over)
+            if got is None:
+                continue  # released by deletion meanwhile
+            current = _decode(got.data)
             if state == "live" and not take_over:
                 raise LeaseHeld(self._held_message(current))
             mine["taken_from"] = {k: current.get(k) for k in ("host", "pid", "since", "token")} | {"state": state}
-            wait = max(0.0, current.get("expires", 0) - self.clock()) if state == "live" else 0.0
-            mine["expires"] = self.clock() + wait + self.ttl_s  # ours outlives the wait for the fenced holder
             try:
                 self._hold(mine, storage.replace_if(self.uri, _encode(mine), got.version))
             except storage.PreconditionFailed:
                 continue
             if state == "live":  # fenced: its renewals and commit checks now fail; let a write in flight land
-                log.warning("took over the lease of %s from %s; waiting %.0f s for its lease to run out",
-                            self.run_uri, describe(current, self.clock()), wait)
-                self._stop.wait(wait)
+                wait = _ttl(current, self.ttl_s)
+                log.warning("took over the lease of %s from %s; waiting %.0f s (its lease) for a write it began to "
+                            "land", self.run_uri, describe(current, self.clock()), wait)
+                self._pause(wait)
                 self.renew()  # a whole lease from now on, before any renewal thread starts
             if state == "released":
                 return None
@@ -124,44 +197,81 @@ class RunLease:
         raise LeaseHeld(f"could not take the lease {self.uri}: other sessions keep changing it. Make sure a "
                         "single `voxrelay train` of this run is starting, then re-run")
 
-    def _hold(self, record: dict, version: str) -> None:
-        self.record, self.version, self.lost = record, version, None
+    def _judge(self, got, take_over: bool):
+        """(state, the version judged) of another session's lease: a lease that is neither released nor held by a
+        gone process of this machine is watched until it is renewed (live) or stays silent for its ttl on our
+        own clock (expired). ``take_over`` judges at once (it replaces a live lease anyway)."""
+        seen = None
+        while got is not None:
+            current = _decode(got.data)
+            state = self.watch.state(self.uri, current, self.ttl_s)
+            mark = (current.get("token"), current.get("seq"))
+            if state != "live" or take_over or (seen is not None and mark != seen):
+                return state, got
+            if seen is None:
+                log.warning("%s has a lease (%s) that this session cannot judge yet: watching it for up to %.0f s "
+                            "(renewed meanwhile: refused; silent: taken over)", self.run_uri,
+                            describe(current, self.clock()), _ttl(current, self.ttl_s))
+            seen = mark
+            self._pause(min(10.0, max(0.05, _ttl(current, self.ttl_s) / 6)))
+            got = storage.read_versioned(self.uri)
+        return "released", None
 
-    def _state(self, record: dict) -> str:
-        return lease_state(record, self.clock())
+    def _pause(self, seconds: float) -> None:
+        if self.pause is not None:
+            self.pause(seconds)
+        else:
+            self._stop.wait(seconds)
+
+    def _hold(self, record: dict, version: str) -> None:
+        self.record, self.version, self.lost, self.held_at = record, version, None, self.watch.clock()
 
     def _held_message(self, record: dict) -> str:
-        now = self.clock()
-        left = max(0, record.get("expires", now) - now)
+        now, ttl = self.clock(), _ttl(record, self.ttl_s)
         return (
             f"{self.run_uri} is being trained by another session: {describe(record, now)}; its command: "
             f"{record.get('command', '?')!r}. Two writers of one run would delete each other's checkpoints. If that "
             f"session is running, let it finish or stop it (or train under another name, name=... ). If it is gone "
-            f"(a closed Colab runtime, a lost VM), re-run once its lease expires (in {left:.0f} s), or now with "
-            "--take-over: the old session is fenced (its later writes are refused) and this one resumes"
+            f"(a closed Colab runtime, a lost VM), re-run: a lease not renewed for {ttl:.0f} s is taken over; or "
+            "now with --take-over: the old session is fenced (its later writes are refused) and this one resumes"
         )
 
     # ------------------------------------------------------------------ keeping it
 
     def start_renewing(self) -> None:
-        """Renew every third of the lease in a background thread until :meth:`release`."""
+        """Renew every third of the lease in a background thread until :meth:`release`, while training makes
+        progress (:meth:`progress`, counted from now)."""
+        self.progress()
         self._thread = threading.Thread(target=self._renew_loop, name="voxrelay-lease", daemon=True)
         self._thread.start()
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
             try:
-                self.renew()
+                self.renew_if_progressing()
             except LeaseLost:
                 return
             except Exception as err:  # the bucket is away: nothing can be committed either; try again
                 log.warning("could not renew the lease of %s (%s: %s); retrying", self.run_uri, type(err).__name__,
                             err)
 
+    def progress(self) -> None:
+        """Training made progress (a step, an eval, a save): the lease may be renewed for another bound."""
+        self.progress_at = self.watch.clock()
+
+    def renew_if_progressing(self) -> bool:
+        """Renew unless training reported no progress for ``progress_s``: then the lease is left to expire."""
+        silent = self.watch.clock() - self.progress_at
+        if silent > self.progress_s:
+            log.error("training made no progress for %.0f s (no step, eval or save): the lease of %s is not renewed "
+                      "so that another session can take the run over", silent, self.run_uri)
+            return False
+        self.renew()
+        return True
+
     def renew(self) -> None:
         with self._lock:
-            if self.lost:
-                raise LeaseLost(self.lost)
+            self._still_holding()
             kept = {k: self.record[k] for k in ("taken_from",) if k in self.record}
             mine = self._new_record(self.record["token"], self.record["since"], self.record["seq"] + 1, **kept)
             try:
@@ -181,16 +291,22 @@ class RunLease:
         log.error("%s; this session stops without writing to the run folder", self.lost)
         raise LeaseLost(self.lost)
 
+    def _still_holding(self) -> None:
+        if self.lost:
+            raise LeaseLost(self.lost)
+        if self.released or self.record is None:
+            raise LeaseLost(f"this session {'released' if self.released else 'never took'} the lease of "
+                            f"{self.run_uri}: it must not write to the run folder")
+
     def check(self) -> None:
-        """Raise :class:`LeaseLost` unless this session still holds the lease (read now, in storage);
-        an expired lease of ours (the bucket was away) is renewed first."""
+        """The fencing check before a write: raise :class:`LeaseLost` unless this session still holds the lease
+        (read now, in storage; never after :meth:`release`); a lease of ours due for renewal is renewed."""
         with self._lock:
-            if self.lost:
-                raise LeaseLost(self.lost)
+            self._still_holding()
             got = storage.read_versioned(self.uri)
             if got is None or got.version != self.version:
                 self._recheck()
-        if self.clock() >= self.record["expires"] - self.ttl_s / 3:
+        if self.watch.clock() - self.held_at >= self.ttl_s / 3:
             self.renew()
 
     def release(self) -> None:
@@ -199,8 +315,9 @@ class RunLease:
         if self._thread is not None:
             self._thread.join(timeout=10)
         with self._lock:
-            if self.record is None or self.lost:
+            if self.record is None or self.lost or self.released:
                 return
+            self.released = True  # from now on check() and renew() refuse: never taken again by this object
             done = self.record | {"released": True, "renewed": self.clock(), "expires": self.clock(),
                                   "seq": self.record["seq"] + 1}
             try:
@@ -211,21 +328,28 @@ class RunLease:
                             self.record["expires"] - self.clock())
 
 
-def lease_state(record: dict, now: float) -> str:
-    """released, expired, dead (its process is gone from this machine) or live: whether a lease record (read
-    from a run folder) still holds the run at ``now``."""
+def lease_state(record: dict, silent_s: float, ttl_s: float) -> str:
+    """released, dead (its process is gone from this machine), expired (its renewal counter unchanged for its
+    ttl: ``silent_s``, measured by the reader's own clock, see :class:`LeaseWatch`) or live. ``ttl_s``: for a
+    record naming none. No wall clock of another machine is compared with ours."""
     if record.get("released"):
         return "released"
-    if not isinstance(record.get("expires"), int | float) or now >= record["expires"]:
-        return "expired"
+    if not record.get("token"):
+        return "expired"  # not a lease record (a truncated or foreign file)
     if record.get("boot_id") and record.get("boot_id") == boot_id() and record.get("pid_ns") == pid_namespace() \
-            and record.get("host") == socket.gethostname():
-        pid, started = record.get("pid"), record.get("started")
-        if isinstance(pid, int) and isinstance(started, int | float):  # else it cannot be told: live
-            now_started = started_at(pid)
-            if now_started is None or abs(now_started - started) > 1.0:  # gone, or the pid was reused
-                return "dead"
+            and record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
+        ticks = record.get("start_ticks")
+        if isinstance(ticks, int) and start_ticks(record["pid"]) != ticks:  # gone, or the pid was reused
+            return "dead"
+    if silent_s >= _ttl(record, ttl_s):
+        return "expired"
     return "live"
+
+
+def _ttl(record: dict, default: float) -> float:
+    """How long its holder may go between renewals (it renews every third of it)."""
+    ttl = record.get("ttl")
+    return float(ttl) if isinstance(ttl, int | float) and not isinstance(ttl, bool) and ttl > 0 else default
 
 
 def read_lease(run_uri: str) -> dict | None:

@@ -8,7 +8,8 @@ the facts that :mod:`voxrelay.doctor.facts` and :mod:`voxrelay.doctor.cloud` gat
 * GCS soft-delete retention; object versioning keeping every deleted checkpoint;
 * storage classes with a minimum storage duration; lifecycle rules that delete or move the run's objects;
 * read/write throughput to the root (a probe object, deleted after);
-* a root on a mounted folder (gcsfuse, Google Drive); free local disk; where the Hugging Face cache points;
+* a root on a mounted folder (gcsfuse, Google Drive); the root's conditional create (a run's lease rests on
+  it: an object created twice, the second refused); free local disk; where the Hugging Face cache points;
 * the GPU's memory vs what ``voxrelay plan`` predicts for the config's strategy.
 
 Verdicts: ``ok``; ``warn`` (costs or slows in some cases, worth a look); ``fail`` (costs money or loses work

@@ -31,6 +31,7 @@ from voxrelay.doctor.host_checks import (
     gcsfuse_uri,
     gpu_check,
     hf_cache_check,
+    lease_check,
     mounted_root_check,
     throughput_check,
 )
@@ -55,6 +56,7 @@ def diagnose(cfg: RunConfig, probe_mb: float = DEFAULT_PROBE_MB, mounts_file: st
     gpu_row, checkpoint_bytes = gpu_part(cfg, gpu)
     checks.append(probe_part(cfg.root, probe_mb, checkpoint_bytes))
     checks.append(mounted_root_check(cfg.root, root_mount))
+    checks.append(lease_part(cfg.root))
     cache = cache_dir()
     checks.append(disk_check(str(cache), disk_free(cache)[0], cfg.cache.min_free_gb, cfg.cache.max_gb,
                              checkpoint_bytes, cfg.checkpoint.max_staged, mount_of(cache, mounts)))
@@ -88,6 +90,13 @@ def bucket_part(root: str, machine: Machine | None, cost: CostConfig | None = No
     except storage.StorageError as err:
         return [Check("bucket", FAIL, f"its settings could not be read: {one_line(err)}", "")]
     return bucket_checks(info, machine, _key(root), cost)
+
+
+def lease_part(root: str) -> Check:
+    try:
+        return lease_check(root, storage.ignores_conditional_create(root))
+    except (storage.StorageError, OSError) as err:
+        return lease_check(root, None, error=one_line(err))
 
 
 def probe_part(root: str, probe_mb: float, checkpoint_bytes: int | None) -> Check:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from voxrelay import storage
+from voxrelay.checkpoint.lease import FUSE_LEASE_CAVEAT
 from voxrelay.doctor import FAIL, OK, SKIP, WARN, Check
-from voxrelay.doctor.facts import Gpu, Mount, Probe
+from voxrelay.doctor.facts import MOUNTS_FILE, Gpu, Mount, Probe, mount_of, read_mounts
 
 GB = 10**9
 MIN_READ_MBPS = 50.0  # below this a data loader feeding a GPU from the bucket may wait on reads
@@ -37,6 +38,25 @@ def mount_kind(m: Mount | None) -> str | None:
     return "FUSE" if m.fstype.startswith("fuse") else None
 
 
+def root_mount_kind(root: str, mounts_file: str = MOUNTS_FILE) -> str | None:
+    """:func:`mount_kind` of the mount a local ``root`` lies on; None for a bucket URI or a local disk."""
+    if not storage.is_local(root):
+        return None
+    return mount_kind(mount_of(storage.local_path(root), read_mounts(mounts_file)))
+
+
+def lease_check(root: str, ignored: str | None, error: str | None = None) -> Check:
+    """The root's conditional create, probed (create one object twice, expect a refusal): what a run's lease
+    (one writer per run) rests on."""
+    name = "lease"
+    if error is not None:
+        return Check(name, FAIL, f"the conditional-create probe failed: {error}", "fix access to the root first")
+    if ignored is not None:
+        return Check(name, FAIL, f"{root}: {ignored}; `voxrelay train` refuses it (two sessions would both win "
+                     "a run's lease)", "use GCS, AWS S3 or a store honouring If-None-Match/If-Match, or a local folder")
+    return Check(name, OK, "a second create of one object is refused: one writer per run holds")
+
+
 def gcsfuse_uri(root: str, mount: Mount | None) -> str | None:
     """The gs:// URI of a local ``root`` inside a gcsfuse mount (whose device is the bucket's name), else None."""
     if mount is None or mount_kind(mount) != "gcsfuse" or mount.device == "gcsfuse":
@@ -59,7 +79,8 @@ def mounted_root_check(root: str, mount: Mount | None) -> Check:
     if (uri := gcsfuse_uri(root, mount)) is not None:
         fix = f"set root={uri} (the bucket itself): voxrelay then writes objects atomically, in parallel, with " \
             "nothing cached on the local disk"
-    return Check(name, WARN, f"{root} is on a {kind} mount ({mount.point}, {mount.fstype}): {CAVEATS[kind]}", fix)
+    return Check(name, WARN, f"{root} is on a {kind} mount ({mount.point}, {mount.fstype}): {CAVEATS[kind]}; "
+                 f"{FUSE_LEASE_CAVEAT}", fix)
 
 
 def throughput_check(probe: Probe | None, error: str | None = None, checkpoint_bytes: int | None = None,

@@ -9,7 +9,14 @@ Endpoints and credentials come from the usual places: AWS_* variables / ~/.aws f
 (``STORAGE_EMULATOR_HOST`` for a test server).
 """
 
-from voxrelay.storage.conditional import PreconditionFailed, Versioned, create_new, read_versioned, replace_if
+from voxrelay.storage.conditional import (
+    PreconditionFailed,
+    Versioned,
+    create_new,
+    ignores_conditional_create,
+    read_versioned,
+    replace_if,
+)
 from voxrelay.storage.core import (
     StorageDenied,
     StorageError,
@@ -53,6 +60,7 @@ __all__ = [
     "basename",
     "check_root",
     "create_new",
+    "ignores_conditional_create",
     "delete",
     "denied",
     "exists",

@@ -23,11 +23,12 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from voxrelay.storage.core import StorageError, _fs_path, _split, fsync_file, retry
+from voxrelay.storage.core import StorageError, _fs_path, _split, delete, fsync_file, join, retry
 from voxrelay.storage.counters import CLASS_A, CLASS_B, count
 
 
@@ -101,6 +102,23 @@ def replace_if(uri: str, data: bytes, version: str) -> str:
         return retry(lambda: _REMOTE[proto][1](uri, data, version), f"replace {uri}")
     except FileNotFoundError:  # S3 answers If-Match on a missing object with 404
         raise PreconditionFailed(f"{uri} no longer exists") from None
+
+
+def ignores_conditional_create(root: str, create: Callable[[str, bytes], object] = create_new) -> str | None:
+    """Probe ``root`` once: create one new object twice, expecting the second to be refused (what a lease rests
+    on). None when it was; else what happened (a store that ignores ``If-None-Match``: two sessions would both
+    win a lease). ``create``: the conditional create under test. The probe object is deleted after."""
+    uri = join(root, f".voxrelay-lease-probe-{uuid.uuid4().hex}")
+    try:
+        create(uri, b"first")
+        try:
+            create(uri, b"second")
+        except FileExistsError:
+            return None
+        return f"it accepted a second create-if-absent of one object ({uri}): it ignores the condition"
+    finally:
+        with contextlib.suppress(OSError):
+            delete(uri)
 
 
 def _digest(data: bytes) -> str:

@@ -8,7 +8,9 @@ the runs' own folders (checkpoints: how far; ``lease.json``: who trains it now) 
 saw its end: the machine went down with it; at :data:`MAX_UNSEEN_ENDS` it is recorded as failed).
 An experiment is claimed by taking its run's lease (:mod:`voxrelay.checkpoint.lease`: an atomic
 conditional create, renewed by the live trainer, left to expire by a dead one), so never two machines
-train one run.
+train one run. Whether a lease is live is judged as the lease module does (its renewal counter watched on
+this machine's monotonic clock, :class:`~voxrelay.checkpoint.lease.LeaseWatch`); without a watch (a one-off
+``sweep status``) a lease neither released nor left by a gone process of this machine reads as running.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from dataclasses import dataclass
 import yaml
 
 from voxrelay import storage
-from voxrelay.checkpoint.lease import lease_state, read_lease
+from voxrelay.checkpoint.lease import LeaseWatch, lease_state, read_lease
 from voxrelay.checkpoint.store import CommittedStore
-from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT
+from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, LEASE_FILE
 from voxrelay.sweep.spec import SWEEPS_DIR, Experiment, Sweep
 
 QUEUE_FILE = "queue.json"
@@ -69,9 +71,10 @@ def _snapshot(run: str) -> dict | None:
     return (yaml.safe_load(storage.read_text(snapshot)) or {}) if storage.exists(snapshot) else None
 
 
-def experiment_state(root: str, sweep: Sweep, experiment: Experiment, now: float | None = None) -> ExperimentState:
+def experiment_state(root: str, sweep: Sweep, experiment: Experiment, watch: LeaseWatch | None = None,
+                     ttl_s: float = 60.0) -> ExperimentState:
+    """``watch``: a worker's view of the leases across its polls; ``ttl_s``: for a lease record naming none."""
     run = run_uri(root, experiment)
-    now = time.time() if now is None else now
     committed = CommittedStore(storage.join(run, CKPT_DIR)).list()
     lease = read_lease(run)
     failure = read_failure(root, sweep, experiment)
@@ -83,7 +86,7 @@ def experiment_state(root: str, sweep: Sweep, experiment: Experiment, now: float
         s.state = FINISHED
     elif s.stop_reason in _FINAL_STOPS:
         s.state = _FINAL_STOPS[s.stop_reason]
-    elif lease is not None and lease_state(lease, now) == "live":
+    elif lease is not None and _lease_state(run, lease, watch, ttl_s) == "live":
         s.state, s.holder = RUNNING, lease
     elif failure is not None:
         s.state, s.failure = FAILED, failure
@@ -92,9 +95,14 @@ def experiment_state(root: str, sweep: Sweep, experiment: Experiment, now: float
     return s
 
 
-def states(root: str, sweep: Sweep) -> list[ExperimentState]:
-    now = time.time()
-    return [experiment_state(root, sweep, e, now) for e in sweep.experiments]
+def _lease_state(run: str, lease: dict, watch: LeaseWatch | None, ttl_s: float) -> str:
+    if watch is None:
+        return lease_state(lease, 0.0, ttl_s)
+    return watch.state(storage.join(run, LEASE_FILE), lease, ttl_s)
+
+
+def states(root: str, sweep: Sweep, watch: LeaseWatch | None = None, ttl_s: float = 60.0) -> list[ExperimentState]:
+    return [experiment_state(root, sweep, e, watch, ttl_s) for e in sweep.experiments]
 
 
 def _failure_uri(root: str, sweep: Sweep, experiment: Experiment) -> str:

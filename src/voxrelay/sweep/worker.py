@@ -14,18 +14,23 @@ it) is recorded as failed too, so a new VM does not pick it first for ever.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from voxrelay import storage
 from voxrelay.checkpoint import preemption as pre
+from voxrelay.checkpoint.lease import LeaseWatch, read_lease
 from voxrelay.config import ConfigError, load_config
+from voxrelay.host import set_parent_death_signal
+from voxrelay.paths import LEASE_FILE
 from voxrelay.sweep import state as st
 from voxrelay.sweep.spec import Sweep, SweepError
 from voxrelay.train.config import parse_duration
@@ -33,6 +38,7 @@ from voxrelay.train.config import parse_duration
 log = logging.getLogger(__name__)
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 _GOING_AWAY = (pre.EXIT_PREEMPTED, pre.EXIT_PREEMPTED_STAGED, pre.EXIT_ABORTED)
+HUNG_GRACE_S = 60.0  # a hung trainer's SIGTERM handler may still save; past this it is killed
 
 
 @dataclass
@@ -41,6 +47,7 @@ class Settings:
     poll_s: float  # how often a waiting worker looks again
     time_limit: float | None  # this session's (train.time_limit), counted from the worker's start
     limit_from_boot: bool
+    lease_s: float  # checkpoint.lease_seconds: how long an experiment's lease may stay unrenewed
 
 
 def settings(sweep: Sweep) -> Settings:
@@ -57,28 +64,52 @@ def settings(sweep: Sweep) -> Settings:
             raise SweepError(f"{sweep.source}: experiment {e.label()} ({e.name}): {err}") from None
     ck, tc = cfg.checkpoint, cfg.train
     return Settings(cfg.root, max(1.0, min(30.0, ck.lease_seconds / 4)), parse_duration(tc.time_limit),
-                    tc.time_limit_from == "boot")
+                    tc.time_limit_from == "boot", ck.lease_seconds)
 
 
 def _die_with_parent() -> None:  # in the child, before exec: a SIGKILLed worker takes its trainer with it
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    set_parent_death_signal(signal.SIGKILL)
+
+
+def stalled(watch: LeaseWatch, run: str, before: str | None, ttl_s: float) -> bool:
+    """Whether the child training ``run`` is hung: the lease it took (a token other than ``before``, the one
+    there when it started) is neither released nor renewed for its ttl on our clock. The trainer renews only
+    while it makes progress (:mod:`voxrelay.checkpoint.lease`), so this is the same rule."""
+    lease = read_lease(run)
+    if lease is None or lease.get("token") in (None, before):
+        return False  # not taken yet (the child is still starting, or watching an old holder's lease)
+    return watch.state(storage.join(run, LEASE_FILE), lease, ttl_s) == "expired"
 
 
 class Child:
     """A `voxrelay train` child in a process group of its own: a Ctrl-C reaches it once, from us, so it
-    saves (a second SIGINT would abort it); its output is passed through, the last lines kept."""
+    saves (a second SIGINT would abort it); its output is passed through, the last lines kept. ``hung``
+    (polled every ``poll_s``) tells a child that makes no progress: it gets SIGTERM, SIGKILL after
+    ``HUNG_GRACE_S``."""
 
-    def __init__(self, cmd: list[str]):
+    def __init__(self, cmd: list[str], hung: Callable[[], bool] | None = None, poll_s: float = 10.0):
         self.cmd = cmd
+        self.hung = hung
+        self.poll_s = poll_s
         self.tail: deque[str] = deque(maxlen=40)
         self.signalled: int | None = None
+        self.was_hung = False
+
+    def _watchdog(self, proc: subprocess.Popen, done: threading.Event) -> None:
+        while not done.wait(self.poll_s):
+            if self.hung is not None and self.hung():
+                self.was_hung = True
+                log.error("the trainer (pid %d) made no progress for its lease's length: stopping it", proc.pid)
+                proc.terminate()
+                if not done.wait(HUNG_GRACE_S):
+                    proc.kill()
+                return
 
     def run(self) -> int:
         proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 start_new_session=True, preexec_fn=_die_with_parent)
+        done = threading.Event()
+        threading.Thread(target=self._watchdog, args=(proc, done), name="voxrelay-sweep-watchdog", daemon=True).start()
 
         def forward(signum, _frame):
             self.signalled = signum
@@ -93,6 +124,7 @@ class Child:
                 self.tail.append(line.rstrip("\n"))
             return proc.wait()
         finally:
+            done.set()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -104,6 +136,7 @@ class Worker:
         self.retry_failed = retry_failed
         self.started = started
         self.retried: set[str] = set()  # failed experiments this worker tried again (once each)
+        self.watch = LeaseWatch()  # the experiments' leases as seen across our polls, on our own clock
 
     def seconds_left(self) -> float | None:
         """Of this session's ``train.time_limit`` (the session is the worker's: it counts from its start)."""
@@ -124,7 +157,7 @@ class Worker:
         st.write_queue(self.conf.root, self.sweep)
         waiting_for: set[str] = set()
         while True:
-            now = st.states(self.conf.root, self.sweep)
+            now = st.states(self.conf.root, self.sweep, self.watch, self.conf.lease_s)
             todo = self.next_one(now)
             if todo is None:
                 busy = {s.experiment.name for s in now if s.state == st.RUNNING}
@@ -159,11 +192,17 @@ class Worker:
             st.record_failure(root, self.sweep, e, None, why, [])
             return None
         st.note_start(root, self.sweep, e)
+        before = (read_lease(s.run_uri) or {}).get("token")
         child = Child([sys.executable, "-m", "voxrelay", "train", self.sweep.base, *self.sweep.overrides, *limit,
-                       *e.args()])
+                       *e.args()], lambda: stalled(self.watch, s.run_uri, before, self.conf.lease_s), self.conf.poll_s)
         code = child.run()
         st.note_end(root, self.sweep, e)
-        after = st.experiment_state(root, self.sweep, e)
+        after = st.experiment_state(root, self.sweep, e, self.watch, self.conf.lease_s)
+        if child.was_hung:
+            why = f"hung: no step, eval or save, so its lease went unrenewed for {self.conf.lease_s:.0f} s; stopped"
+            log.error("experiment %s %s; the sweep goes on", e.name, why)
+            st.record_failure(root, self.sweep, e, code, why, list(child.tail))
+            return None
         if after.ended:
             return None
         if child.signalled is not None or code in _GOING_AWAY:

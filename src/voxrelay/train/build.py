@@ -17,7 +17,7 @@ from accelerate import Accelerator
 
 from voxrelay import storage
 from voxrelay.checkpoint.fence import Guard, job_guard
-from voxrelay.checkpoint.lease import RunLease
+from voxrelay.checkpoint.lease import RunLease, check_root_for_leases
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.checkpoint.sharded import is_sharded
 from voxrelay.codecs.base import AudioCodec
@@ -27,6 +27,7 @@ from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.data.shards import PrepareError
+from voxrelay.doctor.host_checks import root_mount_kind
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model
@@ -169,6 +170,9 @@ def take_lease(cfg: RunConfig, ranks: Ranks, take_over: bool) -> RunLease | None
     lease = RunLease(cfg.run_uri, cfg.checkpoint.lease_seconds) if ranks.main else None
 
     def acquire() -> None:
+        unsafe = check_root_for_leases(cfg.root, root_mount_kind(cfg.root))  # refuses a store ignoring conditions
+        if unsafe:
+            log.warning(unsafe)
         taken = lease.acquire(take_over)
         if taken:
             log.warning(taken)

@@ -171,16 +171,25 @@ def _train(run: Run) -> TrainResult:
             meter.add(stats.tokens, stats.audio_seconds, waited)
             if run.usage is not None:  # renewed with the lease's cadence: a crash loop counts against cost.budget
                 run.usage.heartbeat(loop.step, ck.lease_seconds / 3)
+            _progress(run)
             _log_step(run, stats, meter, bar)
             results = _evaluate(run, stops, bar, time.time() - started)
+            _progress(run)
             new_best = "eval/loss" in results and ck.keep_best and loop.evals_since_best == 0  # keep_best: saved
             decision = stops.agree(time.time() - started, best=new_best)
             last = decision.stop is not None or loop.step == tc.max_steps
             if (decision.save or last) and decision.stop != LEASE_LOST:  # taken over: write nothing
                 trigger.saved(save_checkpoint(run, results, background=not last, stopped=decision.stop))
+                _progress(run)
                 run.monitor.sync()
                 _record_usage(run, decision.stop)
         return _finish(run, decision, stops, bar)  # still watching: a second Ctrl-C while waiting aborts
+
+
+def _progress(run: Run) -> None:
+    """A step, eval or save done: the lease may be renewed (a hung trainer's is left to expire)."""
+    if run.lease is not None:
+        run.lease.progress()
 
 
 def _evaluate(run: Run, stops: Stops, bar: ProgressLine, step_s: float) -> dict:

@@ -4,6 +4,7 @@ taken over with fencing."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -13,16 +14,54 @@ from pathlib import Path
 
 import pytest
 
-from voxrelay import storage
-from voxrelay.checkpoint.lease import LeaseHeld, LeaseLost, RunLease, read_lease
+from tests.helpers.metadata import FIXTURES
+from voxrelay import host, storage
+from voxrelay.checkpoint.lease import (
+    LeaseHeld,
+    LeaseLost,
+    LeaseUnsafe,
+    LeaseWatch,
+    RunLease,
+    check_root_for_leases,
+    lease_state,
+    read_lease,
+)
+from voxrelay.doctor.host_checks import root_mount_kind
+from voxrelay.errors import UserError
 
 
 class Clock:
+    """Forced time: ``t`` the wall clock, ``m`` a monotonic one; :meth:`pause` (a lease's waits) advances both
+    and then runs what is due meanwhile (another session's renewals), so no test sleeps."""
+
     def __init__(self, t: float = 1_000_000.0):
-        self.t = t
+        self.t, self.m = t, 0.0
+        self.due: list = []
 
     def __call__(self) -> float:
         return self.t
+
+    def mono(self) -> float:
+        return self.m
+
+    def pause(self, seconds: float) -> None:
+        self.t, self.m = self.t + seconds, self.m + seconds
+        for call in self.due:
+            call()
+
+    def lease(self, run: str, ttl: float, ahead_s: float = 0.0) -> RunLease:
+        """A session whose wall clock runs ``ahead_s`` ahead of this one; one monotonic rate for all."""
+        return RunLease(run, ttl, lambda: self.t + ahead_s, LeaseWatch(self.mono), self.pause)
+
+    def renewing(self, holder: RunLease, every: float) -> None:
+        """``holder`` renews every ``every`` seconds from now on (a live trainer on another machine)."""
+        last = [self.m]
+
+        def tick() -> None:
+            if self.m - last[0] >= every:
+                holder.renew()
+                last[0] = self.m
+        self.due.append(tick)
 
 
 @pytest.fixture
@@ -39,14 +78,15 @@ def on(*kinds: str):
 @on("local", "s3", "gcs")
 def test_one_holder_refused_names_it_then_free_once_released(run: str) -> None:
     clock = Clock()
-    first, second = RunLease(run, 60, clock), RunLease(run, 60, clock)
+    first, second = clock.lease(run, 60), clock.lease(run, 60)
     assert first.acquire() is None
-    clock.t += 5
+    clock.renewing(first, 20)
     with pytest.raises(LeaseHeld) as held:
-        second.acquire()
+        second.acquire()  # watched until the holder renewed it
     msg = str(held.value)
-    assert f"host {socket.gethostname()}, pid {os.getpid()}" in msg
-    assert "renewed 5 s ago, expires in 55 s" in msg and "--take-over" in msg and run in msg
+    assert f"host {socket.gethostname()}, pid {os.getpid()}" in msg and clock.m < 60
+    assert "expires in 60 s" in msg and "--take-over" in msg and run in msg
+    clock.due.clear()
     first.renew()  # still ours
     first.release()
     assert read_lease(run)["released"] is True
@@ -57,10 +97,10 @@ def test_one_holder_refused_names_it_then_free_once_released(run: str) -> None:
 
 def test_expired_lease_is_taken_and_the_old_holder_is_fenced(run: str) -> None:
     clock = Clock()
-    first, second = RunLease(run, 30, clock), RunLease(run, 30, clock)
+    first, second = clock.lease(run, 30), clock.lease(run, 30)
     first.acquire()
-    clock.t += 31  # no renewal for longer than the lease: its holder is presumed gone
-    assert "expired" in second.acquire()
+    assert "expired" in second.acquire()  # no renewal seen for the lease's 30 s: its holder is presumed gone
+    assert 30 <= clock.m <= 40
     assert read_lease(run)["taken_from"]["state"] == "expired"
     for call in (first.check, first.renew):
         with pytest.raises(LeaseLost, match="another session took over"):
@@ -71,8 +111,10 @@ def test_expired_lease_is_taken_and_the_old_holder_is_fenced(run: str) -> None:
 def test_take_over_of_a_live_lease_fences_it_and_waits_out_its_expiry(run: str) -> None:
     first, second = RunLease(run, 0.5), RunLease(run, 0.5)
     first.acquire()
+    clock = Clock()
+    clock.renewing(first, 0.15)
     with pytest.raises(LeaseHeld):
-        second.acquire()
+        clock.lease(run, 0.5).acquire()
     assert "live" in second.acquire(take_over=True)
     old_expiry = first.record["expires"]
     import time
@@ -87,13 +129,15 @@ def test_a_lease_taken_over_from_a_live_holder_is_fresh_when_the_wait_ends(run: 
     starting right after must find it live (not expired), with a whole lease left."""
     import time
 
-    first, second, third = RunLease(run, 0.6), RunLease(run, 0.6), RunLease(run, 0.6)
+    first, second = RunLease(run, 0.6), RunLease(run, 0.6)
     first.acquire()
     second.acquire(take_over=True)
     assert read_lease(run)["token"] == second.record["token"]
     assert read_lease(run)["expires"] - time.time() > 0.3  # renewed when the wait ended
+    clock = Clock()
+    clock.renewing(second, 0.2)
     with pytest.raises(LeaseHeld):
-        third.acquire()
+        clock.lease(run, 0.6).acquire()
     second.check()
 
 
@@ -124,3 +168,102 @@ def test_renewal_thread_keeps_it_and_stops_at_release(run: str) -> None:
     lease.release()
     assert read_lease(run)["released"] is True
     assert RunLease(run, 60).acquire() is None
+
+
+@on("local", "s3", "gcs")
+def test_a_contender_whose_clock_runs_ahead_does_not_take_a_renewing_lease(run: str) -> None:
+    """Issue 33 D2: ttl 9 s, the contender's wall clock 7 s ahead, 2 s after a renewal: live, refused."""
+    clock = Clock()
+    holder, contender = clock.lease(run, 9), clock.lease(run, 9, ahead_s=7)
+    holder.acquire()
+    clock.pause(3)
+    holder.renew()
+    clock.pause(2)
+    clock.renewing(holder, 3)
+    with pytest.raises(LeaseHeld):
+        contender.acquire()
+    assert read_lease(run)["token"] == holder.record["token"]
+    holder.check()  # still ours
+
+
+@on("local", "s3", "gcs")
+def test_a_silent_lease_is_taken_after_its_ttl_whatever_the_clocks_say(run: str) -> None:
+    """A holder that stops renewing (its machine gone) loses the lease after its ttl on the contender's own
+    clock, even when the contender's wall clock runs far behind (the record's expiry still in its future)."""
+    clock = Clock()
+    holder, contender = clock.lease(run, 9), clock.lease(run, 9, ahead_s=-3600)
+    holder.acquire()
+    assert "expired" in contender.acquire()
+    assert 9 <= clock.m <= 12
+    with pytest.raises(LeaseLost):
+        holder.check()
+
+
+def test_a_check_after_release_does_not_take_the_lease_again(run: str) -> None:
+    """Issue 33 L1."""
+    clock = Clock()
+    lease = clock.lease(run, 30)
+    lease.acquire()
+    lease.release()
+    clock.pause(25)  # past a third of the lease: a check would renew a lease it still held
+    with pytest.raises(LeaseLost, match="released"):
+        lease.check()
+    with pytest.raises(LeaseLost):
+        lease.renew()
+    assert read_lease(run)["released"] is True
+
+
+def test_a_wall_clock_step_does_not_make_a_live_holder_of_this_machine_look_dead(run, monkeypatch) -> None:
+    """Issue 33 L2: btime (and so a wall-clock start time) moves when the clock is stepped; ticks do not."""
+    holder = RunLease(run, 60)
+    holder.acquire()
+    record = read_lease(run)
+    real = host.boot_time()
+    monkeypatch.setattr(host, "boot_time", lambda: real + 3600)  # NTP stepped the clock an hour forward
+    assert lease_state(record, 0.0, 60) == "live"
+    assert lease_state(record | {"start_ticks": record["start_ticks"] + 1}, 0.0, 60) == "dead"  # a reused pid
+
+
+def test_a_hung_trainer_lets_its_lease_expire(run: str) -> None:
+    """Issue 33 H2: renewed while training reports progress; a trainer stuck (an Event never set) stops renewing
+    once the progress bound passes, and another session takes the run after the lease's ttl."""
+    clock = Clock()
+    lease = clock.lease(run, 9)
+    lease.acquire()
+    lease.progress()
+    reached, never = threading.Event(), threading.Event()
+
+    def trainer() -> None:
+        lease.progress()  # a step
+        reached.set()
+        never.wait()  # hung: a collective that never returns
+
+    threading.Thread(target=trainer, daemon=True).start()
+    assert reached.wait(60)
+    clock.pause(lease.progress_s - 1)
+    assert lease.renew_if_progressing() is True  # within the bound: renewed
+    clock.pause(2)
+    seq = read_lease(run)["seq"]
+    assert lease.renew_if_progressing() is False  # past it: left to expire
+    assert read_lease(run)["seq"] == seq
+    assert "expired" in clock.lease(run, 9).acquire()
+
+
+def test_a_root_whose_store_ignores_conditional_creates_is_refused_for_leases(tmp_path) -> None:
+    """Issue 33 D5: exit 2 (a UserError) with the reason and the fix."""
+    root = str(tmp_path / "root")
+    plain = functools.partial(storage.ignores_conditional_create, create=storage.write_bytes)
+    with pytest.raises(LeaseUnsafe, match="ignores the condition.*both win it") as refused:
+        check_root_for_leases(root, None, probe=plain)
+    assert isinstance(refused.value, UserError)
+    assert check_root_for_leases(root, None) is None  # a local folder refuses the second create
+
+
+def test_a_root_on_a_fuse_mount_is_warned_about_with_the_reason() -> None:
+    """Colab's Google Drive (seed 002's root) and gcsfuse: taken from a recorded /proc/mounts of a Colab VM."""
+    mounts = str(FIXTURES / "proc_mounts_colab.txt")
+    assert root_mount_kind("/content/drive/MyDrive/tts", mounts) == "Google Drive"
+    assert root_mount_kind("/content/gcs/voxrelay", mounts) == "gcsfuse"
+    assert root_mount_kind("gs://b/voxrelay", mounts) is None
+    said = check_root_for_leases("/content/drive/MyDrive/tts", "Google Drive", probe=lambda _root: None)
+    assert "Google Drive mount" in said and "another machine" in said and "root=gs://" in said

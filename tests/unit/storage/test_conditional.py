@@ -87,3 +87,17 @@ def test_racing_processes_each_round_one_creator(root: str) -> None:
         # the object holds the last successful writer's bytes: the creator's, or a replacer's that read it
         expected = {f"p{creators[0]}"} if not replacers else {f"p{n}+" for n in replacers}
         assert final in expected, (i, final, outs)
+
+
+@on("local", "s3", "gcs")
+def test_the_lease_probe_passes_a_store_that_refuses_a_second_create_and_leaves_nothing(root: str) -> None:
+    """Issue 33 D5: `train` and `doctor` probe the root once; the probe object is deleted."""
+    assert storage.ignores_conditional_create(root) is None
+    assert not [p for p in storage.file_sizes(root) if ".voxrelay-lease-probe-" in p]
+
+
+@on("local", "s3")
+def test_the_lease_probe_names_a_store_that_ignores_the_condition(root: str) -> None:
+    """A store that ignores If-None-Match answers a conditional create as a plain put: the probe says so."""
+    found = storage.ignores_conditional_create(root, create=storage.write_bytes)
+    assert found is not None and "ignores the condition" in found and root in found
