@@ -42,7 +42,7 @@ from voxrelay.storage.core import (
     write_text,
 )
 from voxrelay.storage.counters import op_counts
-from voxrelay.storage.names import OutsideRoot, basename, inside, is_uri, parent
+from voxrelay.storage.names import OutsideRoot, UnsafeName, basename, check_name, checked_join, inside, is_uri, parent
 
 __all__ = [
     "OutsideRoot",
@@ -50,8 +50,11 @@ __all__ = [
     "StorageDenied",
     "StorageError",
     "StorageUnavailable",
+    "UnsafeName",
     "basename",
+    "check_name",
     "check_root",
+    "checked_join",
     "create_new",
     "delete",
     "denied",

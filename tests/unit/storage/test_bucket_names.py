@@ -1,0 +1,59 @@
+"""No name read from the bucket escapes its folder (issue 33 X2): object keys listed and names inside the bucket's
+JSON files are joined through one checked join; a planted ``..``, absolute name or stray separator is refused
+(exit 2 naming it and where it came from) and nothing is written outside the folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from voxrelay import storage
+from voxrelay.errors import UserError
+from voxrelay.models import hub_cache
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+ESCAPE = "../../../../../escaped.txt"  # from <hub>/models--a--b/snapshots/<commit>/ up past the hub cache
+
+
+@pytest.mark.parametrize("name, single, why", [
+    ("../x", False, "climbs out"),
+    ("a/../../x", False, "climbs out"),
+    ("/etc/passwd", False, "absolute"),
+    ("a\\..\\x", False, "backslash"),
+    ("a\0b", False, "NUL"),
+    ("a/b", True, "single file or folder name"),
+    ("a//b", False, "empty"),
+    ("", False, "not a name"),
+])
+def test_the_checked_join_refuses_names_that_leave_their_folder(tmp_path, name, single, why):
+    with pytest.raises(storage.UnsafeName, match=why) as err:
+        storage.checked_join(tmp_path, name, "index.json", single)
+    assert isinstance(err.value, UserError) and "index.json" in str(err.value) and repr(name) in str(err.value)
+    assert storage.checked_join("s3://b/x", "snapshots/c/f.json", "a listing") == "s3://b/x/snapshots/c/f.json"
+    assert storage.checked_join(tmp_path, "f.parquet", "index.json", single=True) == tmp_path / "f.parquet"
+
+
+def _plant_repo(models_uri: str, rel: str) -> None:
+    snaps = storage.join(models_uri, "models--a--b", "snapshots")
+    storage.write_text(storage.join(snaps, COMMIT, "config.json"), "{}")
+    storage.write_bytes(f"{snaps}/{COMMIT}/{rel}", b"planted")  # written as is: no join strips the dots
+    storage.write_text(storage.join(snaps, COMMIT + hub_cache.MARKER), "")
+
+
+@pytest.mark.parametrize("backend", ["s3_root", "gcs_root"])
+def test_a_hub_cache_key_with_dots_is_not_restored_outside_the_hub_cache(backend, request, tmp_path, monkeypatch):
+    root = request.getfixturevalue(backend)
+    hub = tmp_path / "a" / "b" / "c" / "hub"  # deep enough that ESCAPE lands inside tmp_path
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(hub))
+    models = storage.join(root, "models")
+    _plant_repo(models, ESCAPE)
+    assert any(".." in k for k in storage.tree_sizes(models)), "the server normalised the planted key"
+    cfg = type("Cfg", (), {"models_uri": models})()
+    with pytest.raises(storage.UnsafeName, match=r"'\.\./\.\./") as err:
+        hub_cache.from_bucket(cfg)
+    assert "snapshots" in str(err.value)
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert not [p for p in written if not p.is_relative_to(hub)], written
