@@ -4,8 +4,6 @@ JSON files are joined through one checked join; a planted ``..``, absolute name 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 
@@ -57,3 +55,32 @@ def test_a_hub_cache_key_with_dots_is_not_restored_outside_the_hub_cache(backend
     assert "snapshots" in str(err.value)
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert not [p for p in written if not p.is_relative_to(hub)], written
+
+
+def _index(prepared: str, shard: str) -> None:
+    storage.write_json(storage.join(prepared, "index.json"),
+                       {"shards": [{"name": shard, "split": "train", "rows": 1}], "num_codebooks": 1})
+
+
+@pytest.mark.parametrize("shard", ["../x", "a/b", "/abs"])
+def test_an_index_shard_name_that_leaves_the_shards_folder_is_refused(tmp_path, shard):
+    from voxrelay.data.loader import PreparedDataset
+
+    prepared = tmp_path / "prepared"
+    _index(str(prepared), shard)
+    with pytest.raises(storage.UnsafeName, match="index.json") as err:
+        PreparedDataset.open(str(prepared), "train")
+    assert repr(shard) in str(err.value)
+
+
+def test_an_index_shard_name_with_dots_is_not_cached_outside_on_s3(s3_root, tmp_path, monkeypatch):
+    from voxrelay.data.loader import PreparedDataset
+
+    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "a" / "b" / "cache"))
+    prepared = storage.join(s3_root, "prepared")
+    shard = "../../../../x"  # from <cache>/prepared/<key>/ to tmp_path/a/x
+    storage.write_bytes(f"{prepared}/shards/{shard}.parquet", b"planted")
+    _index(prepared, shard)
+    with pytest.raises(storage.UnsafeName, match=r"index\.json names '\.\./"):
+        PreparedDataset.open(prepared, "train")
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
