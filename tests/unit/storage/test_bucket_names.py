@@ -4,7 +4,6 @@ JSON files are joined through one checked join; a planted ``..``, absolute name 
 
 from __future__ import annotations
 
-
 import pytest
 
 from voxrelay import storage
