@@ -42,7 +42,17 @@ from voxrelay.storage.core import (
     write_text,
 )
 from voxrelay.storage.counters import op_counts
-from voxrelay.storage.names import OutsideRoot, UnsafeName, basename, check_name, checked_join, inside, is_uri, parent
+from voxrelay.storage.names import (
+    OutsideRoot,
+    UnsafeName,
+    basename,
+    check_name,
+    checked_join,
+    inside,
+    is_plain_name,
+    is_uri,
+    parent,
+)
 
 __all__ = [
     "OutsideRoot",
@@ -65,6 +75,7 @@ __all__ = [
     "get_file",
     "inside",
     "is_local",
+    "is_plain_name",
     "is_transient",
     "is_uri",
     "join",

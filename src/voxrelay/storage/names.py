@@ -57,6 +57,11 @@ def _unsafe(name: object, single: bool) -> str | None:
     return None
 
 
+def is_plain_name(name: object) -> bool:
+    """Whether ``name`` is one file or folder name that :func:`checked_join` accepts (``single``)."""
+    return _unsafe(name, single=True) is None
+
+
 def checked_join(base: PathT, name: object, source: str, single: bool = False) -> PathT:
     """``base`` (a local :class:`~pathlib.Path` or a storage location) joined with ``name`` read from the bucket
     (:func:`check_name`): the one join of such names, so none can leave ``base``."""
