@@ -83,3 +83,14 @@ def test_an_index_shard_name_with_dots_is_not_cached_outside_on_s3(s3_root, tmp_
     with pytest.raises(storage.UnsafeName, match=r"index\.json names '\.\./"):
         PreparedDataset.open(prepared, "train")
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "/abs"])
+def test_a_sweep_experiment_name_with_a_separator_names_no_run_outside_runs(tmp_path, name):
+    from voxrelay.sweep import state
+    from voxrelay.sweep.spec import Experiment
+
+    with pytest.raises(storage.UnsafeName, match="queue") as err:
+        state.run_uri(str(tmp_path), Experiment(name, {"train.lr": 0.1}))
+    assert repr(name) in str(err.value)
+    assert state.run_uri(str(tmp_path), Experiment("s-lr-0.1-abcdef", {})) == f"{tmp_path}/runs/s-lr-0.1-abcdef"
