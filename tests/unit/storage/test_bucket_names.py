@@ -94,3 +94,11 @@ def test_a_sweep_experiment_name_with_a_separator_names_no_run_outside_runs(tmp_
         state.run_uri(str(tmp_path), Experiment(name, {"train.lr": 0.1}))
     assert repr(name) in str(err.value)
     assert state.run_uri(str(tmp_path), Experiment("s-lr-0.1-abcdef", {})) == f"{tmp_path}/runs/s-lr-0.1-abcdef"
+
+
+def test_a_wandb_run_id_with_a_separator_is_refused(tmp_path):
+    from voxrelay.monitor.sinks import WANDB_RUN_FILE, wandb_run_id
+
+    storage.write_json(storage.join(str(tmp_path), WANDB_RUN_FILE), {"id": "../../x"})
+    with pytest.raises(storage.UnsafeName, match=WANDB_RUN_FILE.replace(".", r"\.")):
+        wandb_run_id(str(tmp_path))
