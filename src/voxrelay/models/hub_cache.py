@@ -159,15 +159,18 @@ def from_bucket(cfg, copies: bool = True, barrier=lambda: None) -> None:
     """The repos committed in ``cache.models_uri`` (those the root's runs have used), copied into the local hub
     cache by one process per machine (``copies``; the others wait at ``barrier``). The bucket unreachable: the hub
     is used instead."""
+    refused = None
     if cfg.models_uri is not None and copies:
         try:
             restore(cfg.models_uri, committed_repos(cfg.models_uri))  # what this root's runs have used
-        except storage.OutsideRoot:
-            raise  # a planted name: the bucket is not to be trusted, not merely unreachable
+        except storage.OutsideRoot as err:  # a planted name: the bucket is not to be trusted, not unreachable
+            refused = err
         except (storage.StorageError, OSError) as err:
             log.warning("pretrained models could not be copied from %s (%s); they come from the hub",
                         cfg.models_uri, str(err).split("\n")[0][:200])
-    barrier()
+    barrier()  # reached by every process, refused or not: none waits here for one that stopped
+    if refused is not None:
+        raise refused
 
 
 def to_bucket(cfg) -> None:

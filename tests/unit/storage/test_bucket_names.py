@@ -102,3 +102,14 @@ def test_a_wandb_run_id_with_a_separator_is_refused(tmp_path):
     storage.write_json(storage.join(str(tmp_path), WANDB_RUN_FILE), {"id": "../../x"})
     with pytest.raises(storage.UnsafeName, match=WANDB_RUN_FILE.replace(".", r"\.")):
         wandb_run_id(str(tmp_path))
+
+
+def test_a_refused_hub_cache_key_still_reaches_the_barrier(s3_root, tmp_path, monkeypatch):
+    """The machine's copying process is refused after the other processes' barrier, not instead of it."""
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "a" / "b" / "c" / "hub"))
+    models = storage.join(s3_root, "models")
+    _plant_repo(models, ESCAPE)
+    reached = []
+    with pytest.raises(storage.UnsafeName):
+        hub_cache.from_bucket(type("Cfg", (), {"models_uri": models})(), barrier=lambda: reached.append(1))
+    assert reached == [1]
