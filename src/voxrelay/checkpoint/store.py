@@ -89,8 +89,7 @@ def check_manifest(manifest: object) -> dict:
 
 
 def _plain_name(name: object) -> bool:
-    return (isinstance(name, str) and name not in ("", ".", "..")
-            and not any(c in name for c in "/\\\0"))
+    return storage.is_plain_name(name)  # the checked join's rule for a single file name
 
 
 def make_manifest(step: int, folder: Path, names: list[str], extra: dict) -> dict:
@@ -234,7 +233,7 @@ class CommittedStore:
             raise self._gone_or_damaged(ckpt, problem)
         for name in needed:
             try:
-                storage.get_file(storage.join(ckpt.uri, name), dest / name)
+                storage.get_file(storage.join(ckpt.uri, name), storage.checked_join(dest, name, MANIFEST, single=True))
             except FileNotFoundError:
                 raise self._gone_or_damaged(ckpt, f"{name} is missing") from None
         verify_folder(dest, ckpt.manifest)

@@ -77,8 +77,9 @@ def _from_bucket(uri: str) -> Path:
         raise CodecNotFoundError(f"codec.path {uri!r} holds no config.json; give the folder of a DAC or of a model "
                                  "with a DAC audio_encoder")
     for name, size in sizes.items():
-        if not ((local / name).is_file() and (local / name).stat().st_size == size):
-            storage.get_file(storage.join(uri, name), local / name)
+        target = storage.checked_join(local, name, f"the listing of {uri}", single=True)
+        if not (target.is_file() and target.stat().st_size == size):
+            storage.get_file(storage.join(uri, name), target)
     return local
 
 

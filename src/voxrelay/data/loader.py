@@ -46,7 +46,7 @@ class PreparedDataset:
         shards = [s["name"] for s in index["shards"] if s["split"] == split]
         cache = ShardCache(cache_dir("prepared"), max_bytes)
         local = cache.root / uri_key(prepared_uri)
-        in_use = {local / f"{name}.parquet" for name in shards}
+        in_use = {storage.checked_join(local, f"{name}.parquet", sh.INDEX_FILE, single=True) for name in shards}
         checksums = sh.checksums(index)
         rows: list[sh.EncodedUtterance] = []
         for name in shards:

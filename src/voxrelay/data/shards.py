@@ -58,7 +58,10 @@ def load_index(prepared_uri: str) -> dict:
     uri = storage.join(prepared_uri, INDEX_FILE)
     if not storage.exists(uri):
         raise PrepareError(f"no prepared data at {prepared_uri} (no index.json); run `voxrelay prepare CONFIG` first")
-    return storage.read_json(uri)
+    index = storage.read_json(uri)
+    for shard in index.get("shards", []) if isinstance(index, dict) else []:  # names joined to cache folders
+        storage.check_name(shard.get("name") if isinstance(shard, dict) else shard, uri, single=True)
+    return index
 
 
 @dataclass
@@ -80,7 +83,7 @@ def checksums(index: dict) -> dict[str, str]:
 
 
 def shard_uri(prepared: str, name: str) -> str:
-    return storage.join(prepared, SHARD_DIR, f"{name}.parquet")
+    return storage.checked_join(storage.join(prepared, SHARD_DIR), f"{name}.parquet", INDEX_FILE, single=True)
 
 
 def marker_uri(prepared: str, name: str) -> str:

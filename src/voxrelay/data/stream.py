@@ -131,8 +131,9 @@ class ShardSource:
         if storage.is_local(uri):
             return storage.read_bytes(uri)
         name = self.rows.shards[s]
-        return self.cache.read(uri, self.cache.root / uri_key(self.prepared_uri) / f"{name}.parquet",
-                               sha256=self.rows.checksums.get(name))
+        local = storage.checked_join(self.cache.root / uri_key(self.prepared_uri), f"{name}.parquet", sh.INDEX_FILE,
+                                     single=True)
+        return self.cache.read(uri, local, sha256=self.rows.checksums.get(name))
 
 
 class StreamBatches:

@@ -99,14 +99,16 @@ def restore(models_uri: str, repo_ids: list[str]) -> list[str]:
         local = hub_cache() / repo_folder(repo)
         wanted = []
         for commit in committed:
+            folder = storage.checked_join(local / "snapshots", commit, f"the listing of {snaps}", single=True)
             sizes = storage.tree_sizes(storage.join(snaps, commit))
-            for rel, size in sizes.items():
-                target = local / "snapshots" / commit / rel
+            for rel, size in sizes.items():  # object keys: whoever writes the bucket chooses them
+                target = storage.checked_join(folder, rel, f"the listing of {storage.join(snaps, commit)}")
                 if not (target.exists() and target.stat().st_size == size):
                     wanted.append((storage.join(snaps, commit, rel), target))
         refs = storage.join(base, "refs")
         if storage.exists(refs):
-            wanted += [(storage.join(refs, n), local / "refs" / n) for n in storage.file_sizes(refs)]
+            wanted += [(storage.join(refs, n), storage.checked_join(local / "refs", n, f"the listing of {refs}", True))
+                       for n in storage.file_sizes(refs)]
         for _, target in wanted:
             target.parent.mkdir(parents=True, exist_ok=True)
         count = _copy_all(wanted, lambda uri, target: storage.get_file(uri, target))
@@ -157,13 +159,18 @@ def from_bucket(cfg, copies: bool = True, barrier=lambda: None) -> None:
     """The repos committed in ``cache.models_uri`` (those the root's runs have used), copied into the local hub
     cache by one process per machine (``copies``; the others wait at ``barrier``). The bucket unreachable: the hub
     is used instead."""
+    refused = None
     if cfg.models_uri is not None and copies:
         try:
             restore(cfg.models_uri, committed_repos(cfg.models_uri))  # what this root's runs have used
+        except storage.OutsideRoot as err:  # a planted name: the bucket is not to be trusted, not unreachable
+            refused = err
         except (storage.StorageError, OSError) as err:
             log.warning("pretrained models could not be copied from %s (%s); they come from the hub",
                         cfg.models_uri, str(err).split("\n")[0][:200])
-    barrier()
+    barrier()  # reached by every process, refused or not: none waits here for one that stopped
+    if refused is not None:
+        raise refused
 
 
 def to_bucket(cfg) -> None:

@@ -142,7 +142,7 @@ def wandb_run_id(run_uri: str, guard: Callable[[], None] | None = None) -> str:
     uri = storage.join(run_uri, WANDB_RUN_FILE)
     if storage.exists(uri):
         try:
-            return str(storage.read_json(uri)["id"])
+            return storage.check_name(str(storage.read_json(uri)["id"]), uri, single=True)  # names wandb's folder
         except (ValueError, KeyError, TypeError) as e:
             raise MonitorError(f"{uri} holds no W&B run id ({type(e).__name__}: {e}); delete it to log this run "
                                "to a new W&B run") from None

@@ -49,7 +49,17 @@ from voxrelay.storage.core import (
     write_text,
 )
 from voxrelay.storage.counters import op_counts
-from voxrelay.storage.names import OutsideRoot, basename, inside, is_uri, parent
+from voxrelay.storage.names import (
+    OutsideRoot,
+    UnsafeName,
+    basename,
+    check_name,
+    checked_join,
+    inside,
+    is_plain_name,
+    is_uri,
+    parent,
+)
 
 __all__ = [
     "OutsideRoot",
@@ -57,8 +67,11 @@ __all__ = [
     "StorageDenied",
     "StorageError",
     "StorageUnavailable",
+    "UnsafeName",
     "basename",
+    "check_name",
     "check_root",
+    "checked_join",
     "create_new",
     "ignores_conditional_create",
     "delete",
@@ -70,6 +83,7 @@ __all__ = [
     "get_file",
     "inside",
     "is_local",
+    "is_plain_name",
     "is_transient",
     "is_uri",
     "join",

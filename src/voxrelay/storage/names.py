@@ -1,19 +1,72 @@
 """Names read from users' files (a path in a metadata.csv, a JSONL field, an audio path inside a saved dataset)
 turned into locations under the dataset's root, local or in a bucket alike, and never outside it: a shared
 dataset must not make ``prepare`` read (and upload into shards) other files of this machine or other objects
-of the bucket."""
+of the bucket.
+
+Names read from the bucket itself (object keys listed, names inside its index/manifest/queue files) go through
+:func:`checked_join`: whoever can write the bucket must not make voxrelay write outside the folder a name is
+joined to (a hub-cache key ``snapshots/c/../../../.bashrc`` restored into ``~``)."""
 
 from __future__ import annotations
 
 import posixpath
 from pathlib import Path
+from typing import TypeVar
 
 from voxrelay.storage.core import StorageError, _split, is_local
+
+PathT = TypeVar("PathT", Path, str)
 
 
 class OutsideRoot(StorageError):
     """A name that leaves its dataset's root (``..``, an absolute name, a symlink pointing out); the message
     says which and what to do."""
+
+
+class UnsafeName(OutsideRoot):
+    """A name read from the bucket that would leave the folder it is joined to, or that holds a separator where
+    a single file or folder name belongs; the message names it, where it came from and the fix."""
+
+
+def check_name(name: object, source: str, single: bool = False) -> str:
+    """``name`` (read from ``source``: an object listing or a file in the bucket) if it can be joined under a
+    folder: a relative ``/``-separated path without ``..``, ``.`` or empty parts, backslashes or NUL bytes;
+    ``single``: one part only (a shard, checkpoint file, run or commit name). Else :class:`UnsafeName`."""
+    why = _unsafe(name, single)
+    if why:
+        raise UnsafeName(f"{source} names {name!r}, which {why}; voxrelay never writes such a name, so something "
+                         f"else wrote it into the bucket: remove {source} or the entry (and check who can write the "
+                         "bucket). Nothing was written for it")
+    return name  # type: ignore[return-value]
+
+
+def _unsafe(name: object, single: bool) -> str | None:
+    if not isinstance(name, str) or not name:
+        return "is not a name"
+    if "\\" in name or "\0" in name:
+        return "holds a backslash or a NUL byte"
+    if name.startswith("/"):
+        return "is an absolute path"
+    parts = name.split("/")
+    if ".." in parts:
+        return "climbs out of its folder ('..')"
+    if single and len(parts) > 1:
+        return "holds a '/' where a single file or folder name belongs"
+    if any(p in ("", ".") for p in parts):
+        return "has an empty or '.' part"
+    return None
+
+
+def is_plain_name(name: object) -> bool:
+    """Whether ``name`` is one file or folder name that :func:`checked_join` accepts (``single``)."""
+    return _unsafe(name, single=True) is None
+
+
+def checked_join(base: PathT, name: object, source: str, single: bool = False) -> PathT:
+    """``base`` (a local :class:`~pathlib.Path` or a storage location) joined with ``name`` read from the bucket
+    (:func:`check_name`): the one join of such names, so none can leave ``base``."""
+    check_name(name, source, single)
+    return base / name if isinstance(base, Path) else f"{base.rstrip('/')}/{name}"  # type: ignore[return-value]
 
 
 def is_uri(location: str) -> bool:

@@ -46,7 +46,7 @@ def sweep_uri(root: str, sweep: Sweep) -> str:
 
 
 def run_uri(root: str, experiment: Experiment) -> str:
-    return storage.join(root, "runs", experiment.name)
+    return storage.checked_join(storage.join(root, "runs"), experiment.name, "the sweep's queue", single=True)
 
 
 @dataclass

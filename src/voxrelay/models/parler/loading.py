@@ -205,7 +205,7 @@ def _from_bucket(uri: str, what: str, weights: bool = True) -> Path:
 
 def _fetch(uri: str, local: Path, sizes: dict[str, int]) -> None:
     for name, size in sizes.items():
-        target = local / name
+        target = storage.checked_join(local, name, f"the listing of {uri}", single=True)
         if not (target.is_file() and target.stat().st_size == size):
             storage.get_file(storage.join(uri, name), target)
 
