@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -32,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from voxrelay import storage
+from voxrelay.checkpoint.safe_dcp import UnsafeCheckpoint
 from voxrelay.checkpoint.sharded import is_sharded, read_model
 from voxrelay.checkpoint.staging import Staging, Uploader, Writer
 from voxrelay.checkpoint.store import (
@@ -400,5 +402,12 @@ def _alive(pid: int) -> bool:
 def load_state(path: Path, mmap: bool = False) -> dict:
     """train_state.pt on the CPU, unpickling nothing but tensors and plain containers (``mmap``: tensors
     backed by the file's pages, read when used)."""
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:  # what weights_only refuses: a global, a reduce that is not plain data
+        raise UnsafeCheckpoint(f"{path} is refused: torch.load(weights_only=True) found more than tensors and plain "
+                               f"containers in it ({str(err).splitlines()[0][:200]}). voxrelay never runs code a "
+                               "checkpoint file holds; voxrelay's saves never write such a file (someone who can "
+                               "write the bucket may have planted it). Check who can write the run's folder, then "
+                               "delete this checkpoint (or the run, with `voxrelay train --fresh`)") from None
 
