@@ -50,7 +50,15 @@ class UnsafeCheckpoint(CheckpointError):
     """A checkpoint file that would run code (or read outside its folder) if loaded: refused, never loaded."""
 
 
-def _refused(path: Path, what: str) -> UnsafeCheckpoint:
+def refusal(err: BaseException) -> str:
+    """The line of a ``torch.load(weights_only=True)`` refusal that says what it found (e.g. "Unsupported
+    global: GLOBAL posix.system")."""
+    lines = str(err).splitlines() or [type(err).__name__]
+    found = [line.split("error:", 1)[-1].strip() for line in lines if "WeightsUnpickler error" in line]
+    return (found or lines)[0][:200]
+
+
+def _refused(path: Path | str, what: str) -> UnsafeCheckpoint:
     return UnsafeCheckpoint(
         f"{path} is refused: {what}. voxrelay never runs code a checkpoint file holds; this file was not "
         "written by voxrelay's DCP save (someone who can write the bucket may have planted it). Check who can "
@@ -58,7 +66,7 @@ def _refused(path: Path, what: str) -> UnsafeCheckpoint:
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    def __init__(self, file, path: Path):
+    def __init__(self, file, path: Path | str):
         super().__init__(file)
         self.path = path
 
@@ -70,12 +78,13 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise _refused(self.path, f"its pickle refers to {module}.{name}, which DCP metadata never holds")
 
 
-def read_metadata(folder: Path) -> Metadata:
+def read_metadata(folder: Path, where: str | None = None) -> Metadata:
     """The ``.metadata`` of the DCP checkpoint in ``folder``, built from allowed classes only; every storage
-    entry names a plain file of ``folder``. UnsafeCheckpoint (naming the file) otherwise."""
-    path = Path(folder) / DCP_METADATA
+    entry names a plain file of ``folder``. UnsafeCheckpoint (naming the file: in ``where``, the checkpoint's URI,
+    if given) otherwise."""
+    path = f"{where.rstrip('/')}/{DCP_METADATA}" if where else Path(folder) / DCP_METADATA
     try:
-        with open(path, "rb") as f:
+        with open(Path(folder) / DCP_METADATA, "rb") as f:
             meta = _MetadataUnpickler(f, path).load()
     except UnsafeCheckpoint:
         raise
@@ -113,29 +122,29 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's default load planner, but BYTE_IO entries (non-tensor values such as an optimizer's
     ``param_groups``) are read with ``torch.load(weights_only=True)``."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, where: Path | str):
         super().__init__()
-        self.folder = folder
+        self.where = where  # the checkpoint, in errors
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         fqn = read_item.dest_index.fqn
         try:
             obj = torch.load(value, map_location="cpu", weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, TypeError, ValueError) as err:
-            raise _refused(Path(self.folder), f"its entry {fqn!r} (in a __*.distcp file) is not plain data: "
-                           f"torch.load(weights_only=True) refused it ({str(err).splitlines()[0][:200]})") from None
+            raise _refused(self.where, f"its entry {fqn!r} (in a __*.distcp file) is not plain data: "
+                           f"torch.load(weights_only=True) refused it ({refusal(err)})") from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
             self.state_dict[fqn] = obj
 
 
-def load(state: dict, folder: Path, process_group=None) -> None:
+def load(state: dict, folder: Path, process_group=None, where: str | None = None) -> None:
     """``dcp.load`` of ``state`` (filled in place) from ``folder`` through :class:`SafeReader`; a refused
     or damaged file raises CheckpointError naming it (on every rank alike: each reads the same files)."""
-    read_metadata(folder)  # refused here, before DCP's collectives, with an error of our own
+    read_metadata(folder, where)  # refused here, before DCP's collectives, with an error of our own
     try:
-        dcp.load(state, storage_reader=SafeReader(str(folder)), planner=SafeLoadPlanner(folder),
+        dcp.load(state, storage_reader=SafeReader(str(folder)), planner=SafeLoadPlanner(where or folder),
                  process_group=process_group)
     except CheckpointException as err:  # DCP gathers each rank's failure into one exception: ours out
         for exc, _ in err.failures.values():

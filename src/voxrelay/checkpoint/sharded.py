@@ -31,10 +31,10 @@ def rank_files(folder: Path, rank: int) -> list[Path]:
     return sorted(folder.glob(f"__{rank}_*.distcp"))
 
 
-def read_model(folder: Path) -> dict[str, torch.Tensor]:
+def read_model(folder: Path, where: str | None = None) -> dict[str, torch.Tensor]:
     """The whole model state (full tensors on the CPU, by their names in the module) of a sharded checkpoint,
     in this process without a process group: only the model's shards are read, not the optimizer's
-    (for export and synthesis of a model trained with FSDP)."""
+    (for export and synthesis of a model trained with FSDP). ``where``: the checkpoint's URI, for errors."""
     import warnings
 
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -42,10 +42,10 @@ def read_model(folder: Path) -> dict[str, torch.Tensor]:
     from voxrelay.checkpoint import safe_dcp
 
     prefix = MODEL_KEY + "."
-    meta = safe_dcp.read_metadata(folder).state_dict_metadata
+    meta = safe_dcp.read_metadata(folder, where).state_dict_metadata
     model = {key[len(prefix):]: torch.empty(m.size, dtype=m.properties.dtype) for key, m in meta.items()
              if key.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message=".*load in a single process.*")
-        safe_dcp.load({MODEL_KEY: model}, folder)
+        safe_dcp.load({MODEL_KEY: model}, folder, where=where)
     return model
