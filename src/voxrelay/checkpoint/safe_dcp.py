@@ -9,8 +9,9 @@ Here ``.metadata`` is unpickled by an unpickler that builds only the classes a r
 (DCP's metadata records, ``torch.Size``, dtypes, layouts, paths: listed from files torch 2.13's DCP wrote),
 and every storage entry must name a plain file of the folder; BYTE_IO entries are read with
 ``torch.load(weights_only=True)``. DCP's tensor entries are already read with ``weights_only=True``.
-Why not DCP's safetensors format: in torch 2.13 it still writes and reads ``.metadata`` with pickle, and
-only through the HF storage classes (a consolidated layout our resharding FSDP resume does not use).
+Why not DCP's safetensors options (torch 2.13): FileSystemWriter's safetensors format still pickles
+``.metadata``; the Hugging Face storage reader, which does not, describes tensors only (no place for an
+optimizer's ``param_groups``), so the optimizer state would need a second format beside it.
 """
 
 from __future__ import annotations
