@@ -89,7 +89,7 @@ def read_metadata(folder: Path, where: str | None = None) -> Metadata:
             meta = _MetadataUnpickler(f, path).load()
     except UnsafeCheckpoint:
         raise
-    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError, KeyError) as err:
+    except Exception as err:  # whatever a malformed pickle makes the allowed classes raise: a damaged file
         raise CheckpointError(f"{path} is not DCP metadata ({type(err).__name__}: {err}); the checkpoint is "
                               "damaged: delete it so the previous one is used") from None
     if not isinstance(meta, Metadata) or not isinstance(meta.storage_data, dict):
