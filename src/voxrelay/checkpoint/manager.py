@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -32,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from voxrelay import storage
+from voxrelay.checkpoint.safe_dcp import UnsafeCheckpoint, refusal
 from voxrelay.checkpoint.sharded import is_sharded, read_model
 from voxrelay.checkpoint.staging import Staging, Uploader, Writer
 from voxrelay.checkpoint.store import (
@@ -345,7 +347,7 @@ class CheckpointManager:
         if found is None:
             return None
         ckpt, folder = found
-        return ckpt, folder, load_state(folder / STATE_FILE, mmap=mmap)
+        return ckpt, folder, load_state(folder / STATE_FILE, mmap=mmap, where=storage.join(ckpt.uri, STATE_FILE))
 
     def load(self, step: int | None = None) -> tuple[Checkpoint, dict[str, torch.Tensor] | Path, dict] | None:
         """(checkpoint, model tensors, train state) of the newest valid checkpoint, or None. For a sharded
@@ -364,11 +366,14 @@ class CheckpointManager:
         found = self.latest_valid(step)
         if found is None:
             raise CheckpointError(f"no valid checkpoint in {self.store.root_uri}; train first (voxrelay train CONFIG)")
-        weights = read_model(found[1]) if is_sharded(found[0].manifest) else load_file(str(found[1] / MODEL_FILE))
-        family = load_state(found[1] / STATE_FILE, mmap=True).get("family") or {}
-        family = {name: t.clone() for name, t in family.items()}  # off the file's pages before it is removed
-        self.release(found[1])
-        return found[0], weights, family
+        ckpt, folder = found
+        try:
+            weights = read_model(folder, ckpt.uri) if is_sharded(ckpt.manifest) else load_file(str(folder / MODEL_FILE))
+            family = load_state(folder / STATE_FILE, mmap=True, where=storage.join(ckpt.uri, STATE_FILE))
+            family = {name: t.clone() for name, t in (family.get("family") or {}).items()}  # off the file's pages
+        finally:  # refused or read: the fetched copy goes
+            self.release(folder)
+        return ckpt, weights, family
 
     def release(self, folder: Path) -> None:
         """Remove a fetched copy once it is in memory; never a staged checkpoint (the only copy of
@@ -397,8 +402,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def load_state(path: Path, mmap: bool = False) -> dict:
+def load_state(path: Path, mmap: bool = False, where: str | None = None) -> dict:
     """train_state.pt on the CPU, unpickling nothing but tensors and plain containers (``mmap``: tensors
-    backed by the file's pages, read when used)."""
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-
+    backed by the file's pages, read when used); ``where``: the file's name in errors (its URI in the bucket)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:  # what weights_only refuses: a global, a reduce that is not plain data
+        raise UnsafeCheckpoint(f"{where or path} is refused: torch.load(weights_only=True) found more than tensors "
+                               f"and plain containers in it ({refusal(err)}). voxrelay never runs code a checkpoint "
+                               "file holds, and its saves never write such a file (someone who can write the bucket "
+                               "may have planted it). Check who can write the run's folder, then delete this "
+                               "checkpoint (or the run, with `voxrelay train --fresh`)") from None

@@ -168,7 +168,7 @@ def restore(run, found: tuple) -> None:
     ckpt, folder, state = found
     run.loop.load_state_dict(state[st.K_LOOP])
     if is_sharded(ckpt.manifest):
-        load_sharded(run, folder)
+        load_sharded(run, folder, ckpt.uri)  # ckpt.uri: the checkpoint its errors name
     else:
         run.optimizer.load_state_dict(state[st.K_OPTIMIZER])  # each state moved to its parameter's device
     run.scheduler.load_state_dict(state[st.K_SCHEDULER])

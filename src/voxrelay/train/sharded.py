@@ -32,6 +32,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from voxrelay import storage
+from voxrelay.checkpoint import safe_dcp
 from voxrelay.checkpoint.manager import STATE_FILE
 from voxrelay.checkpoint.sharded import DCP, DCP_METADATA, MODEL_KEY, OPTIM_KEY, SHARDED, rank_files
 from voxrelay.checkpoint.store import ELSEWHERE, CheckpointError, sha256_file
@@ -196,11 +197,11 @@ def _stage(run, step: int, folder: Path, extra: dict, group, error: str | None =
                                                                                else {}))
 
 
-def load_sharded(run, folder: Path) -> None:
+def load_sharded(run, folder: Path, where: str | None = None) -> None:
     """The model and optimizer state of the sharded checkpoint in ``folder`` into ``run.module`` and
     ``run.optimizer`` (already sharded; called once the scheduler exists, since loading the optimizer
     sets the learning rate the schedule had reached)."""
     options = _options(run.base_hash is not None)
     model_sd, optim_sd = _state_dicts(run, options)
-    dcp.load({MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}, checkpoint_id=str(folder), process_group=run.ranks.group)
+    safe_dcp.load({MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}, folder, process_group=run.ranks.group, where=where)
     set_state_dict(run.module, run.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options)
