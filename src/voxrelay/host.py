@@ -21,6 +21,17 @@ def _read(path: str) -> str | None:
         return None
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine (this pid namespace) exists; another user's counts as alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def boot_time() -> float | None:
     """Wall-clock time this machine (or VM: a Colab runtime) booted."""
     text = _read("/proc/stat") or ""

@@ -49,6 +49,7 @@ from voxrelay.checkpoint.store import (
     step_name,
     verify_folder,
 )
+from voxrelay.host import pid_alive
 from voxrelay.paths import CKPT_DIR, cache_dir, rank_world, uri_key
 
 log = logging.getLogger(__name__)
@@ -293,7 +294,7 @@ class CheckpointManager:
         base = cache_dir("read", uri_key(self.run_uri))
         for old in base.iterdir():
             pid = old.name.split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 shutil.rmtree(old, ignore_errors=True)
         return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base))
 
@@ -391,15 +392,6 @@ class CheckpointIncomplete(CheckpointError):
 def _hashes(ckpt: Checkpoint) -> dict[str, str]:
     return {name: meta["sha256"] for name, meta in ckpt.manifest["files"].items()}
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def load_state(path: Path, mmap: bool = False, where: str | None = None) -> dict:

@@ -15,6 +15,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from voxrelay import storage
+from voxrelay.host import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ class ShardCache:
         """Wait (at most ``wait_seconds``) until the download another process holds ends, or its owner dies."""
         marker = path.with_name(path.name + MARKER)
         deadline = time.monotonic() + self.wait_seconds
-        while (owner := _marker(marker)) is not None and _alive(owner[0]):
+        while (owner := _marker(marker)) is not None and pid_alive(owner[0]):
             if time.monotonic() > deadline:
                 log.warning("waited %.0f s for process %d of this node to download %s", self.wait_seconds,
                             owner[0], path)
@@ -204,14 +205,14 @@ class ShardCache:
         whose owner died (a SIGKILL mid-download) is removed."""
         if path.name.endswith(MARKER):
             owner = _marker(path)
-            stale = owner is None or not _alive(owner[0]) or time.time() - st.st_mtime > self.wait_seconds
+            stale = owner is None or not pid_alive(owner[0]) or time.time() - st.st_mtime > self.wait_seconds
             if not stale:
                 part = path.with_name(path.name[: -len(MARKER)] + f"{PART}{owner[0]}")
                 written = _allocated(part) + _allocated(part.with_name(f"{part.name}{PART}{owner[0]}"))
                 return owner[1], max(0, owner[1] - written)
         else:
             pid = path.name.rsplit(PART, 1)[1]
-            stale = not pid.isdigit() or not _alive(int(pid))
+            stale = not pid.isdigit() or not pid_alive(int(pid))
             if not stale:  # its bytes are in its marker's count, or (no marker) on the disk already
                 return (0 if path.with_name(path.name.split(PART)[0] + MARKER).exists() else st.st_blocks * 512), 0
         path.unlink(missing_ok=True)
@@ -252,15 +253,6 @@ def _marker(path: Path) -> tuple[int, int] | None:
     except (FileNotFoundError, ValueError):
         return None
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _size(path: Path) -> int | None:
