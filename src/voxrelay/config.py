@@ -175,6 +175,11 @@ class CheckpointConfig(Section):
         3, gt=0, description="Saves in a row that cannot be staged (a full disk, a failed write) after which training "
         "stops (exit 74, final: the reason named) instead of going on with nothing to resume from",
     )
+    single_machine: bool = Field(
+        False, description="One machine at a time trains this run. Needed for a local root on a FUSE mount "
+        "(Colab's Google Drive, gcsfuse), where the run's lease excludes a second session on this machine but not "
+        "another machine: such a root is refused without it (use root=gs://... for a lease across machines)",
+    )
     lease_seconds: float = Field(
         60.0, ge=1, description="The run's writer lease (<run>/lease.json) expires this long after its last "
         "renewal (renewed every third of it): how long a second `train` of the run is refused after its holder "

@@ -166,3 +166,29 @@ def test_a_lease_left_by_another_machine_blocks_until_it_expires(tmp_path):
     (run / "lease.json").write_text(json.dumps(left | {"renewed": time.time(), "expires": time.time() + 3600}))
     res = voxrelay("train", CONFIG, *args, env=env)
     assert res.returncode == 0 and "spot-vm-7" in res.stderr and ":expired" in _squashed(res.stderr), res.stderr
+
+
+def test_train_and_sweep_refuse_a_root_on_a_drive_mount_unless_one_machine_trains_it(tmp_path):
+    """Issue 33 D5 as a Colab user meets it: the root is in a folder /proc/mounts lists as Colab's Drive (the
+    recorded table's line, its mount point moved under tmp_path). `train` and `sweep` stop with exit 2 naming the
+    mount and both fixes, writing nothing; with checkpoint.single_machine=true `train` goes past the lease (it then
+    stops on the unprepared data, a different refusal)."""
+    drive = tmp_path / "drive"
+    (drive / "MyDrive").mkdir(parents=True)
+    table = tmp_path / "mounts"
+    table.write_text(f"overlay / overlay rw 0 0\ndrive {drive} fuse.drive rw,nosuid,nodev,relatime 0 0\n")
+    env = _env(tmp_path) | {"VOXRELAY_MOUNTS_FILE": str(table)}
+    root = str(drive / "MyDrive" / "tts")
+    refused = voxrelay("train", CONFIG, *tiny(root), env=env, timeout=300)
+    out = refused.stdout + refused.stderr
+    assert refused.returncode == 2 and "Traceback" not in out, out
+    assert "Google Drive mount" in out and "checkpoint.single_machine=true" in out and "root=gs://" in out, out
+    assert not any(Path(root).rglob("*"))  # nothing written, not even the probe
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"base: {CONFIG}\nlist:\n  - {{train.lr: 0.001}}\n")
+    refused = voxrelay("sweep", str(sweep), *tiny(root), env=env, timeout=300)
+    assert refused.returncode == 2 and "Google Drive mount" in refused.stdout + refused.stderr
+    allowed = voxrelay("train", CONFIG, *tiny(root, "checkpoint.single_machine=true"), env=env, timeout=300)
+    out = " ".join((allowed.stdout + allowed.stderr).split())  # the log wraps long lines
+    assert "Google Drive mount" in out and "single_machine: true" in out, out  # the warning, and on it went
+    assert "prepare" in out and allowed.returncode == 2, out

@@ -44,6 +44,7 @@ from voxrelay import storage
 from voxrelay.errors import UserError
 from voxrelay.host import boot_id, pid_namespace, start_ticks, started_at
 from voxrelay.paths import LEASE_FILE
+from voxrelay.storage.mounts import Mount, gcsfuse_uri, mount_kind
 
 log = logging.getLogger(__name__)
 # progress, not pulse: the renewal thread renews only while training reported progress (a step, an eval, a save:
@@ -64,30 +65,40 @@ class LeaseUnsafe(UserError):
     """The root's storage does not refuse a second conditional create: a lease there would not exclude anyone."""
 
 
-# why a local root on a FUSE mount (Colab's Google Drive, gcsfuse) only warns: O_EXCL and flock there are answered
-# by this machine's FUSE daemon, so they exclude a second session here but are not shown to exclude another
-# machine (a Colab reconnect beside the old runtime). Refusing would stop the users whose root it is (seed 002);
-# they are told, and doctor names it
+# a local root on a FUSE mount (Colab's Google Drive, gcsfuse): O_EXCL and flock there are answered by this machine's
+# FUSE daemon, so they exclude a second session here but not another machine (a Colab runtime reconnected beside
+# the old one), and no scheme over such a mount can: Drive and gcsfuse publish a file when they upload it, after a
+# delay nothing bounds, so a claim-and-wait scheme would only be as safe as a guess. Hence refused for leases unless
+# the user states that one machine at a time trains the run (checkpoint.single_machine: seed 002's Colab on Drive)
 FUSE_LEASE_CAVEAT = ("one writer per run holds only on this machine: the lease's O_EXCL create and flock on a FUSE "
-                     "mount are not shown to exclude another machine (a Colab runtime reconnected beside the old "
-                     "one could write the run too)")
+                     "mount are answered by this machine's FUSE daemon and do not exclude another machine (a Colab "
+                     "runtime reconnected beside the old one could write the run too)")
 
 
-def check_root_for_leases(root: str, mount_kind: str | None,
+def check_root_for_leases(root: str, mount: Mount | None, single_machine: bool = False,
                           probe: Callable[[str], str | None] = storage.ignores_conditional_create) -> str | None:
-    """Probe ``root``'s conditional create once (:func:`voxrelay.storage.ignores_conditional_create`): a store
-    that does not refuse the second create is refused (:class:`LeaseUnsafe`, exit 2). ``mount_kind``: the FUSE
-    mount a local root lies on (gcsfuse, Google Drive, FUSE), or None. Returns a warning for such a root.
-    ``probe``: the storage seam's probe (a test passes one over a store that ignores the condition)."""
+    """Refuse (:class:`LeaseUnsafe`, exit 2) a root where a run's lease would not exclude another session: a
+    local root on a FUSE ``mount`` (:func:`voxrelay.storage.mounts.root_mount`), unless ``single_machine``
+    (then a warning is returned), and a store that does not refuse a second conditional create (``probe``: the
+    storage seam's, :func:`voxrelay.storage.ignores_conditional_create`; a test passes one over such a store)."""
+    warning = None
+    if mount is not None:
+        kind = mount_kind(mount)
+        if not single_machine:
+            bucket = gcsfuse_uri(root, mount)
+            across = f"set root={bucket} (the bucket itself)" if bucket else "set root=gs://... or s3://..."
+            raise LeaseUnsafe(
+                f"{root} is on a {kind} mount ({mount.point}): {FUSE_LEASE_CAVEAT}. For a lease across machines "
+                f"{across}; if only one machine at a time trains this run (one Colab runtime), set "
+                "checkpoint.single_machine=true")
+        warning = f"{root} is on a {kind} mount: {FUSE_LEASE_CAVEAT} (checkpoint.single_machine: true)"
     ignored = probe(root)
     if ignored is not None:
         raise LeaseUnsafe(
             f"{root} cannot hold a run's lease: {ignored}. Two sessions of one run would both win it and delete "
             "each other's checkpoints. Use a store with conditional writes (GCS; AWS S3; MinIO, R2 and others "
             "that honour If-None-Match/If-Match on PutObject), or a local folder")
-    if mount_kind is not None:
-        return f"{root} is on a {mount_kind} mount: {FUSE_LEASE_CAVEAT}. For a lease across machines set root=gs://..."
-    return None
+    return warning
 
 
 def _when(t: float) -> str:

@@ -17,7 +17,6 @@ from voxrelay.doctor import FAIL, OK, SKIP, WARN, Check
 from voxrelay.doctor.checks import bucket_checks
 from voxrelay.doctor.cloud import Machine, machine_location
 from voxrelay.doctor.facts import (
-    MOUNTS_FILE,
     Gpu,
     disk_free,
     gpu_info,
@@ -38,17 +37,19 @@ from voxrelay.doctor.host_checks import (
 from voxrelay.errors import UserError, one_line
 from voxrelay.paths import cache_dir
 from voxrelay.storage.bucket import bucket_info
+from voxrelay.storage.mounts import Mount, mount_kind
+from voxrelay.storage.mounts import mounts_file as default_mounts_file
 
 DEFAULT_PROBE_MB = 32.0
 _COLOURS = {OK: "green", WARN: "yellow", FAIL: "red", SKIP: "dim"}
 
 
-def diagnose(cfg: RunConfig, probe_mb: float = DEFAULT_PROBE_MB, mounts_file: str = MOUNTS_FILE,
+def diagnose(cfg: RunConfig, probe_mb: float = DEFAULT_PROBE_MB, mounts_file: str | None = None,
              gpu: Gpu | None | str = "detect") -> list[Check]:
     """Every check for ``cfg``'s root on this machine. ``mounts_file``: the mount table to read (a recorded one
     in tests); ``gpu``: "detect" (torch, when an NVIDIA device exists) or the GPU to plan for (None: none)."""
     machine = machine_location(cfg.checkpoint.metadata_url)
-    mounts = read_mounts(mounts_file)
+    mounts = read_mounts(mounts_file or default_mounts_file())
     root_mount = mount_of(storage.local_path(cfg.root), mounts) if storage.is_local(cfg.root) else None
     # a gcsfuse mount's bucket is checked as a gs:// root would be
     checks = bucket_part(gcsfuse_uri(cfg.root, root_mount) or cfg.root, machine, cfg.cost)
@@ -56,7 +57,8 @@ def diagnose(cfg: RunConfig, probe_mb: float = DEFAULT_PROBE_MB, mounts_file: st
     gpu_row, checkpoint_bytes = gpu_part(cfg, gpu)
     checks.append(probe_part(cfg.root, probe_mb, checkpoint_bytes))
     checks.append(mounted_root_check(cfg.root, root_mount))
-    checks.append(lease_part(cfg.root))
+    fuse = root_mount if mount_kind(root_mount) is not None else None
+    checks.append(lease_part(cfg.root, fuse, cfg.checkpoint.single_machine))
     cache = cache_dir()
     checks.append(disk_check(str(cache), disk_free(cache)[0], cfg.cache.min_free_gb, cfg.cache.max_gb,
                              checkpoint_bytes, cfg.checkpoint.max_staged, mount_of(cache, mounts)))
@@ -92,11 +94,12 @@ def bucket_part(root: str, machine: Machine | None, cost: CostConfig | None = No
     return bucket_checks(info, machine, _key(root), cost)
 
 
-def lease_part(root: str) -> Check:
+def lease_part(root: str, mount: Mount | None, single_machine: bool) -> Check:
+    """``mount``: the FUSE mount a local root lies on (None: a bucket or a local disk)."""
     try:
-        return lease_check(root, storage.ignores_conditional_create(root))
+        return lease_check(root, storage.ignores_conditional_create(root), mount=mount, single_machine=single_machine)
     except (storage.StorageError, OSError) as err:
-        return lease_check(root, None, error=one_line(err))
+        return lease_check(root, None, error=one_line(err), mount=mount, single_machine=single_machine)
 
 
 def probe_part(root: str, probe_mb: float, checkpoint_bytes: int | None) -> Check:

@@ -4,7 +4,6 @@ Face cache points, the GPU, and the root's throughput (a probe object written, r
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 import uuid
@@ -12,54 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from voxrelay import storage
+from voxrelay.storage.mounts import MOUNTS_FILE, Mount, mount_of, parse_mounts, read_mounts  # noqa: F401 (doctor's names)
 
-MOUNTS_FILE = "/proc/mounts"
 PROBE_PREFIX = ".voxrelay-doctor-probe-"
 MB = 10**6
-
-
-@dataclass(frozen=True)
-class Mount:
-    """One line of /proc/mounts: ``device`` (for gcsfuse: the bucket), mount ``point``, ``fstype``."""
-
-    device: str
-    point: str
-    fstype: str
-
-
-def _unescape(field: str) -> str:
-    # /proc/mounts writes space, tab, newline and backslash as octal escapes (\040 ...)
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def parse_mounts(text: str) -> list[Mount]:
-    """The lines of a /proc/mounts text as :class:`Mount` records (malformed lines skipped)."""
-    out = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 3:
-            out.append(Mount(_unescape(parts[0]), _unescape(parts[1]), parts[2]))
-    return out
-
-
-def read_mounts(path: str = MOUNTS_FILE) -> list[Mount]:
-    """This machine's mounts ([] where the file cannot be read: not Linux)."""
-    try:
-        return parse_mounts(Path(path).read_text())
-    except OSError:
-        return []
-
-
-def mount_of(path: str | Path, mounts: list[Mount]) -> Mount | None:
-    """The mount a local ``path`` (existing or not: its nearest existing parent) lies on: the longest mount
-    point above it (symlinks resolved)."""
-    resolved = Path(os.path.realpath(path))
-    best: Mount | None = None
-    for m in mounts:
-        point = Path(m.point)
-        if (resolved == point or point in resolved.parents) and (best is None or len(m.point) > len(best.point)):
-            best = m
-    return best
 
 
 def disk_free(path: str | Path) -> tuple[int, int]:

@@ -8,7 +8,8 @@ from pathlib import Path
 from voxrelay import storage
 from voxrelay.checkpoint.lease import FUSE_LEASE_CAVEAT
 from voxrelay.doctor import FAIL, OK, SKIP, WARN, Check
-from voxrelay.doctor.facts import MOUNTS_FILE, Gpu, Mount, Probe, mount_of, read_mounts
+from voxrelay.doctor.facts import Gpu, Probe
+from voxrelay.storage.mounts import Mount, gcsfuse_uri, mount_kind, root_mount_kind  # noqa: F401 (doctor's names)
 
 GB = 10**9
 MIN_READ_MBPS = 50.0  # below this a data loader feeding a GPU from the bucket may wait on reads
@@ -27,42 +28,25 @@ CAVEATS = {
 }
 
 
-def mount_kind(m: Mount | None) -> str | None:
-    """``gcsfuse``, ``Google Drive`` or ``FUSE`` for a mounted remote folder; None for a local disk."""
-    if m is None:
-        return None
-    if m.fstype == "fuse.gcsfuse" or m.device == "gcsfuse":
-        return "gcsfuse"
-    if "drive" in m.fstype.lower() or m.point.startswith("/content/drive"):
-        return "Google Drive"
-    return "FUSE" if m.fstype.startswith("fuse") else None
-
-
-def root_mount_kind(root: str, mounts_file: str = MOUNTS_FILE) -> str | None:
-    """:func:`mount_kind` of the mount a local ``root`` lies on; None for a bucket URI or a local disk."""
-    if not storage.is_local(root):
-        return None
-    return mount_kind(mount_of(storage.local_path(root), read_mounts(mounts_file)))
-
-
-def lease_check(root: str, ignored: str | None, error: str | None = None) -> Check:
-    """The root's conditional create, probed (create one object twice, expect a refusal): what a run's lease
-    (one writer per run) rests on."""
+def lease_check(root: str, ignored: str | None, error: str | None = None, mount: Mount | None = None,
+                single_machine: bool = False) -> Check:
+    """What a run's lease (one writer per run) rests on: the root's conditional create, probed (create one object
+    twice, expect a refusal), and a local root's mount (a FUSE ``mount`` needs ``checkpoint.single_machine``)."""
     name = "lease"
+    if mount is not None and not single_machine:
+        bucket = gcsfuse_uri(root, mount) or "gs://BUCKET/path"
+        return Check(name, FAIL, f"{root} is on a {mount_kind(mount)} mount: `voxrelay train` refuses it "
+                     f"({FUSE_LEASE_CAVEAT})", f"set root={bucket} for a lease across machines, or "
+                     "checkpoint.single_machine=true if one machine at a time trains the run")
     if error is not None:
         return Check(name, FAIL, f"the conditional-create probe failed: {error}", "fix access to the root first")
     if ignored is not None:
         return Check(name, FAIL, f"{root}: {ignored}; `voxrelay train` refuses it (two sessions would both win "
                      "a run's lease)", "use GCS, AWS S3 or a store honouring If-None-Match/If-Match, or a local folder")
+    if mount is not None:
+        return Check(name, WARN, f"{root} is on a {mount_kind(mount)} mount, trained with "
+                     f"checkpoint.single_machine: {FUSE_LEASE_CAVEAT}", "")
     return Check(name, OK, "a second create of one object is refused: one writer per run holds")
-
-
-def gcsfuse_uri(root: str, mount: Mount | None) -> str | None:
-    """The gs:// URI of a local ``root`` inside a gcsfuse mount (whose device is the bucket's name), else None."""
-    if mount is None or mount_kind(mount) != "gcsfuse" or mount.device == "gcsfuse":
-        return None
-    rel = Path(storage.local_path(root)).resolve().relative_to(Path(mount.point))
-    return f"gs://{mount.device}" + ("" if rel == Path(".") else f"/{rel.as_posix()}")
 
 
 def mounted_root_check(root: str, mount: Mount | None) -> Check:
@@ -80,7 +64,7 @@ def mounted_root_check(root: str, mount: Mount | None) -> Check:
         fix = f"set root={uri} (the bucket itself): voxrelay then writes objects atomically, in parallel, with " \
             "nothing cached on the local disk"
     return Check(name, WARN, f"{root} is on a {kind} mount ({mount.point}, {mount.fstype}): {CAVEATS[kind]}; "
-                 f"{FUSE_LEASE_CAVEAT}", fix)
+                 "one writer per run: see the lease row", fix)
 
 
 def throughput_check(probe: Probe | None, error: str | None = None, checkpoint_bytes: int | None = None,

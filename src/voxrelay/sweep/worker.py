@@ -27,10 +27,11 @@ from dataclasses import dataclass
 
 from voxrelay import storage
 from voxrelay.checkpoint import preemption as pre
-from voxrelay.checkpoint.lease import LeaseWatch, read_lease
+from voxrelay.checkpoint.lease import LeaseWatch, check_root_for_leases, read_lease
 from voxrelay.config import ConfigError, load_config
 from voxrelay.host import set_parent_death_signal
 from voxrelay.paths import LEASE_FILE
+from voxrelay.storage.mounts import root_mount
 from voxrelay.sweep import state as st
 from voxrelay.sweep.spec import Sweep, SweepError
 from voxrelay.train.config import parse_duration
@@ -240,4 +241,9 @@ def _summary(now: list[st.ExperimentState]) -> int:
 
 def run_sweep(sweep: Sweep, retry_failed: bool = False) -> int:
     started = pre.session_start("process")  # train.time_limit counts from here for every experiment
-    return Worker(sweep, settings(sweep), retry_failed, started).run()
+    conf = settings(sweep)
+    # the sweep's claims are leases too: refused where a run's lease would be (a FUSE root without single_machine)
+    single = load_config(sweep.base, list(sweep.overrides)).checkpoint.single_machine
+    if (warning := check_root_for_leases(conf.root, root_mount(conf.root), single)) is not None:
+        log.warning(warning)
+    return Worker(sweep, conf, retry_failed, started).run()

@@ -27,7 +27,6 @@ from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchStream, PreparedDataset
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.data.shards import PrepareError
-from voxrelay.doctor.host_checks import root_mount_kind
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.registry import build_model
@@ -35,6 +34,7 @@ from voxrelay.monitor.sinks import TB_DIR, WANDB_RUN_FILE, Monitor, build_monito
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, USAGE_FILE, cache_dir, uri_key
 from voxrelay.plan.fit import check_fits, gpu_memory
 from voxrelay.quality.scorer import Scorer
+from voxrelay.storage.mounts import root_mount
 from voxrelay.train import state as st
 from voxrelay.train.data import build_stream, check_trainable, eval_split
 from voxrelay.train.evaluate import SAMPLES_DIR
@@ -170,7 +170,7 @@ def take_lease(cfg: RunConfig, ranks: Ranks, take_over: bool) -> RunLease | None
     lease = RunLease(cfg.run_uri, cfg.checkpoint.lease_seconds) if ranks.main else None
 
     def acquire() -> None:
-        unsafe = check_root_for_leases(cfg.root, root_mount_kind(cfg.root))  # refuses a store ignoring conditions
+        unsafe = check_root_for_leases(cfg.root, root_mount(cfg.root), cfg.checkpoint.single_machine)
         if unsafe:
             log.warning(unsafe)
         taken = lease.acquire(take_over)

@@ -26,8 +26,8 @@ from voxrelay.checkpoint.lease import (
     lease_state,
     read_lease,
 )
-from voxrelay.doctor.host_checks import root_mount_kind
 from voxrelay.errors import UserError
+from voxrelay.storage.mounts import root_mount, root_mount_kind
 
 
 class Clock:
@@ -259,11 +259,27 @@ def test_a_root_whose_store_ignores_conditional_creates_is_refused_for_leases(tm
     assert check_root_for_leases(root, None) is None  # a local folder refuses the second create
 
 
-def test_a_root_on_a_fuse_mount_is_warned_about_with_the_reason() -> None:
-    """Colab's Google Drive (seed 002's root) and gcsfuse: taken from a recorded /proc/mounts of a Colab VM."""
+def test_a_root_on_a_fuse_mount_is_refused_for_leases_unless_one_machine_trains_it() -> None:
+    """Issue 33 D5: Colab's Google Drive (seed 002's root) and gcsfuse (seed 000's), from a recorded /proc/mounts of
+    a Colab VM. O_EXCL there excludes only this machine: refused (exit 2) with both ways out, before any probe;
+    with checkpoint.single_machine the run trains, warned."""
     mounts = str(FIXTURES / "proc_mounts_colab.txt")
     assert root_mount_kind("/content/drive/MyDrive/tts", mounts) == "Google Drive"
-    assert root_mount_kind("/content/gcs/voxrelay", mounts) == "gcsfuse"
-    assert root_mount_kind("gs://b/voxrelay", mounts) is None
-    said = check_root_for_leases("/content/drive/MyDrive/tts", "Google Drive", probe=lambda _root: None)
-    assert "Google Drive mount" in said and "another machine" in said and "root=gs://" in said
+    assert root_mount("gs://b/voxrelay", mounts) is None and root_mount("/tmp/voxrelay", mounts) is None
+    probed: list[str] = []
+
+    def probe(root: str) -> None:
+        probed.append(root)
+
+    drive = root_mount("/content/drive/MyDrive/tts", mounts)
+    with pytest.raises(LeaseUnsafe, match="Google Drive mount.*another machine.*checkpoint.single_machine=true"):
+        check_root_for_leases("/content/drive/MyDrive/tts", drive, probe=probe)
+    gcs = root_mount("/content/gcs/voxrelay", mounts)
+    with pytest.raises(LeaseUnsafe, match=r"set root=gs://tts-colab-data/voxrelay \(the bucket itself\)"):
+        check_root_for_leases("/content/gcs/voxrelay", gcs, probe=probe)
+    assert probed == []
+    said = check_root_for_leases("/content/drive/MyDrive/tts", drive, single_machine=True, probe=probe)
+    assert "Google Drive mount" in said and "another machine" in said and probed == ["/content/drive/MyDrive/tts"]
+    # a store ignoring the condition is refused whatever the user states
+    with pytest.raises(LeaseUnsafe, match="cannot hold a run's lease"):
+        check_root_for_leases("/content/gcs/voxrelay", gcs, single_machine=True, probe=lambda _root: "it ignores")

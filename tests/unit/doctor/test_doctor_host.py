@@ -121,3 +121,17 @@ def test_probe_on_memory_root_deletes_its_object():
     root = "memory://doctor-probe-test"
     probe(root, 10**5)
     assert storage.listdir(root) == []
+
+
+def test_the_lease_row_fails_a_fuse_root_unless_one_machine_trains_it():
+    """What `train` refuses, doctor fails first: a Drive or gcsfuse root without checkpoint.single_machine."""
+    from voxrelay.doctor.host_checks import lease_check
+
+    gcs = mount_of("/content/gcs/voxrelay", COLAB)
+    refused = lease_check("/content/gcs/voxrelay", None, mount=gcs)
+    assert refused.verdict == FAIL and "gcsfuse mount" in refused.found and "another machine" in refused.found
+    assert "root=gs://tts-colab-data/voxrelay" in refused.fix and "checkpoint.single_machine=true" in refused.fix
+    stated = lease_check("/content/gcs/voxrelay", None, mount=gcs, single_machine=True)
+    assert stated.verdict == WARN and "single_machine" in stated.found
+    assert lease_check("/tmp/vr", None).verdict == OK
+    assert lease_check("/content/gcs/voxrelay", "it ignores", mount=gcs, single_machine=True).verdict == FAIL
