@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -28,11 +28,15 @@ FAILED_PARTS = "eval/failed_parts"  # how many parts of an eval failed (absent w
 class EvalParts:
     """The parts of the eval of ``step`` (loss, sample generation, WER/CER, speaker similarity, each sink), each
     run in :meth:`part`: an exception there is a warning naming the part, and the eval goes on. ``fatal``: exception
-    types that are the caller's, not a part's (``voxrelay eval``: bad input, exit 2)."""
+    types that are the caller's, not a part's (``voxrelay eval``: bad input, exit 2). ``progress``: called after
+    each loss batch and each sample (training renews its lease while the eval makes progress, so an eval longer
+    than the lease's progress bound keeps it, and a hung one does not)."""
 
-    def __init__(self, step: int, fatal: tuple[type[BaseException], ...] = ()):
+    def __init__(self, step: int, fatal: tuple[type[BaseException], ...] = (),
+                 progress: Callable[[], object] = lambda: None):
         self.step = step
         self.fatal = fatal
+        self.progress = progress
         self.failed: list[str] = []
 
     @contextlib.contextmanager
@@ -87,12 +91,14 @@ def evaluate_model(model, codec, loss_rows: list | None, synth_rows: list, step:
     with eval_context(model, seed):
         if loss_rows is not None:
             with parts.part("loss"):
-                out.metrics |= held_out_loss(model, module or model.module, loss_rows, device, autocast)
+                out.metrics |= held_out_loss(model, module or model.module, loss_rows, device, autocast,
+                                              parts.progress)
         if synth_rows:
             with parts.part("sample generation"):
                 out.samples, synth = generate_samples(model, codec, synth_rows, step * 1000,
                                                       temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                                                      repetition_penalty=cfg.repetition_penalty)
+                                                      repetition_penalty=cfg.repetition_penalty,
+                                                      progress=parts.progress)
                 out.metrics |= synth
         if scorer is not None and out.samples:  # the speaker encoder draws from the RNG as it loads: inside
             scores, out.scores = scorer.score(out.samples, parts)

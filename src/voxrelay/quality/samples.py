@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +29,8 @@ class TextRow:
 
 
 @torch.no_grad()
-def held_out_loss(model, module, rows: list, device, autocast=contextlib.nullcontext) -> dict[str, float]:
+def held_out_loss(model, module, rows: list, device, autocast=contextlib.nullcontext,
+                  progress: Callable[[], object] = lambda: None) -> dict[str, float]:
     """``eval/loss``, the objective over every row (each loss term's mean over its targets, weighted as in
     training), and each term's mean as ``eval/loss/<term>``.
 
@@ -42,12 +44,12 @@ def held_out_loss(model, module, rows: list, device, autocast=contextlib.nullcon
     was_training = module.training
     module.eval()
     try:
-        own = _summed_loss(model, module, rows, device, autocast)
+        own = _summed_loss(model, module, rows, device, autocast, progress)
         pairs = _with_other_texts(model, rows)
         if pairs:  # every row usually pairs: then its own-text loss is the one just computed
             paired = own if len(pairs) == len(rows) else _summed_loss(
-                model, module, [row for row, _ in pairs], device, autocast)
-            other = _summed_loss(model, module, [swapped for _, swapped in pairs], device, autocast)
+                model, module, [row for row, _ in pairs], device, autocast, progress)
+            other = _summed_loss(model, module, [swapped for _, swapped in pairs], device, autocast, progress)
     finally:
         module.train(was_training)
     sums, counts, _ = own
@@ -58,7 +60,7 @@ def held_out_loss(model, module, rows: list, device, autocast=contextlib.nullcon
     return out
 
 
-def _summed_loss(model, module, rows: list, device, autocast) -> tuple[dict[str, float], dict[str, int],
+def _summed_loss(model, module, rows: list, device, autocast, progress) -> tuple[dict[str, float], dict[str, int],
                                                                          dict[str, float]]:
     """Each loss term's sum and target count over ``rows`` (8 at a time), and its weight."""
     sums: dict[str, float] = {}
@@ -74,6 +76,7 @@ def _summed_loss(model, module, rows: list, device, autocast) -> tuple[dict[str,
             sums[name] = sums.get(name, 0.0) + float(term.sum)
             counts[name] = counts.get(name, 0) + int(term.count)
             weights[name] = term.weight
+        progress()
     return sums, counts, weights
 
 
@@ -105,13 +108,14 @@ def _ref_frames(model, codec, row) -> int:
 
 def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: float = 20.0,
                      speaker: str | None = None, temperature: float = 0.8,
-                     top_k: int | None = 50, **options: float | None) -> tuple[list[Sample], dict[str, float]]:
+                     top_k: int | None = 50, progress: Callable[[], object] = lambda: None,
+                     **options: float | None) -> tuple[list[Sample], dict[str, float]]:
     """Speak each row's text (seed ``seed_base + i``; a row with codes may run to twice its length +
     20 frames, one without to ``max_seconds``): ``eval/silent_frac`` (the share of the generated audio that is
     silence: a run that learned to generate silence shows it before anything else), ``eval/stopped_frac`` (the
     share that ended by itself before its limit) and ``eval/empty_frac`` (the share with no audio at all: a model
     that stops at once); with references also ``eval/length_ratio`` and ``eval/mcd_dtw``. ``options``: top_p,
-    repetition_penalty (None: the family's).
+    repetition_penalty (None: the family's). ``progress``: called after each sample.
 
     A sample with no audio is a finding, not an error: its wav is empty (0 samples), it counts as silence and as
     stopped, its length ratio is 0, and it is left out of the MCD mean (no distance to nothing: the old 1-sample
@@ -140,6 +144,7 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
         spoken = model.spoken_text(row.text) if hasattr(model, "spoken_text") else row.text
         samples.append(Sample(row.id, spoken, wav, speech.sample_rate, ref, codec.sample_rate,
                               voices if voices and len(voices) > 1 else None))
+        progress()
     if not rows:
         return samples, {}
     out = {"eval/silent_frac": float(np.mean(silent)), "eval/stopped_frac": stopped / len(rows),

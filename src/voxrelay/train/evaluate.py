@@ -39,7 +39,7 @@ def evaluate(run, step: int) -> dict[str, float]:
     (Whisper running out of GPU memory on rank 0 alone, a full disk): an error outside the guarded parts is
     caught, gathered, and raised as :class:`EvalFailed` on every rank, never a barrier one rank skips."""
     acc, tc = run.accelerator, run.cfg.train
-    parts, error = EvalParts(step), None
+    parts, error = EvalParts(step, progress=run.lease.progress if run.lease is not None else lambda: None), None
     speaks = acc.is_main_process or run.sharded
     try:
         result = evaluate_model(run.model, run.codec, run.eval_rows,
