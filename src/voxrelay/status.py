@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from voxrelay import storage
-from voxrelay.checkpoint.lease import describe, read_lease
+from voxrelay.checkpoint.lease import DEFAULT_TTL_S, describe, glance, read_lease
 from voxrelay.checkpoint.staging import Staging
 from voxrelay.checkpoint.store import Checkpoint, CommittedStore
 from voxrelay.errors import UserError
@@ -144,18 +144,17 @@ def run_cost(s: RunStatus, cfg: dict, committed: list[Checkpoint]) -> CostReport
     from voxrelay.cost.usage import read_sessions, usage_of
 
     sessions = read_sessions(s.run_uri)
-    live = s.writer if s.writer and not s.writer.get("released") and time.time() < s.writer.get("expires", 0) else None
     sizes = [sum(int(f.get("size", 0)) for f in c.manifest.get("files", {}).values()) for c in committed]
     ck = cfg.get("checkpoint") or {}
     now = time.time()
-    last = now if live else max((x.get("updated", now) for x in sessions), default=now)
-    facts = RunFacts(  # age: from the first session's start to the last's record (now while one trains)
+    last = max((x.get("updated", now) for x in sessions), default=now)
+    facts = RunFacts(  # age: from the first session's start to the last's record (a live one renews it)
         s.step, s.max_steps or s.step, s.finished, s.steps_per_sec, len(committed), sum(sizes),
         sizes[0] if sizes else 0, last - min((x.get("started", now) for x in sessions), default=now),
         ck.get("keep_last", 2), ck.get("keep_every"), ck.get("keep_best", False), ck.get("every_steps"),
         ck.get("every_minutes"),
     )
-    report = cost_report(usage_of(sessions, live), CostConfig.model_validate(cfg.get("cost") or {}), facts)
+    report = cost_report(usage_of(sessions), CostConfig.model_validate(cfg.get("cost") or {}), facts)
     if not sessions:
         report.notes.append(f"no usage recorded yet ({USAGE_FILE} is written by `voxrelay train` at every checkpoint; "
                             "a run trained before it existed has none): GPU time and requests are unknown")
@@ -194,14 +193,15 @@ def format_status(s: RunStatus) -> str:
 
 
 def _writer(lease: dict | None) -> str:
-    """Who holds the run's lease (voxrelay.checkpoint.lease), from its record."""
+    """Who holds the run's lease (voxrelay.checkpoint.lease), from its record, judged without comparing clocks."""
     if not lease:
         return "none"
-    now = time.time()
-    if lease.get("released") or now >= lease.get("expires", 0):
-        how = "released it" if lease.get("released") else "left it to expire"
+    state = glance(lease, DEFAULT_TTL_S)
+    if state != "held":
+        how = {"released": "released it", "dead": "died on this machine"}.get(state, "left no valid lease")
         return f"none (the last session, host {lease.get('host')} pid {lease.get('pid')}, {how})"
-    return describe(lease, now)
+    return (f"{describe(lease)}; a holder gone elsewhere is taken over once its renewal counter stays unchanged "
+            "for its lease (`train` watches it)")
 
 
 def _size(n: int) -> str:

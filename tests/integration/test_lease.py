@@ -69,7 +69,7 @@ def test_a_second_writer_is_refused_until_the_first_is_killed(tmp_path, root):
         second = voxrelay("train", CONFIG, *tiny(root, "name=leased", "checkpoint.lease_seconds=9", *ENDLESS), env=env)
         msg = _one_line(second.stderr)
         assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
-        assert f"host {socket.gethostname()}, pid {first.proc.pid}, since" in msg and "expires in" in msg, msg
+        assert f"host {socket.gethostname()}, pid {first.proc.pid}, since" in msg and "renewal #" in msg, msg
         assert "--take-over" in msg and run_uri in msg
         holder = json.loads(storage.read_text(storage.join(run_uri, "lease.json")))["token"]
         fresh = voxrelay("train", CONFIG, *tiny(root, "name=leased", "checkpoint.lease_seconds=9", *ENDLESS), "--fresh",

@@ -1,5 +1,9 @@
 """`voxrelay status`: local cache use, and a clear error for a folder that is not a run."""
 
+import json
+import os
+import socket
+import time
 import uuid
 
 import pytest
@@ -8,6 +12,7 @@ import torch
 from voxrelay import storage
 from voxrelay.checkpoint.manager import MODEL_FILE, CheckpointManager, model_writer
 from voxrelay.errors import UserError
+from voxrelay.host import boot_id, pid_namespace
 from voxrelay.paths import CONFIG_SNAPSHOT
 from voxrelay.status import StatusError, format_status, run_status
 
@@ -83,3 +88,24 @@ def test_status_says_what_limits_the_run(tmp_path, cache):
     text = format_status(run_status(run))
     assert "limits       data-bound: 50% of the time waiting for batches" in text
     storage.delete(run.rsplit("/runs/", 1)[0], recursive=True)
+
+
+def test_the_writer_is_judged_without_comparing_clocks(tmp_path, cache):
+    """Issue 33 D2 for display: a lease written by a machine whose clock runs an hour behind ours (its
+    `expires` is past by our clock) is still held as far as a one-off look can tell; released or left by a gone
+    process of this machine, it is not."""
+    run = f"memory://status-{uuid.uuid4().hex}/runs/r"
+    storage.write_text(storage.join(run, CONFIG_SNAPSHOT), "train:\n  max_steps: 10\n")
+    behind = time.time() - 3600
+    lease = {"token": "t", "host": "spot-vm-7", "pid": 4242, "since": behind - 60, "renewed": behind,
+             "expires": behind + 60, "ttl": 60, "seq": 17, "released": False}
+    storage.write_text(storage.join(run, "lease.json"), json.dumps(lease))
+    held = format_status(run_status(run))
+    assert "writer       host spot-vm-7, pid 4242" in held and "renewal #17" in held, held
+    storage.write_text(storage.join(run, "lease.json"), json.dumps(lease | {"released": True}))
+    released = format_status(run_status(run))
+    assert "writer       none (the last session, host spot-vm-7 pid 4242, released it)" in released
+    gone = lease | {"host": socket.gethostname(), "boot_id": boot_id(), "pid_ns": pid_namespace(),
+                    "pid": os.getpid(), "start_ticks": -1, "renewed": time.time(), "expires": time.time() + 60}
+    storage.write_text(storage.join(run, "lease.json"), json.dumps(gone))
+    assert "died on this machine" in format_status(run_status(run))

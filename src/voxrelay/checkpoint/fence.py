@@ -32,7 +32,7 @@ class LeaseFence:
         record = read_lease(self.run_uri)
         if record and record.get("token") == self.token and not record.get("released"):
             return
-        why = (f"another session took over {self.run_uri}: {describe(record, self.clock())}" if record and
+        why = (f"another session took over {self.run_uri}: {describe(record)}" if record and
                record.get("token") != self.token else f"the lease of {self.run_uri} was released or deleted")
         raise LeaseLost(f"{why}; this process of the job writes nothing more to the run folder")
 

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 # RunLease.progress) within this bound; a hung trainer (a stuck collective, a dead data mount) lets its lease
 # expire so another session can resume the run. 30 min: longer than a first step's compile, an eval or a big save
 PROGRESS_S = 1800.0
+DEFAULT_TTL_S = 60.0  # checkpoint.lease_seconds' default: for a record naming no ttl (written before it did)
 
 
 class LeaseHeld(UserError):
@@ -105,12 +106,20 @@ def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
-def describe(record: dict, now: float) -> str:
-    """``host h, pid p, since T (expires in N s)`` of a lease record."""
-    left = record.get("expires", 0) - now
-    expiry = f"expires in {left:.0f} s" if left > 0 else f"expired {-left:.0f} s ago"
-    return (f"host {record.get('host')}, pid {record.get('pid')}, since {_when(record.get('since', 0))} "
-            f"(renewed {now - record.get('renewed', 0):.0f} s ago, {expiry})")
+def describe(record: dict) -> str:
+    """``host h, pid p, since T (its clock), renewal #N at T2`` of a lease record: what it says, judged by nobody
+    here (whether it still renews is told by watching ``seq``, :class:`LeaseWatch`, never by our clock against its)."""
+    return (f"host {record.get('host')}, pid {record.get('pid')}, since {_when(record.get('since', 0))} by its clock "
+            f"(renewal #{record.get('seq', 0)} at {_when(record.get('renewed', 0))}, every "
+            f"{_ttl(record, DEFAULT_TTL_S) / 3:.0f} s while it trains)")
+
+
+def glance(record: dict, ttl_s: float) -> str:
+    """A one-off look at a lease (``voxrelay status``, ``sweep status``): released, dead (its process is gone from
+    this machine), or held: whether a holder elsewhere still renews cannot be told without watching its renewal
+    counter for its ttl, so it reads as held."""
+    state = lease_state(record, 0.0, ttl_s)
+    return "held" if state == "live" else state
 
 
 class LeaseWatch:
@@ -199,12 +208,12 @@ class RunLease:
             if state == "live":  # fenced: its renewals and commit checks now fail; let a write in flight land
                 wait = _ttl(current, self.ttl_s)
                 log.warning("took over the lease of %s from %s; waiting %.0f s (its lease) for a write it began to "
-                            "land", self.run_uri, describe(current, self.clock()), wait)
+                            "land", self.run_uri, describe(current), wait)
                 self._pause(wait)
                 self.renew()  # a whole lease from now on, before any renewal thread starts
             if state == "released":
                 return None
-            return f"took over {self.run_uri} from {describe(current, self.clock())}: {state}"
+            return f"took over {self.run_uri} from {describe(current)}: {state}"
         raise LeaseHeld(f"could not take the lease {self.uri}: other sessions keep changing it. Make sure a "
                         "single `voxrelay train` of this run is starting, then re-run")
 
@@ -222,7 +231,7 @@ class RunLease:
             if seen is None:
                 log.warning("%s has a lease (%s) that this session cannot judge yet: watching it for up to %.0f s "
                             "(renewed meanwhile: refused; silent: taken over)", self.run_uri,
-                            describe(current, self.clock()), _ttl(current, self.ttl_s))
+                            describe(current), _ttl(current, self.ttl_s))
             seen = mark
             self._pause(min(10.0, max(0.05, _ttl(current, self.ttl_s) / 6)))
             got = storage.read_versioned(self.uri)
@@ -238,9 +247,10 @@ class RunLease:
         self.record, self.version, self.lost, self.held_at = record, version, None, self.watch.clock()
 
     def _held_message(self, record: dict) -> str:
-        now, ttl = self.clock(), _ttl(record, self.ttl_s)
+        ttl = _ttl(record, self.ttl_s)
         return (
-            f"{self.run_uri} is being trained by another session: {describe(record, now)}; its command: "
+            f"{self.run_uri} is being trained by another session (its lease was renewed while this one watched): "
+            f"{describe(record)}; its command: "
             f"{record.get('command', '?')!r}. Two writers of one run would delete each other's checkpoints. If that "
             f"session is running, let it finish or stop it (or train under another name, name=... ). If it is gone "
             f"(a closed Colab runtime, a lost VM), re-run: a lease not renewed for {ttl:.0f} s is taken over; or "
@@ -297,7 +307,7 @@ class RunLease:
         if current.get("token") == self.record["token"] and not current.get("released"):
             self.record, self.version = current, got.version
             return
-        self.lost = (f"another session took over {self.run_uri}: " + describe(current, self.clock())
+        self.lost = (f"another session took over {self.run_uri}: " + describe(current)
                      if current else f"the lease {self.uri} was deleted")
         log.error("%s; this session stops without writing to the run folder", self.lost)
         raise LeaseLost(self.lost)

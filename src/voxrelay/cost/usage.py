@@ -51,15 +51,12 @@ def read_sessions(run_uri: str) -> list[dict]:
     return sorted((s for s in sessions if isinstance(s, dict)), key=lambda s: s.get("started", 0))
 
 
-def usage_of(sessions: list[dict], live: dict | None = None, now: float | None = None) -> Usage:
-    """The sum of session entries. ``live``: the record of the run's live lease; its session has trained on since
-    its last entry, so its seconds count up to ``now``."""
+def usage_of(sessions: list[dict]) -> Usage:
+    """The sum of session entries, each as its session measured it on its own clock (a live session renews its
+    entry every third of its lease: no other machine's clock is compared with its start)."""
     u = Usage(sessions=len(sessions))
-    now = time.time() if now is None else now
     for s in sessions:
         seconds = s.get("seconds", 0.0)
-        if live is not None and (s.get("host"), s.get("pid")) == (live.get("host"), live.get("pid")):
-            seconds = max(seconds, now - s.get("started", now))
         u.process_seconds += seconds * s.get("processes", 1)
         u.class_a += s.get("class_a", 0)
         u.class_b += s.get("class_b", 0)

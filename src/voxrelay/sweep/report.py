@@ -4,7 +4,6 @@ durable step, who trains it) and ``<root>/sweeps/<sweep>/eval.png``, the experim
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 from voxrelay import storage
@@ -49,8 +48,8 @@ def _state_text(s: st.ExperimentState) -> str:
 def _holder(s: st.ExperimentState) -> str:
     if s.holder is None:
         return "-"
-    left = s.holder.get("expires", 0) - time.time()
-    return f"{s.holder.get('host')} pid {s.holder.get('pid')} (lease {left:.0f} s)"
+    # no expiry shown: it would compare this machine's clock with the holder's (a worker watches seq instead)
+    return f"{s.holder.get('host')} pid {s.holder.get('pid')} (renewal #{s.holder.get('seq', 0)})"
 
 
 def _best(best: tuple[int, float] | None) -> str:

@@ -19,14 +19,15 @@ EARLIER = {"id": "h:1:100", "host": "h", "pid": 1, "started": 100.0, "updated": 
            "processes": 2, "class_a": 1000, "class_b": 5000, "bytes_read": 7, "bytes_written": 11, "step": 40}
 
 
-def test_sessions_add_up_and_a_live_one_counts_until_now():
+def test_sessions_add_up_each_by_its_own_clock():
     later = EARLIER | {"id": "h:2:5000", "pid": 2, "started": 5000.0, "seconds": 600.0, "processes": 1,
                        "class_a": 10, "class_b": 20}
     u = usage_of([EARLIER, later])
     assert u.process_seconds == 3600 * 2 + 600 * 1 and (u.class_a, u.class_b) == (1010, 5020)
     assert (u.bytes_read, u.bytes_written, u.processes, u.sessions) == (14, 22, 1, 2)
-    live = usage_of([EARLIER, later], live={"host": "h", "pid": 2}, now=5000.0 + 900)
-    assert live.process_seconds == 3600 * 2 + 900  # trained on since its last record
+    # a session on a machine whose clock runs an hour ahead: its own seconds count, not our clock minus its start
+    ahead = later | {"started": later["started"] + 3600, "updated": later["updated"] + 3600}
+    assert usage_of([EARLIER, ahead]).process_seconds == 3600 * 2 + 600
 
 
 def test_a_session_records_its_own_entry_and_the_next_adds_one(tmp_path):
