@@ -85,6 +85,9 @@ def check_manifest(manifest: object) -> dict:
             raise CheckpointError(f"{MANIFEST} names {name!r}, which is not a plain file name inside the checkpoint")
         if not (isinstance(meta, dict) and isinstance(meta.get("size"), int) and isinstance(meta.get("sha256"), str)):
             raise CheckpointError(f"{MANIFEST} entry of {name} has no integer size and sha256")
+    elsewhere = manifest.get(ELSEWHERE, [])
+    if not isinstance(elsewhere, list) or any(not isinstance(n, str) or n not in files for n in elsewhere):
+        raise CheckpointError(f"{MANIFEST}'s {ELSEWHERE} list must name files of its file list, not {elsewhere!r}")
     return manifest
 
 

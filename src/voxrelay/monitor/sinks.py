@@ -222,14 +222,14 @@ class Monitor:
             log.warning("could not copy metrics to %s (%s); will retry at the next checkpoint", self.run_uri, err)
 
     def _copy_files(self) -> None:
-        if self.guard is not None:
-            self.guard()
         for path in sorted(self.local_dir.rglob("*")):
             if not path.is_file():
                 continue
             rel, stat = path.relative_to(self.local_dir).as_posix(), path.stat()
             if self.synced.get(rel) == (stat.st_size, stat.st_mtime_ns):
                 continue  # unchanged since this session uploaded it
+            if self.guard is not None:  # before each object: a take-over during a sync stops it at the next file
+                self.guard()
             storage.put_file(path, storage.join(self.run_uri, rel))
             self.synced[rel] = (stat.st_size, stat.st_mtime_ns)
 

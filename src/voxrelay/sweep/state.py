@@ -106,7 +106,8 @@ def states(root: str, sweep: Sweep, watch: LeaseWatch | None = None, ttl_s: floa
 
 
 def _failure_uri(root: str, sweep: Sweep, experiment: Experiment) -> str:
-    return storage.join(sweep_uri(root, sweep), FAILED_DIR, f"{experiment.name}.json")
+    return storage.checked_join(storage.join(sweep_uri(root, sweep), FAILED_DIR), f"{experiment.name}.json",
+                                "the sweep's queue", single=True)
 
 
 def read_failure(root: str, sweep: Sweep, experiment: Experiment) -> dict | None:
@@ -133,7 +134,8 @@ def clear_failure(root: str, sweep: Sweep, experiment: Experiment) -> None:
 
 
 def _attempts_uri(root: str, sweep: Sweep, experiment: Experiment) -> str:
-    return storage.join(sweep_uri(root, sweep), ATTEMPTS_DIR, f"{experiment.name}.json")
+    return storage.checked_join(storage.join(sweep_uri(root, sweep), ATTEMPTS_DIR), f"{experiment.name}.json",
+                                "the sweep's queue", single=True)
 
 
 def unseen_ends(root: str, sweep: Sweep, experiment: Experiment) -> int:

@@ -257,6 +257,18 @@ def test_fetch_and_verify_refuse_a_tampered_manifest(mgr, tmp_path):
         mgr.store.upload(dest, manifest)
 
 
+@pytest.mark.parametrize("elsewhere", [["../../x"], "model.safetensors", [["a"]]])
+def test_a_manifests_elsewhere_list_names_only_its_own_files(mgr, elsewhere):
+    """Issue 33 X2: the other machines' parts a manifest lists are names of its own file list, never paths."""
+    from voxrelay.checkpoint.store import ELSEWHERE, check_manifest
+
+    _save(mgr, 10)
+    manifest = storage.read_json(storage.join(mgr.store.root_uri, "step-00000010", MANIFEST))
+    assert check_manifest(manifest | {ELSEWHERE: sorted(manifest["files"])[:1]})
+    with pytest.raises(CheckpointError, match="elsewhere list must name files of its file list"):
+        check_manifest(manifest | {ELSEWHERE: elsewhere})
+
+
 class _CountingStore:
     """A bucket whose every upload fails with ``error`` (a fake: the uploader's own logic is under test;
     tests/integration exercises the real servers)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from voxrelay import storage
 from voxrelay.config import build_config
 from voxrelay.monitor.sinks import METRICS_FILE, build_monitor, read_jsonl
@@ -49,3 +51,28 @@ def test_a_sync_uploads_only_what_changed(s3_root: str, tmp_path: Path) -> None:
     assert sent == (tmp_path / "run" / METRICS_FILE).stat().st_size  # metrics.jsonl alone: the wav is unchanged
     assert [r["step"] for r in read_jsonl(storage.join(run_uri, METRICS_FILE))] == [1, 2]
     monitor.close()
+
+
+def test_a_take_over_during_a_sync_stops_it_at_the_next_file(s3_root: str, tmp_path: Path) -> None:
+    """Issue 33 fencing: the lease is checked before each object a metrics sync writes, not once per sync. The
+    take-over is forced right after the first file's check (the guard's hook), so the second is never written."""
+    from voxrelay.checkpoint.lease import LeaseLost, RunLease
+
+    run_uri = storage.join(s3_root, "runs", "r")
+    ours = RunLease(run_uri, 60)
+    ours.acquire()
+    checks: list[int] = []
+
+    def guard() -> None:
+        ours.check()
+        checks.append(1)
+        if len(checks) == 1:  # another session takes the run over while this sync is under way
+            RunLease(run_uri, 60, pause=lambda s: None).acquire(take_over=True)
+
+    cfg = build_config({"root": s3_root, "monitor": {"tensorboard": False}}, "test")
+    monitor = build_monitor(cfg, run_uri, tmp_path / "run", is_main=True, guard=guard)
+    (tmp_path / "run" / "a.txt").write_text("first")
+    (tmp_path / "run" / "b.txt").write_text("second")
+    with pytest.raises(LeaseLost):
+        monitor._copy_files()  # the sync's work, in this thread so its error is seen
+    assert storage.exists(storage.join(run_uri, "a.txt")) and not storage.exists(storage.join(run_uri, "b.txt"))

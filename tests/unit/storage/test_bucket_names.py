@@ -88,12 +88,19 @@ def test_an_index_shard_name_with_dots_is_not_cached_outside_on_s3(s3_root, tmp_
 @pytest.mark.parametrize("name", ["../x", "a/b", "/abs"])
 def test_a_sweep_experiment_name_with_a_separator_names_no_run_outside_runs(tmp_path, name):
     from voxrelay.sweep import state
-    from voxrelay.sweep.spec import Experiment
+    from voxrelay.sweep.spec import Experiment, Sweep
 
     with pytest.raises(storage.UnsafeName, match="queue") as err:
         state.run_uri(str(tmp_path), Experiment(name, {"train.lr": 0.1}))
     assert repr(name) in str(err.value)
     assert state.run_uri(str(tmp_path), Experiment("s-lr-0.1-abcdef", {})) == f"{tmp_path}/runs/s-lr-0.1-abcdef"
+    # its failure record and its attempts counter, by the same name: refused, nothing written anywhere
+    sweep = Sweep(str(tmp_path / "s.yaml"), "s", str(tmp_path / "base.yaml"), "d", (), (Experiment(name, {}),))
+    for write in (lambda e: state.record_failure(str(tmp_path), sweep, e, 1, "why", []),
+                  lambda e: state.note_start(str(tmp_path), sweep, e)):
+        with pytest.raises(storage.UnsafeName, match="queue"):
+            write(Experiment(name, {"train.lr": 0.1}))
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
 def test_a_wandb_run_id_with_a_separator_is_refused(tmp_path):
