@@ -181,7 +181,7 @@ class ShardCache:
 
     def _entries(self) -> OrderedDict[Path, int]:
         if self._lru is None:
-            found, inflight, to_come = [], 0, 0
+            found, flights, inflight, to_come = [], [], 0, 0
             for path in self.root.rglob("*"):
                 try:
                     st = path.stat()
@@ -190,12 +190,18 @@ class ShardCache:
                 if path.name == ".lock" or not stat.S_ISREG(st.st_mode):
                     continue
                 if PART in path.name or path.name.endswith(MARKER):
-                    held = self._in_flight(path, st)
-                    inflight += held[0]
-                    to_come += held[1]
+                    flights.append((path, self._in_flight(path, st)))
                     continue
                 found.append((max(st.st_mtime, st.st_atime), path, st.st_size))
             self._lru = OrderedDict((path, size) for _, path, size in sorted(found))
+            for path, held in flights:
+                # a download renamed into place whose marker its owner has not removed yet (_settle comes right
+                # after the rename): its bytes are the file's, counted above; counted twice they made room for
+                # nothing and evicted the shard just downloaded (seen as a flaky prefetch under a loaded CPU)
+                if path.name.endswith(MARKER) and self._lru.get(path.with_name(path.name[: -len(MARKER)])) == held[0]:
+                    continue
+                inflight += held[0]
+                to_come += held[1]
             self._bytes = sum(self._lru.values())
             self._inflight, self._to_come = inflight, to_come
         return self._lru

@@ -169,6 +169,26 @@ def test_files_left_by_a_process_killed_mid_download_are_removed_and_live_ones_c
     assert sorted(p.name for p in folder.glob("*.parquet")) == ["train-00002.parquet"]
 
 
+def test_a_download_renamed_into_place_is_counted_once_not_evicted_by_the_next_claim(memory_root, tmp_path,
+                                                                                      monkeypatch):
+    _shards(memory_root)
+    size = max(storage.size(sh.shard_uri(memory_root, f"train-{n:05d}")) for n in range(2))
+    cache = ShardCache(tmp_path / "prepared", 5 * size // 2)  # two shards fit, not three
+    real_settle = ShardCache._settle
+
+    def settle(self, marker, path, n):  # shard 0 is in place, its marker not yet removed: the prefetch's other
+        if path.name == "train-00000.parquet":  # thread claims shard 1 in that moment (seen under a loaded CPU)
+            assert path.exists() and marker.exists()
+            assert _read(cache, memory_root, 1) == storage.read_bytes(sh.shard_uri(memory_root, "train-00001"))
+        real_settle(self, marker, path, n)
+
+    monkeypatch.setattr(ShardCache, "_settle", settle)
+    assert _read(cache, memory_root, 0) == storage.read_bytes(sh.shard_uri(memory_root, "train-00000"))
+    folder = tmp_path / "prepared" / uri_key(memory_root)
+    assert sorted(p.name for p in folder.glob("*.parquet")) == ["train-00000.parquet", "train-00001.parquet"]
+    assert cache.stats["downloaded"] == 2 and _left(tmp_path / "prepared") == []
+
+
 @pytest.mark.parametrize("backend", ["memory_root", "s3_root", "gcs_root"])
 def test_a_cached_copy_not_matching_its_sha256_is_downloaded_again_older_data_is_checked_by_size(
         backend, request, tmp_path, monkeypatch):
