@@ -145,9 +145,12 @@ class Plan:
         return min(fitting, key=lambda r: (r.strategy.gpus, r.strategy.exotic), default=None)
 
 
-def compute_mode(cfg: RunConfig, strategy: str) -> str:
-    """``fp32`` without mixed precision; pure ``bf16`` under FSDP2's mixed precision; else ``autocast``."""
-    if cfg.train.precision == "no":
+def compute_mode(cfg: RunConfig, strategy: str, bf16: bool = True) -> str:
+    """``fp32`` without mixed precision; pure ``bf16`` under FSDP2's mixed precision; else ``autocast``.
+    ``train.precision=auto`` resolves as training does on a CUDA card with (``bf16``) or without native bf16."""
+    from voxrelay.precision import Capability, resolve
+
+    if resolve(cfg.train.precision, strategy, Capability("GPU", bf16))[0] == "no":
         return "fp32"
     return "bf16" if strategy == "fsdp" else "autocast"
 
@@ -259,7 +262,8 @@ def configured(cfg: RunConfig, gpus: int) -> Strategy:
                     bool(getattr(tc, "cpu_offload", False)), bool(getattr(tc, "gradient_checkpointing", False)))
 
 
-def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gpu_bytes: int) -> Plan:
+def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gpu_bytes: int,
+              bf16: bool = True) -> Plan:
     if gpus < 1:
         raise PlanError(f"--gpus {gpus} must be at least 1")
     rows = []
@@ -267,7 +271,7 @@ def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gp
     if configured(cfg, gpus) not in priced:  # e.g. LoRA with 8-bit Adam: price the config's own choice too
         priced.append(configured(cfg, gpus))
     for st in priced:
-        compute = compute_mode(cfg, st.strategy)
+        compute = compute_mode(cfg, st.strategy, bf16)
         b = per_gpu(facts, st, lengths.tokens, compute)
         rows.append(PlanRow(st, lengths.tokens, b, b["total"] <= gpu_bytes, max_tokens(facts, st, compute, gpu_bytes)))
     total = sum(p.numel for p in facts.params[False])
