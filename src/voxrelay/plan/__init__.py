@@ -317,7 +317,8 @@ def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gp
                             host, host_memory is None or host["machine"] <= host_memory))
     total = sum(p.numel for p in facts.params[False])
     trainable = {lora: sum(p.numel for p in facts.params[lora] if p.trainable) for lora in (False, True)}
-    precision = "" if cfg.train.precision != "auto" else ("auto: bf16" if bf16 else "auto: fp16 with a loss scaler "
-                                                             "(this card has no bf16; fsdp rows fp32)")
+    precision = {"auto": "auto: bf16" if bf16 else "auto: fp16 with a loss scaler (this card has no bf16; fsdp rows "
+                 "fp32)", "bf16": "" if bf16 else "bf16, emulated on this card (slow): train.precision=auto trains "
+                 "in fp16 here"}.get(cfg.train.precision, "")
     return Plan(rows, lengths, gpu_bytes, total, trainable, host_memory, precision)
 

@@ -104,13 +104,15 @@ def print_offers(found: list[Offer], console: Any, spot: bool, host_memory: int 
     """A line per card that fits, cheapest first, then the answer."""
     from rich.table import Table
 
+    from voxrelay.plan.render import short_name
+
     kind = "spot" if spot else "on-demand"
     table = Table(title=f"cheapest fit per card, {kind} prices (USD per GPU-hour; cost.gpu_hour overrides)")
     for name in ("card", "GPUs", "strategy", "GB per GPU", "host GB", "$/GPU-h", "s/step", "hours", "run $"):
         table.add_column(name, justify="left" if name in ("card", "strategy") else "right", no_wrap=True)
     for o in found:
         price = "-" if o.price is None else f"{o.price:.3g}"
-        table.add_row(o.card.label, str(o.row.strategy.gpus), o.row.strategy.name.split(" ", 1)[1],
+        table.add_row(o.card.label, str(o.row.strategy.gpus), short_name(o.row),
                       f"{o.row.per_gpu_bytes['total'] / 1e9:.1f}", f"{o.row.host_bytes['machine'] / 1e9:.1f}",
                       price, f"{o.step_seconds:.3g}", f"{o.hours:.3g}", "-" if o.cost is None else f"{o.cost:.2f}")
     console.print(table)
