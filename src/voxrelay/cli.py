@@ -211,10 +211,13 @@ def _print_plan(cfg, facts, lengths, gpus: int, gpu_bytes: int, gpu: str | None,
     console = Console(soft_wrap=True, width=max(out.width, 132))
     host = host_memory_of(host_memory, gpu, this_machine=not cheapest)
     if cheapest:
-        from voxrelay.plan.cheapest import measured_step_seconds, offers, print_offers
+        from voxrelay.plan import cheapest as cheap
 
-        found = offers(cfg, facts, lengths, gpus, spot, host, measured_step_seconds(cfg.run_uri))
-        print_offers(found, console, spot, host)
+        found = cheap.offers(cfg, facts, lengths, gpus, spot, host, cheap.measured_step_seconds(cfg.run_uri))
+        if as_json:
+            print(cheap.to_json(found))
+        else:
+            cheap.print_offers(found, console, spot, host)
         return
     plan = make_plan(cfg, facts, lengths, gpus, gpu_bytes, gpu_bf16(gpu), host)
     if as_json:

@@ -72,3 +72,19 @@ def test_the_card_table_names_the_cheap_cards_and_which_have_no_bf16():
     assert all(c.on_demand and c.spot and c.spot < c.on_demand for c in CARDS.values())
     card, profile = card_named("colab-t4")
     assert card.key == "t4" and profile is PROFILES["colab-t4"] and profile.host_memory == int(12.7 * GB)
+
+
+def test_the_answer_names_card_price_step_time_and_its_basis():
+    import io
+
+    from rich.console import Console
+
+    from voxrelay.plan.cheapest import print_offers
+
+    found = offers(_cfg(), _facts(40), Lengths(TOKENS, "t"), 1, host_memory=16 * GB, measured=3.0)
+    buf = io.StringIO()
+    print_offers(found, Console(file=buf, width=200, color_system=None), False, 16 * GB)
+    last = buf.getvalue().strip().splitlines()
+    assert last[-2].startswith("cheapest: 1 x L40S 48GB (on-demand $1.4/GPU-h, RunPod), ddpx1 full adafactor: ")
+    assert f"${_by_hand(40, 362, 1.40):.2f}" in last[-2] and "estimated from FLOPs at 30% of 362 TFLOPS" in last[-2]
+    assert last[-1].startswith("at this run's measured 3 s per step") and f"${STEPS * 3 / 3600 * 1.4:.2f}" in last[-1]

@@ -100,6 +100,17 @@ def measured_step_seconds(run_uri: str) -> float | None:
     return 1 / sps if sps else None
 
 
+def to_json(found: list[Offer]) -> str:
+    """One object per card that fits, cheapest first (``--cheapest --json``)."""
+    import json
+
+    return json.dumps([{"card": o.card.key, "gpus": o.row.strategy.gpus, "strategy": o.row.strategy.name,
+                        "per_gpu_bytes": o.row.per_gpu_bytes["total"], "host_bytes": o.row.host_bytes["machine"],
+                        "usd_per_gpu_hour": o.price, "step_seconds": o.step_seconds, "step_basis": o.basis,
+                        "steps": o.steps, "hours": o.hours, "usd": o.cost, "measured_step_seconds": o.measured,
+                        "measured_usd": o.measured_cost} for o in found], indent=1)
+
+
 def print_offers(found: list[Offer], console: Any, spot: bool, host_memory: int | None) -> None:
     """A line per card that fits, cheapest first, then the answer."""
     from rich.table import Table
