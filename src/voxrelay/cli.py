@@ -205,7 +205,7 @@ def plan_cmd(
 
 def _print_plan(cfg, facts, lengths, gpus: int, gpu_bytes: int, gpu: str | None, host_memory: str | None,
                 cheapest: bool, spot: bool, as_json: bool) -> None:
-    from voxrelay.plan import configured, gpu_bf16, host_memory_of, make_plan
+    from voxrelay.plan import configured, gpu_bf16, host_memory_of, host_source, make_plan
     from voxrelay.plan.render import print_plan, to_json
 
     console = Console(soft_wrap=True, width=max(out.width, 132))
@@ -220,6 +220,7 @@ def _print_plan(cfg, facts, lengths, gpus: int, gpu_bytes: int, gpu: str | None,
             cheap.print_offers(found, console, spot, host)
         return
     plan = make_plan(cfg, facts, lengths, gpus, gpu_bytes, gpu_bf16(gpu), host)
+    plan.host_source = host_source(host_memory, gpu)
     if as_json:
         print(to_json(plan))
     else:

@@ -82,5 +82,6 @@ def test_plan_on_a_free_colab_t4_says_the_host_is_short(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["plan", str(tmp_path / "run.yaml"), f"root={tmp_path}", "--gpu", "colab-t4",
                                    "--seq-len", "2048"])
     assert res.exit_code == 0, res.output
-    assert "host RAM: 12.7 GB per machine; precision auto: fp16 with a loss scaler" in res.output
+    assert "host RAM: 12.7 GB per machine (free Colab, T4 runtime); precision auto: fp16 with a loss scaler" \
+        in res.output
     assert "recommended: fsdp" not in res.output and "offload" not in res.output.split("this config")[1]

@@ -85,7 +85,7 @@ def gpu_bf16(gpu: str | None) -> bool:
 
 def host_memory_of(value: str | None, gpu: str | None, this_machine: bool = True) -> int | None:
     """Bytes of RAM of one machine: ``--host-memory``, else a Colab profile's (``--gpu colab-t4``), else this
-    machine's (``this_machine``), else None (not checked)."""
+    machine's (``this_machine``), else None (not checked). :func:`host_source` says which."""
     from voxrelay.plan.cards import card_named
     from voxrelay.plan.host import this_machine as ram
 
@@ -98,6 +98,16 @@ def host_memory_of(value: str | None, gpu: str | None, this_machine: bool = True
     if named and named[1] is not None:
         return named[1].host_memory
     return ram() if this_machine else None
+
+
+def host_source(value: str | None, gpu: str | None) -> str:
+    """Where :func:`host_memory_of` took the machine's RAM from, for the plan's header."""
+    from voxrelay.plan.cards import PROFILES
+
+    if value:
+        return "--host-memory"
+    key = (gpu or "").strip().lower()
+    return f"{PROFILES[key].note}" if key in PROFILES else "this machine's; --host-memory GB for another"
 
 
 @dataclass(frozen=True)
@@ -173,6 +183,7 @@ class Plan:
     trainable: dict[bool, int] = field(default_factory=dict)
     host_memory: int | None = None  # bytes of RAM of one machine; None: not checked
     precision: str = ""  # what train.precision computes in on this card, when it says so
+    host_source: str = ""  # where host_memory came from (--host-memory, a Colab runtime, this machine)
 
     def recommended(self, lora: bool | None = None) -> PlanRow | None:
         """The row fitting GPU and host with the fewest GPUs, then the least exotic strategy (``lora`` filters)."""

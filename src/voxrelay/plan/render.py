@@ -40,7 +40,8 @@ def short_name(r: PlanRow) -> str:
 
 
 def _host_line(plan: Plan) -> str:
-    host = (f"host RAM: {plan.host_memory / GB:.1f} GB per machine" if plan.host_memory
+    source = f" ({plan.host_source})" if plan.host_source else ""
+    host = (f"host RAM: {plan.host_memory / GB:.1f} GB per machine{source}" if plan.host_memory
             else "host RAM: not checked (--host-memory GB)")
     return host + (f"; precision {plan.precision}" if plan.precision else "")
 
