@@ -78,3 +78,24 @@ def test_a_run_saved_before_auto_keeps_fp32_on_a_bf16_card(tmp_path):
     resumed = settle(_run(tmp_path), fresh=False, card=A100)
     assert resumed.train.precision == "no"
     assert config_changes(old, resumed.to_dict()) == ([], [])
+
+
+def test_plan_prices_auto_on_a_card_without_bf16_as_training_resolves_it():
+    """`plan --gpu t4` (or v100): DDP rows autocast in fp16 (the same bytes as bf16), FSDP rows in fp32 (more
+    than on a bf16 card: gathered units and activations in fp32); the header says fp16 with a loss scaler."""
+    from voxrelay.plan import Lengths, ModelFacts, compute_mode, gpu_bf16, make_plan
+    from voxrelay.plan.formulas import Param, Shape
+
+    cfg = load_config(None, [])
+    assert [gpu_bf16(g) for g in ("t4", "v100", "colab-t4", "l4", None)] == [False, False, False, True, True]
+    assert (compute_mode(cfg, "fsdp", False), compute_mode(cfg, "fsdp", True)) == ("fp32", "bf16")
+    assert compute_mode(cfg, "ddp", False) == compute_mode(cfg, "ddp", True) == "autocast"
+    params = [Param((1024, 1024), 4, True, True) for _ in range(8)]
+    shape = Shape(1024, 2048, 8, 256, 128, 8, 1000)
+    facts = ModelFacts({False: params, True: params}, {False: shape, True: shape},
+                       {False: (2**20, 2**20), True: (2**20, 2**20)}, 1000)
+    t4, a100 = (make_plan(cfg, facts, Lengths(512, "t"), 2, 15 * 10**9, bf16) for bf16 in (False, True))
+    for a, b in zip(t4.rows, a100.rows, strict=True):
+        more = a.per_gpu_bytes["total"] > b.per_gpu_bytes["total"]
+        assert more if a.strategy.strategy == "fsdp" else a.per_gpu_bytes == b.per_gpu_bytes, a.strategy
+    assert t4.precision.startswith("auto: fp16 with a loss scaler") and a100.precision == "auto: bf16"
