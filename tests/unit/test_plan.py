@@ -313,7 +313,7 @@ def test_gpu_memory_parsing() -> None:
         with pytest.raises(PlanError, match="--gpu-memory"):
             parse_gpu_memory(bad, None)
     with pytest.raises(PlanError, match="a100-40gb"):
-        parse_gpu_memory(None, "v100")
+        parse_gpu_memory(None, "p100")
 
 
 def test_plan_without_data_or_seq_len_exits_2_naming_the_fix(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from voxrelay.config import RunConfig
 from voxrelay.errors import UserError
+from voxrelay.plan.cards import CARDS, PROFILES
 from voxrelay.plan.formulas import (
     FRAGMENTATION,
     GB,
@@ -48,8 +49,7 @@ from voxrelay.plan.formulas import (
 
 GIB = 2**30
 # memory torch can use (torch.cuda.mem_get_info on an idle card), not the marketing size
-GPU_PRESETS = {"a100-40gb": 39.4 * GIB, "a100-80gb": 79.1 * GIB, "h100": 79.1 * GIB, "l4": 22.0 * GIB,
-               "t4": 14.6 * GIB, "a10g": 22.0 * GIB}
+GPU_PRESETS = {**{k: c.memory for k, c in CARDS.items()}, **{k: CARDS[p.card].memory for k, p in PROFILES.items()}}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gb|gib|mb|mib)?\s*$", re.IGNORECASE)
 _UNITS = {"gb": GB, "gib": GIB, "mb": 10**6, "mib": 2**20, None: GB}
 # how unusual a choice is, for the recommendation (fewest GPUs first, then the least exotic)
@@ -73,6 +73,41 @@ def parse_gpu_memory(value: str | None, gpu: str | None) -> int:
         raise PlanError(f"--gpu-memory {value!r} is not a size; write e.g. 80GB, 40GiB or 24000MB")
     unit = m.group(2).lower() if m.group(2) else None
     return int(float(m.group(1)) * _UNITS[unit])
+
+
+def gpu_bf16(gpu: str | None) -> bool:
+    """Whether ``--gpu NAME`` computes in bf16 natively (an unnamed GPU is assumed to: A100, L4, H100, ...)."""
+    from voxrelay.plan.cards import card_named
+
+    named = card_named(gpu) if gpu else None
+    return True if named is None else named[0].bf16
+
+
+def host_memory_of(value: str | None, gpu: str | None, this_machine: bool = True) -> int | None:
+    """Bytes of RAM of one machine: ``--host-memory``, else a Colab profile's (``--gpu colab-t4``), else this
+    machine's (``this_machine``), else None (not checked). :func:`host_source` says which."""
+    from voxrelay.plan.cards import card_named
+    from voxrelay.plan.host import this_machine as ram
+
+    if value:
+        m = _SIZE_RE.match(value)
+        if not m or float(m.group(1)) <= 0:
+            raise PlanError(f"--host-memory {value!r} is not a size; write e.g. 12.7GB, 64GiB or 52000MB")
+        return int(float(m.group(1)) * _UNITS[m.group(2).lower() if m.group(2) else None])
+    named = card_named(gpu) if gpu else None
+    if named and named[1] is not None:
+        return named[1].host_memory
+    return ram() if this_machine else None
+
+
+def host_source(value: str | None, gpu: str | None) -> str:
+    """Where :func:`host_memory_of` took the machine's RAM from, for the plan's header."""
+    from voxrelay.plan.cards import PROFILES
+
+    if value:
+        return "--host-memory"
+    key = (gpu or "").strip().lower()
+    return f"{PROFILES[key].note}" if key in PROFILES else "this machine's; --host-memory GB for another"
 
 
 @dataclass(frozen=True)
@@ -125,10 +160,18 @@ class PlanRow:
     per_gpu_bytes: dict[str, int]
     fits: bool
     max_tokens: int  # the largest micro-batch (tokens) that fits, 0 when nothing does
+    host_bytes: dict[str, int] = field(default_factory=dict)  # per process and per machine (plan/host.py)
+    host_fits: bool = True  # the machine's RAM holds every process of the run (True when not checked)
+
+    @property
+    def usable(self) -> bool:
+        """Fits the GPU and the host: what the plan may recommend."""
+        return self.fits and self.host_fits
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self.strategy), "seq_len": self.seq_len, "per_gpu_bytes": self.per_gpu_bytes,
-                "fits": self.fits, "max_batch_tokens": self.max_tokens}
+                "fits": self.fits, "max_batch_tokens": self.max_tokens, "host_bytes": self.host_bytes,
+                "host_fits": self.host_fits}
 
 
 @dataclass
@@ -138,16 +181,22 @@ class Plan:
     gpu_bytes: int
     total_params: int
     trainable: dict[bool, int] = field(default_factory=dict)
+    host_memory: int | None = None  # bytes of RAM of one machine; None: not checked
+    precision: str = ""  # what train.precision computes in on this card, when it says so
+    host_source: str = ""  # where host_memory came from (--host-memory, a Colab runtime, this machine)
 
     def recommended(self, lora: bool | None = None) -> PlanRow | None:
-        """The fitting row with the fewest GPUs, then the least exotic strategy (``lora`` filters)."""
-        fitting = [r for r in self.rows if r.fits and (lora is None or r.strategy.lora == lora)]
+        """The row fitting GPU and host with the fewest GPUs, then the least exotic strategy (``lora`` filters)."""
+        fitting = [r for r in self.rows if r.usable and (lora is None or r.strategy.lora == lora)]
         return min(fitting, key=lambda r: (r.strategy.gpus, r.strategy.exotic), default=None)
 
 
-def compute_mode(cfg: RunConfig, strategy: str) -> str:
-    """``fp32`` without mixed precision; pure ``bf16`` under FSDP2's mixed precision; else ``autocast``."""
-    if cfg.train.precision == "no":
+def compute_mode(cfg: RunConfig, strategy: str, bf16: bool = True) -> str:
+    """``fp32`` without mixed precision; pure ``bf16`` under FSDP2's mixed precision; else ``autocast``.
+    ``train.precision=auto`` resolves as training does on a CUDA card with (``bf16``) or without native bf16."""
+    from voxrelay.precision import Capability, resolve
+
+    if resolve(cfg.train.precision, strategy, Capability("GPU", bf16))[0] == "no":
         return "fp32"
     return "bf16" if strategy == "fsdp" else "autocast"
 
@@ -259,7 +308,12 @@ def configured(cfg: RunConfig, gpus: int) -> Strategy:
                     bool(getattr(tc, "cpu_offload", False)), bool(getattr(tc, "gradient_checkpointing", False)))
 
 
-def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gpu_bytes: int) -> Plan:
+def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gpu_bytes: int,
+              bf16: bool = True, host_memory: int | None = None) -> Plan:
+    """Every strategy on 1, 2, 4, ... ``gpus`` GPUs of ``gpu_bytes`` each (``bf16``: with native bf16, for
+    ``train.precision=auto``), and its host RAM against ``host_memory`` bytes per machine (None: not checked)."""
+    from voxrelay.plan.host import host_bytes
+
     if gpus < 1:
         raise PlanError(f"--gpus {gpus} must be at least 1")
     rows = []
@@ -267,10 +321,15 @@ def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gp
     if configured(cfg, gpus) not in priced:  # e.g. LoRA with 8-bit Adam: price the config's own choice too
         priced.append(configured(cfg, gpus))
     for st in priced:
-        compute = compute_mode(cfg, st.strategy)
+        compute = compute_mode(cfg, st.strategy, bf16)
         b = per_gpu(facts, st, lengths.tokens, compute)
-        rows.append(PlanRow(st, lengths.tokens, b, b["total"] <= gpu_bytes, max_tokens(facts, st, compute, gpu_bytes)))
+        host = host_bytes(cfg, facts, st, lengths.tokens)
+        rows.append(PlanRow(st, lengths.tokens, b, b["total"] <= gpu_bytes, max_tokens(facts, st, compute, gpu_bytes),
+                            host, host_memory is None or host["machine"] <= host_memory))
     total = sum(p.numel for p in facts.params[False])
     trainable = {lora: sum(p.numel for p in facts.params[lora] if p.trainable) for lora in (False, True)}
-    return Plan(rows, lengths, gpu_bytes, total, trainable)
+    precision = {"auto": "auto: bf16" if bf16 else "auto: fp16 with a loss scaler (this card has no bf16; fsdp rows "
+                 "fp32)", "bf16": "" if bf16 else "bf16, emulated on this card (slow): train.precision=auto trains "
+                 "in fp16 here"}.get(cfg.train.precision, "")
+    return Plan(rows, lengths, gpu_bytes, total, trainable, host_memory, precision)
 

@@ -33,12 +33,13 @@ from voxrelay.models.registry import build_model
 from voxrelay.monitor.sinks import TB_DIR, WANDB_RUN_FILE, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, USAGE_FILE, cache_dir, uri_key
 from voxrelay.plan.fit import check_fits, gpu_memory
+from voxrelay.precision import settle as settle_precision
 from voxrelay.quality.scorer import Scorer
 from voxrelay.storage.mounts import root_mount
 from voxrelay.train import state as st
 from voxrelay.train.data import build_stream, check_trainable, eval_split
 from voxrelay.train.evaluate import SAMPLES_DIR
-from voxrelay.train.launch_env import apply_accelerate_env, one_voice_per_job
+from voxrelay.train.launch_env import apply_accelerate_env, launched_rank, one_voice_per_job
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available, started_schedule
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
 from voxrelay.train.ranks import Ranks
@@ -145,6 +146,7 @@ def build_run(cfg: RunConfig, fresh: bool = False, take_over: bool = False) -> R
     valid checkpoint restored (none with ``fresh``: the run's checkpoints and metrics are deleted)."""
     one_voice_per_job()  # launch-time lines once per job, not once per process
     cfg = apply_accelerate_env(cfg)  # `accelerate launch`: its precision, FSDP settings, before anything records cfg
+    cfg = settle_precision(cfg, fresh, say=launched_rank() == 0)  # auto: this card's, or what the run recorded
     # cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone); no
     # torch.compile whatever ACCELERATE_DYNAMO_BACKEND says (named as not applied above)
     accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available(),

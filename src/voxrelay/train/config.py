@@ -32,7 +32,7 @@ class TrainConfig(Section):
     # stands for (so resuming such a run keeps what it started with, see voxrelay.train.optim.started_schedule)
     ADDED_WITH_NEW_BEHAVIOUR: ClassVar[dict[str, object]] = {"warmup_from_zero": False}
     # keys whose default changed: the old default, which a saved config holds when its run did not set the key
-    CHANGED_DEFAULTS: ClassVar[dict[str, object]] = {"min_lr_ratio": 0.1}
+    CHANGED_DEFAULTS: ClassVar[dict[str, object]] = {"min_lr_ratio": 0.1, "precision": "no"}
 
     seed: int = Field(0, description="Seed of init, batch order and sampling")
     max_steps: int = Field(300, gt=0, description="Optimizer steps of the run")
@@ -75,7 +75,11 @@ class TrainConfig(Section):
         False, description="Also decay norms, biases and other 1-d parameters (one group, as voxrelay did before "
         "0.2 and the demo still does); false: they get no weight decay, the usual practice",
     )
-    precision: Literal["no", "bf16", "fp16"] = Field("no", description="Mixed precision (accelerate)")
+    precision: Literal["auto", "no", "bf16", "fp16"] = Field(
+        "auto", description="Mixed precision (accelerate). auto: bf16 on a card with native bf16 (A100, L4, A10G, "
+        "RTX 3090/4090, L40S, H100), fp16 with a loss scaler on one without (T4, V100; fp32 under fsdp there), fp32 "
+        "on CPU; the run records what it resolved to and keeps it on resume. Runs saved before auto keep no (fp32)",
+    )
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step")
     shuffle_window: int = Field(
         64, ge=0, description="Shards per shuffle window: each epoch shuffles the shard order, cuts it into windows "
