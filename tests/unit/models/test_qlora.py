@@ -206,3 +206,19 @@ def test_base_bits_allows_4_or_8_only():
 
     with pytest.raises(ConfigError, match=r"train.lora.base_bits"):
         load_config(None, ["train.lora.base_bits=2"])
+
+
+@pytest.mark.parametrize("start", [[], ["train.lora.r=8"], ["train.lora.base_bits=8"]])
+def test_the_plan_advises_qlora_as_overrides_that_give_its_row(start):
+    """What ``plan``/an OOM advise (``overrides``) turns the config into the QLoRA row, and back."""
+    from voxrelay.config import load_config
+    from voxrelay.plan import Strategy, configured
+    from voxrelay.plan.fit import overrides
+
+    cfg = load_config(None, start)
+    for st in (Strategy("ddp", 1, True, "adamw", gradient_checkpointing=True, base_bits=4),
+               Strategy("ddp", 1, True, "adamw"), Strategy("ddp", 1, False, "adamw")):
+        if st == configured(cfg, 1):
+            continue
+        advised = load_config(None, [*start, *overrides(st, cfg).split()])
+        assert configured(advised, 1) == st, (start, overrides(st, cfg))
