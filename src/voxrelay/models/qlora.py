@@ -5,8 +5,10 @@ those) for 4, LLM.int8 (``Linear8bitLt``: int8 rows with an fp32 scale each) for
 What is quantised: every ``torch.nn.Linear`` inside the family's layer units (:meth:`FamilyModel.fsdp_layer_classes`:
 the decoder layers, where nearly all the parameters are) whose parameters are all frozen and not shared with
 another module. Left in their dtype: the adapters and whatever trains in full (they train), the embeddings and
-the output head (tied to the embeddings in Llama-3.2, and the loss reads the head's weight directly), and the
-frozen parts outside the layers (audio tokenizers, connectors: small, and their outputs feed every position).
+the output head (tied to the embeddings in Llama-3.2, and the loss reads the head's weight directly), the
+frozen parts outside the layers (audio tokenizers, connectors: small, and their outputs feed every position),
+and the Linears a transformers model keeps in float (``_keep_in_fp32_modules``: T5's ``wo``, which casts its
+input to its weight's dtype, as transformers' own bitsandbytes loading does).
 
 The quantised weights are a pure function of the base weights (bitsandbytes' quantisation is deterministic):
 each session quantises the base it rebuilds from its source (``model.init_from`` or the seeded random init,
@@ -63,6 +65,8 @@ def frozen_linears(module: torch.nn.Module, layer_classes: tuple[type, ...]) -> 
     import torch
 
     uses = Counter(id(p) for _, p in module.named_parameters(remove_duplicate=False))
+    # what a transformers model says must stay in float (T5's `wo`: it casts its input to that weight's dtype)
+    keep = {name for m in module.modules() for name in getattr(m, "_keep_in_fp32_modules", None) or ()}
     found, seen = [], set()
     for layer in module.modules():
         if not (layer_classes and isinstance(layer, layer_classes)):
@@ -71,7 +75,7 @@ def frozen_linears(module: torch.nn.Module, layer_classes: tuple[type, ...]) -> 
             if _PEFT_OWN & set(path.split(".")) or any(part.startswith("lora_") for part in path.split(".")):
                 continue  # the adapters and the trained copies: frozen too once loaded for inference
             for name, child in parent.named_children():
-                if type(child) is not torch.nn.Linear or id(child) in seen:
+                if type(child) is not torch.nn.Linear or id(child) in seen or name in keep:
                     continue
                 params = list(child.parameters())
                 if any(p.requires_grad for p in params) or any(uses[id(p)] > 1 for p in params):

@@ -222,3 +222,40 @@ def test_the_plan_advises_qlora_as_overrides_that_give_its_row(start):
             continue
         advised = load_config(None, [*start, *overrides(st, cfg).split()])
         assert configured(advised, 1) == st, (start, overrides(st, cfg))
+
+
+def test_parler_quantises_its_decoder_and_frozen_t5_and_trains_its_adapters(tmp_path):
+    """Parler-TTS: the decoder layers' and the frozen T5 blocks' Linears (both its FSDP units) in NF4 but T5's `wo`,
+    the loss reaches the adapters; dequantised and merged, the model computes what the quantised one did (with
+    `wo` quantised it did not: T5 cast its input to the packed weight's uint8)."""
+    from tests.helpers.parler import save_parts
+    from tests.unit.models.test_parler_family import _build, _rows
+    from voxrelay.models.base import pop_counts
+    from voxrelay.train.strategies import apply_lora, trainable_state
+
+    model = _build(save_parts(tmp_path), "model.dropout=0")
+    torch.manual_seed(0)
+    apply_lora(model, LoraConfig(base_bits=4))
+    quantised = [n for n, m in model.module.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert any(".decoder.layers." in n for n in quantised) and any("text_encoder." in n for n in quantised)
+    assert not any("lm_heads" in n or "embed" in n for n in quantised)
+    assert not any(n.endswith(".wo") for n in quantised)  # T5 keeps it in float (it casts its input to its dtype)
+    trained = trainable_state(model.module)
+    with torch.no_grad():  # B starts at 0: give the adapters an effect, as after a few steps
+        for k, v in trained.items():
+            if "lora_B" in k:
+                v.normal_(0, 0.1)
+    batch = model.collate([model.example(r) for r in _rows()])
+    pop_counts(batch)
+    terms = model.loss(model.module, batch)
+    sum(t.weight * t.sum / t.count for t in terms.values()).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for k, p in trained.items() if "lora_A" in k)
+    from voxrelay.models.qlora import dequantise_base
+
+    model.module.eval()  # no adapter dropout
+    with torch.no_grad():
+        before = sum(float(t.sum) for t in model.loss(model.module, batch).values())
+        assert dequantise_base(model.module) == len(quantised)
+        model.module = model.module.merge_and_unload()
+        after = sum(float(t.sum) for t in model.loss(model.module, batch).values())
+    assert after == pytest.approx(before, rel=1e-5)
