@@ -38,6 +38,7 @@ from voxrelay.errors import UserError, one_line
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request, sampling_options
 from voxrelay.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_key_mapping, module_keys
+from voxrelay.models.qlora import dequantise_base, quantise_base
 from voxrelay.models.registry import build_model, load_model
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem, write_file, writing
 from voxrelay.train.resume import BASE_HASH
@@ -55,6 +56,7 @@ CODEC_JSON = "codec.json"
 CODEC_STATE = "codec.safetensors"
 VOXRELAY_FORMAT = "voxrelay"  # export's default: what synthesize/eval load back (upstream-loadable where it can be)
 LORA_NOTE = "lora"  # key of voxrelay.json in an adapter-only export: how to rebuild the base
+BASE_BITS = "base_bits"  # key of that note: the base was quantised to these bits (QLoRA), absent otherwise
 log = logging.getLogger(__name__)
 
 
@@ -96,6 +98,8 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
         return model, codec, ckpt.step, None
     note = {"base": describe_base(cfg.model, cfg.train.seed), "base_hash": base, "seed": cfg.train.seed,
             "model": cfg.model.model_dump(mode="json"), "data": data.to_note()}
+    if cfg.train.lora.base_bits:  # QLoRA: trained on the quantised base, which loading the export rebuilds
+        note[BASE_BITS] = cfg.train.lora.base_bits
     return model, codec, ckpt.step, note
 
 
@@ -145,6 +149,8 @@ def _load_adapter_export(path: Path) -> FamilyModel:
     prefix = model.upstream_prefix  # the transformers model's place in module (the adapter's root)
     with quiet_peft():
         model.module = peft.PeftModel.from_pretrained(model.module, str(path), key_mapping=adapter_key_mapping(prefix))
+    if note.get(BASE_BITS):  # trained on a quantised base (QLoRA): synthesis computes on the same one
+        quantise_base(model, int(note[BASE_BITS]), None)
     with safe_open(str(path / ADAPTER_WEIGHTS), "pt") as f:
         saved = module_keys(set(f.keys()), prefix)
     expected = set(peft.get_peft_model_state_dict(model.module))
@@ -363,6 +369,7 @@ def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path, lora_note
         raise InferenceError("--adapter-only applies to runs trained with train.lora; export without it")
     out.mkdir(parents=True, exist_ok=True)
     if lora_note is not None and not adapter_only:
+        dequantise_base(model.module)  # QLoRA: the base the adapters were trained on, in its dtype, to merge into
         model.module = model.module.merge_and_unload()  # W + scale * B @ A: a plain model of the family
     if fmt != VOXRELAY_FORMAT:
         model.save_as(fmt, out, codec)

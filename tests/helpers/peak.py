@@ -171,6 +171,15 @@ CPU_ROWS = {
                                                      "model.frames_per_position=null",
                                                      "model.text_position_scale=null",
                                                      "model.audio_embedding=free"], 520, "layers"),
+    # QLoRA: the layers' frozen Linears in NF4 (codes + double-quantised absmax), adapters and the trained embedding
+    # and head in fp32; one weight dequantised at a time in backward. (int8 is not held here: on CPU bitsandbytes
+    # trains it through MatMul8bitFp, which keeps each Linear's input on its autograd context, out of reach of
+    # checkpointing: +(3h + I) x 4 bytes per token per layer, measured; a GPU takes the MatMul8bitLt path)
+    "ddp-qlora4-gc-fp32": ("codec_lm", (512, 8, 8, 2), ["train.precision=no", "train.lora.base_bits=4",
+                                                       "train.gradient_checkpointing=true",
+                                                       "model.frames_per_position=null",
+                                                       "model.text_position_scale=null",
+                                                       "model.audio_embedding=free"], 256, "layers"),
 }
 
 

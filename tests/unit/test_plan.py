@@ -338,14 +338,14 @@ def test_plan_works_from_a_folder_holding_only_config_json(tmp_path: Path, orphe
             "--json"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    rows = {(r["strategy"], r["gpus"], r["lora"], r["optimizer"], r["gradient_checkpointing"], r["cpu_offload"]):
-            r["per_gpu_bytes"]["total"] for r in json.loads(res.output)}
+    rows = {(r["strategy"], r["gpus"], r["lora"], r["optimizer"], r["gradient_checkpointing"], r["cpu_offload"],
+             r["base_bits"]): r["per_gpu_bytes"]["total"] for r in json.loads(res.output)}
     cfg, facts = orpheus_3b["float32"]  # the same sizes built with a tokenizer: the same prices
     expected = make_plan(cfg, facts, Lengths(2048, "test"), 1, parse_gpu_memory("80GB", None)).rows
     for row in expected:
         s = row.strategy
-        assert rows[(s.strategy, s.gpus, s.lora, s.optimizer, s.gradient_checkpointing, s.cpu_offload)] == \
-            row.per_gpu_bytes["total"], s
+        assert rows[(s.strategy, s.gpus, s.lora, s.optimizer, s.gradient_checkpointing, s.cpu_offload,
+                     s.base_bits)] == row.per_gpu_bytes["total"], s
     from voxrelay.models.hf import ModelLoadError
     from voxrelay.plan.model import model_facts
 

@@ -299,7 +299,7 @@ class LoraDefaults:
     """A family's LoRA defaults: rank ``r``, ``alpha``, ``dropout``, ``rslora`` (alpha / sqrt(r) scaling),
     ``target_modules`` (module names, or one regex string, that get adapters) and ``modules_to_save``
     (modules trained in full beside the adapters, e.g. ``lm_head`` and ``embed_tokens`` when the vocabulary
-    has new audio ids)."""
+    has new audio ids); ``base_bits`` (QLoRA's quantised base: none unless asked)."""
 
     r: int
     alpha: float
@@ -307,6 +307,7 @@ class LoraDefaults:
     rslora: bool
     target_modules: list[str] | str
     modules_to_save: list[str]
+    base_bits: int | None = None
 
 
 def decay_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from voxrelay.config import ConfigError
 from voxrelay.errors import one_line
+from voxrelay.models.qlora import quantise_base, require_bitsandbytes
 
 if TYPE_CHECKING:
     import torch
@@ -48,8 +49,10 @@ def ties_embeddings(module: torch.nn.Module) -> bool:
     return emb is not None and head is not None and getattr(emb, "weight", None) is getattr(head, "weight", 0)
 
 
-def apply_lora(model: FamilyModel, cfg: LoraConfig | None) -> None:
-    """Replace ``model.module`` by a ``PeftModel`` with LoRA adapters (no-op when ``cfg`` is None).
+def apply_lora(model: FamilyModel, cfg: LoraConfig | None, compute_dtype: torch.dtype | None = None) -> None:
+    """Replace ``model.module`` by a ``PeftModel`` with LoRA adapters (no-op when ``cfg`` is None), its frozen
+    base quantised when ``cfg.base_bits`` is set (:mod:`voxrelay.models.qlora`; computing in ``compute_dtype``,
+    None: each weight's own dtype; not on the meta device, where ``plan`` prices the quantised layout instead).
 
     The family's loss and generate call the module as before (PeftModel forwards every argument).
     Adapter initialisation draws from the global torch RNG, which the caller has seeded.
@@ -59,6 +62,9 @@ def apply_lora(model: FamilyModel, cfg: LoraConfig | None) -> None:
     import peft
 
     s = lora_settings(model, cfg)
+    quantise = bool(s["base_bits"]) and next(model.module.parameters()).device.type != "meta"
+    if quantise:
+        require_bitsandbytes(s["base_bits"])  # before peft's work: the error, not a half-built model
     tied = ties_embeddings(model.module)
     config = peft.LoraConfig(
         r=s["r"], lora_alpha=s["alpha"], lora_dropout=s["dropout"], use_rslora=s["rslora"],
@@ -74,6 +80,8 @@ def apply_lora(model: FamilyModel, cfg: LoraConfig | None) -> None:
             f"set train.lora.target_modules / modules_to_save to names of its modules, e.g. "
             f"{_linear_names(model.module)} (null = the family's default)"
         ) from None
+    if quantise:
+        quantise_base(model, s["base_bits"], compute_dtype)
     trainable = sum(p.numel() for p in model.module.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.module.parameters())
     log.info("LoRA r=%d alpha=%g dropout=%g rslora=%s on %s; trained in full: %s; tied embeddings: %s; "

@@ -6,6 +6,8 @@ import it).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -34,4 +36,10 @@ class LoraConfig(BaseModel):
     modules_to_save: list[str] | None = Field(
         None, description="Modules trained in full beside the adapters (e.g. [lm_head, embed_tokens] when the "
         "vocabulary has new ids); [] for none (None = the family's default)",
+    )
+    base_bits: Literal[4, 8] | None = Field(
+        None, description="QLoRA: quantise the frozen base's layer Linears with bitsandbytes (`pip install "
+        "voxrelay[bnb]`): 4 = NF4 with double quantisation (~0.52 bytes/weight), 8 = LLM.int8 (~1 byte/weight); "
+        "re-quantised from the base each session, never stored in checkpoints; ddp only (not fsdp). null: the "
+        "base in its dtype",
     )

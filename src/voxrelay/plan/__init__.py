@@ -40,10 +40,12 @@ from voxrelay.plan.formulas import (
     Shape,
     activation_bytes,
     autocast_copies,
+    dequantised_bytes,
     grad_bytes,
     logits_bytes,
     optimizer_bytes,
     overhead_bytes,
+    quantised_params,
     weight_bytes,
 )
 
@@ -53,7 +55,7 @@ GPU_PRESETS = {**{k: c.memory for k, c in CARDS.items()}, **{k: CARDS[p.card].me
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gb|gib|mb|mib)?\s*$", re.IGNORECASE)
 _UNITS = {"gb": GB, "gib": GIB, "mb": 10**6, "mib": 2**20, None: GB}
 # how unusual a choice is, for the recommendation (fewest GPUs first, then the least exotic)
-_EXOTIC = {"gradient_checkpointing": 1, "adamw_8bit": 2, "fsdp": 2, "lora": 3, "cpu_offload": 4}
+_EXOTIC = {"gradient_checkpointing": 1, "adamw_8bit": 2, "fsdp": 2, "lora": 3, "cpu_offload": 4, "qlora": 2}
 
 
 class PlanError(UserError, ValueError):
@@ -118,17 +120,20 @@ class Strategy:
     optimizer: str
     cpu_offload: bool = False
     gradient_checkpointing: bool = False
+    base_bits: int = 0  # QLoRA: the frozen base quantised to 4 or 8 bits (0: in its dtype)
 
     @property
     def name(self) -> str:
-        parts = [f"{self.strategy}x{self.gpus}", "lora" if self.lora else "full"]
+        parts = [f"{self.strategy}x{self.gpus}", f"qlora{self.base_bits}" if self.base_bits else
+                 "lora" if self.lora else "full"]
         parts += ["grad-ckpt"] * self.gradient_checkpointing + ["offload"] * self.cpu_offload
         return " ".join(parts + [self.optimizer])
 
     @property
     def exotic(self) -> int:
         flags = {"gradient_checkpointing": self.gradient_checkpointing, "adamw_8bit": self.optimizer.endswith("_8bit"),
-                 "fsdp": self.strategy == "fsdp", "lora": self.lora, "cpu_offload": self.cpu_offload}
+                 "fsdp": self.strategy == "fsdp", "lora": self.lora, "cpu_offload": self.cpu_offload,
+                 "qlora": bool(self.base_bits)}
         return sum(_EXOTIC[k] for k, on in flags.items() if on)
 
 
@@ -218,6 +223,9 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
       offloaded states), Lion and Adafactor make two temporaries of the largest tensor they update.
     """
     params, shape = facts.params[st.lora], facts.shape[st.lora]
+    if st.base_bits:  # QLoRA: the quantised weights, and one of them dequantised at a time in backward
+        dequantised = dequantised_bytes(params, 4 if compute == "fp32" else 2)
+        params = quantised_params(params, st.base_bits)
     gc = st.gradient_checkpointing
     copies = autocast_copies(params, gc, shape.layers) if compute == "autocast" else 0
     unit, unit_trainable = facts.unit[st.lora]
@@ -250,6 +258,8 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
     cols.update(activations=acts, logits=logits)
     steps = {"loss": at_loss + logits, "head": at_loss + head + LOGITS_GRAD_PER_VOCAB * facts.vocab * tokens,
              "layers": acts + grads if gc else 0, "end": end + copies, "step": grads + temps}
+    if st.base_bits and gc:
+        steps["layers"] += dequantised
     return {**cols, "resident": resident}, steps
 
 
@@ -297,6 +307,8 @@ def strategies(gpus: int, optimizer: str) -> list[Strategy]:
         out += [Strategy("ddp", n, True, optimizer), Strategy("ddp", n, True, optimizer, gradient_checkpointing=True)]
         if n > 1:
             out.append(Strategy("fsdp", n, True, fsdp_opt, gradient_checkpointing=True))
+        # QLoRA (4-bit base) under DDP only: FSDP2's DTensors drop bitsandbytes' quantisation state
+        out.append(Strategy("ddp", n, True, optimizer, gradient_checkpointing=True, base_bits=4))
     return out
 
 
@@ -305,7 +317,8 @@ def configured(cfg: RunConfig, gpus: int) -> Strategy:
     train.gradient_checkpointing, train.cpu_offload) default to DDP without either where a config has none."""
     tc = cfg.train
     return Strategy(getattr(tc, "strategy", "ddp") or "ddp", gpus, tc.lora is not None, tc.optimizer,
-                    bool(getattr(tc, "cpu_offload", False)), bool(getattr(tc, "gradient_checkpointing", False)))
+                    bool(getattr(tc, "cpu_offload", False)), bool(getattr(tc, "gradient_checkpointing", False)),
+                    (tc.lora.base_bits or 0) if tc.lora is not None else 0)
 
 
 def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gpu_bytes: int,

@@ -77,7 +77,10 @@ def overrides(st: Strategy, cfg: RunConfig) -> str:
         out.append(f"train.cpu_offload={str(st.cpu_offload).lower()}")
     if st.optimizer != tc.optimizer:
         out.append(f"train.optimizer={st.optimizer}")
-    if st.lora != (tc.lora is not None):
+    bits = (tc.lora.base_bits or 0) if tc.lora is not None else 0
+    if st.lora and st.base_bits != bits:  # the dotted key makes the section when LoRA is off
+        out.append(f"train.lora.base_bits={st.base_bits or 'null'}")
+    elif st.lora != (tc.lora is not None):
         out.append("train.lora=true" if st.lora else "train.lora=null")
     return " ".join(out) or "the same strategy with a smaller train.batch_tokens"
 

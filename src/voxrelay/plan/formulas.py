@@ -66,6 +66,7 @@ UNFUSED_OPTIMIZERS = ("lion", "adafactor")
 BNB_BLOCK = 256  # bitsandbytes' blockwise quantisation: one fp32 absmax per 256 elements, per state
 BNB_MIN_8BIT = 4096  # tensors smaller than this keep fp32 states (bitsandbytes' min_8bit_size)
 BNB_QMAPS = 2 * 256 * 4  # two shared fp32 quantisation maps of 256 entries per optimizer
+NF4_BLOCK, NF4_NESTED_BLOCK = 64, 256  # QLoRA's NF4 weights: absmax per 64 weights, absmax of those per 256
 
 # (h, kv, I, nh, const, r) coefficients of the table above, by (compute, lora)
 ACTIVATION_COEFFS = {
@@ -84,6 +85,7 @@ class Param:
     itemsize: int
     trainable: bool
     linear: bool = False
+    quantisable: bool = False  # a frozen Linear weight of a layer: what train.lora.base_bits quantises
 
     @property
     def numel(self) -> int:
@@ -114,6 +116,33 @@ class Shape:
     # K/V repeated to every head), priced by :func:`_cross_layer_extra` and :func:`_cross_outside`
     layer: str = "llama"
     codebooks: int = 1  # token ids per position (Parler: one per codebook)
+
+
+def quantised_params(params: list[Param], bits: int) -> list[Param]:
+    """``params`` as QLoRA holds them (:mod:`voxrelay.models.qlora`): each quantisable weight of n elements
+    replaced by bitsandbytes' tensors. NF4 (``bits`` 4) with double quantisation: the packed codes (n/2
+    bytes), one uint8 absmax per 64 weights, one fp32 absmax per 256 of those, an fp32 offset and the two
+    code books (16 and 256 fp32 entries, one pair per layer): 0.5 + 1/64 + 1/4096 bytes (0.127 bit) per
+    weight beyond the codes. int8 (``bits`` 8): n bytes and an fp32 scale per output row."""
+    out: list[Param] = []
+    for p in params:
+        if not p.quantisable:
+            out.append(p)
+        elif bits == 4:
+            blocks = math.ceil(p.numel / NF4_BLOCK)
+            out += [Param((math.ceil(p.numel / 2), 1), 1, False), Param((blocks,), 1, False),
+                    Param((math.ceil(blocks / NF4_NESTED_BLOCK),), 4, False), Param((), 4, False),
+                    Param((16,), 4, False), Param((256,), 4, False)]
+        else:
+            out += [Param(p.shape, 1, False), Param((p.shape[0],), 4, False)]
+    return out
+
+
+def dequantised_bytes(params: list[Param], compute_item: int) -> int:
+    """The largest quantised weight dequantised for its matmul (bitsandbytes' ``MatMul4Bit``: a copy in the
+    base's dtype, cast to the compute dtype when that differs), alive beside a recomputed layer in backward."""
+    largest = max(((p.numel, p.itemsize) for p in params if p.quantisable), default=(0, 0))
+    return largest[0] * (largest[1] + (compute_item if compute_item != largest[1] else 0))
 
 
 def weight_bytes(params: list[Param], shards: int = 1) -> int:

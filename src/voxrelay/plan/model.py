@@ -10,6 +10,7 @@ import numpy as np
 
 from voxrelay.config import RunConfig
 from voxrelay.models.base import DataSpec, FamilyModel
+from voxrelay.models.qlora import frozen_linears
 from voxrelay.plan import Lengths, ModelFacts, PlanError
 from voxrelay.plan.formulas import Param, Shape
 
@@ -47,7 +48,10 @@ def collect(module: Any, layer_classes: tuple[type, ...]) -> tuple[list[Param], 
     # Linears the forward runs (peft's modules_to_save keeps the replaced original beside the trained copy)
     linear = {id(m.weight) for name, m in module.named_modules()
               if isinstance(m, torch.nn.Linear) and "original_module" not in name.split(".")}
-    params = [Param(tuple(p.shape), p.element_size(), p.requires_grad, id(p) in linear) for p in module.parameters()]
+    # what train.lora.base_bits would quantise (only frozen ones count: none before LoRA freezes the base)
+    quantisable = {id(getattr(parent, name).weight) for parent, name in frozen_linears(module, layer_classes)}
+    params = [Param(tuple(p.shape), p.element_size(), p.requires_grad, id(p) in linear, id(p) in quantisable)
+              for p in module.parameters()]
     units, in_layers = [], set()
     for m in module.modules():
         if layer_classes and isinstance(m, layer_classes):

@@ -33,7 +33,8 @@ def _row_cells(r: PlanRow) -> list[str]:
 def short_name(r: PlanRow) -> str:
     """The strategy without its GPU count (the table's title has it): e.g. ``fsdp full gc 8bit``."""
     st = r.strategy
-    words = [st.strategy, "lora" if st.lora else "full"] + ["gc"] * st.gradient_checkpointing
+    words = [st.strategy, f"qlora{st.base_bits}" if st.base_bits else "lora" if st.lora else "full"]
+    words += ["gc"] * st.gradient_checkpointing
     words += ["offload"] * st.cpu_offload + [{"adamw_8bit": "8bit", "lion": "lion", "lion_8bit": "lion 8bit",
                                                     "adafactor": "adafactor"}.get(st.optimizer, "")]
     return " ".join(w for w in words if w)

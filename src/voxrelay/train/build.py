@@ -29,6 +29,7 @@ from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.data.shards import PrepareError
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel
+from voxrelay.models.qlora import compute_dtype
 from voxrelay.models.registry import build_model
 from voxrelay.monitor.sinks import TB_DIR, WANDB_RUN_FILE, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, USAGE_FILE, cache_dir, uri_key
@@ -212,7 +213,8 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     st.seed_generators(model.generators(), cfg.train.seed, rank)  # the family's own (restored on resume)
     # frozen parts (a LoRA base, a frozen text encoder) are rebuilt from their source, never checkpointed
     base = base_hash(model.module) if cfg.train.lora is not None or has_frozen(model.module) else None
-    apply_lora(model, cfg.train.lora)  # its init draws from the RNG seeded above: fresh runs stay reproducible
+    # its init draws from the RNG seeded above: fresh runs stay reproducible; QLoRA quantises the base after it
+    apply_lora(model, cfg.train.lora, compute_dtype(accelerator.mixed_precision))
     enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
     ck = cfg.checkpoint
@@ -273,7 +275,7 @@ def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Ru
     """A :class:`Run` of ``model`` trained as ``voxrelay train`` trains it (train.lora, gradient checkpointing,
     DDP or FSDP2 and the optimizer by the same code) with no data, checkpoints or monitor: what benches and
     memory measurements step with ``train_step``. The caller has seeded the RNG."""
-    apply_lora(model, cfg.train.lora)
+    apply_lora(model, cfg.train.lora, compute_dtype(accelerator.mixed_precision))
     enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing)
     model.module.train()
     module, optimizer = wrap_model(model, cfg, accelerator)

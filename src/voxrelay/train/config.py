@@ -175,6 +175,10 @@ class TrainConfig(Section):
             raise ValueError(f"train.optimizer={self.optimizer} does not work under train.strategy=fsdp (bitsandbytes' "
                              f"8-bit step gets FSDP2's sharded DTensors and fails); use train.optimizer={full} with "
                              f"fsdp (or cpu_offload=true for the states), or {self.optimizer} with train.strategy=ddp")
+        if self.strategy == "fsdp" and self.lora is not None and self.lora.base_bits:
+            raise ValueError(f"train.lora.base_bits={self.lora.base_bits} does not work under train.strategy=fsdp "
+                             "(FSDP2 shards parameters into DTensors, which drop bitsandbytes' quantisation state); "
+                             "use train.strategy=ddp with base_bits, or train.lora.base_bits=null with fsdp")
         if self.strategy == "fsdp" and self.precision == "fp16":
             raise ValueError("train.strategy=fsdp trains in bf16 or fp32 (fp16 needs a loss scaler over sharded "
                              "gradients); set train.precision=bf16 or no")

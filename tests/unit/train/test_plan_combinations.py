@@ -21,23 +21,27 @@ from voxrelay.plan import Strategy, strategies
 
 
 def _flags(st: Strategy) -> tuple:
-    return st.strategy, st.lora, st.optimizer, st.gradient_checkpointing, st.cpu_offload
+    return st.strategy, st.lora, st.optimizer, st.gradient_checkpointing, st.cpu_offload, st.base_bits
 
 
-# every row for AdamW configs; for Lion's, the rows without LoRA or offload (the optimizer is orthogonal to those)
+# every row for AdamW configs; for Lion's, the rows without LoRA or offload (the optimizer is orthogonal to those);
+# QLoRA's int8 base too (the plan's rows have the 4-bit one; a config may ask for 8)
 COMBOS = sorted({_flags(s) for opt in ("adamw", "adamw_8bit") for s in strategies(2, opt)}
-                | {_flags(s) for s in strategies(2, "lion") if not s.lora and not s.cpu_offload})
+                | {_flags(s) for s in strategies(2, "lion") if not s.lora and not s.cpu_offload}
+                | {("ddp", True, "adamw", True, False, 8)})
 
 
 def _name(combo: tuple) -> str:
-    strategy, lora, optimizer, gc, offload = combo
-    return "-".join([strategy, "lora" if lora else "full", optimizer] + ["gc"] * gc + ["offload"] * offload)
+    strategy, lora, optimizer, gc, offload, bits = combo
+    kind = f"qlora{bits}" if bits else "lora" if lora else "full"
+    return "-".join([strategy, kind, optimizer] + ["gc"] * gc + ["offload"] * offload)
 
 
 def _overrides(combo: tuple) -> list[str]:
-    strategy, lora, optimizer, gc, offload = combo
+    strategy, lora, optimizer, gc, offload, bits = combo
     out = [f"train.strategy={strategy}", f"train.optimizer={optimizer}", f"train.gradient_checkpointing={gc}"]
     out += ["train.cpu_offload=true"] if offload else []
+    out += [f"train.lora.base_bits={bits}"] if bits else []
     return out + (["train.lora.r=4", "train.lora.dropout=0.1"] if lora else [])
 
 
@@ -69,7 +73,7 @@ def _train(root: str, name: str, combo: tuple, steps: int = 3):
 
 def _applied(run, combo: tuple) -> None:
     """What the combination says is what the run built."""
-    strategy, lora, optimizer, gc, offload = combo
+    strategy, lora, optimizer, gc, offload, bits = combo
     module = run.model.module
     units = [m for m in module.modules() if hasattr(m, "_get_fsdp_state")]
     assert bool(units) == (strategy == "fsdp")
@@ -85,6 +89,8 @@ def _applied(run, combo: tuple) -> None:
     states = [v for s in optimizer_.state.values() for v in s.values() if torch.is_tensor(v)]
     assert (torch.uint8 in {t.dtype for t in states}) == optimizer.endswith("_8bit")
     assert ("exp_avg_sq" in {k for s in optimizer_.state.values() for k in s}) == (optimizer == "adamw")
+    quantised = {type(m).__name__ for m in module.modules()} & {"Linear4bit", "Linear8bitLt"}
+    assert quantised == ({"Linear4bit"} if bits == 4 else {"Linear8bitLt"} if bits == 8 else set())
 
 
 @pytest.mark.parametrize("combo", COMBOS, ids=[_name(c) for c in COMBOS])

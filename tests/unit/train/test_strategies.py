@@ -61,7 +61,7 @@ def test_unset_keys_take_the_family_defaults_and_only_adapters_train():
     defaults = model.lora_defaults()
     settings = lora_settings(model, LoraConfig(r=4, modules_to_save=[]))
     assert settings == {"r": 4, "alpha": defaults.alpha, "dropout": defaults.dropout, "rslora": defaults.rslora,
-                        "target_modules": defaults.target_modules, "modules_to_save": []}
+                        "target_modules": defaults.target_modules, "modules_to_save": [], "base_bits": None}
     base_params = sum(p.numel() for p in model.module.parameters())
     apply_lora(model, LoraConfig(r=4, modules_to_save=[]))
     trained = trainable_state(model.module)
