@@ -157,7 +157,7 @@ def train_cmd(
     run = build_run(cfg, fresh=fresh, take_over=take_over)
     _say_resumed(run)
     result = train(run)
-    if run.accelerator.is_main_process:
+    if run.accelerator.is_main_process and result.exit_code != 2:  # taken over: the run is not ours
         out.print(f"trained to step {result.step}; run folder {run.cfg.run_uri}", highlight=False)
     run.exit(result.exit_code)
     raise typer.Exit(result.exit_code)

@@ -178,7 +178,8 @@ class CheckpointConfig(Section):
     single_machine: bool = Field(
         False, description="One machine at a time trains this run. Needed for a local root on a FUSE mount "
         "(Colab's Google Drive, gcsfuse), where the run's lease excludes a second session on this machine but not "
-        "another machine: such a root is refused without it (use root=gs://... for a lease across machines)",
+        "another machine: such a root is refused without it (use root=gs://... for a lease across machines). "
+        "No effect on other roots, whose lease excludes other machines too",
     )
     lease_seconds: float = Field(
         60.0, ge=1, description="The run's writer lease (<run>/lease.json) expires this long after its last "

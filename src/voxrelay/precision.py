@@ -91,7 +91,8 @@ def run_precision(requested: str, strategy: str, card: Capability, saved: str | 
     for ``card``. A recorded bf16 on a card without native bf16 is kept, with a warning in ``why``."""
     if requested != AUTO or saved is None:
         return resolve(requested, strategy, card)
-    why = f"train.precision=auto: {saved}, the precision this run recorded when it started (kept on resume)"
+    shown = "fp32 (no)" if saved == "no" else saved
+    why = f"train.precision=auto: {shown}, the precision this run recorded when it started (kept on resume)"
     if saved == "bf16" and card.cuda and not card.bf16:
         why += (f"; {card.name} has no native bf16: torch emulates it, several times slower. To train in fp16 here, "
                 "start a new run with train.precision=fp16")

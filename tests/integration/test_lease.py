@@ -122,6 +122,8 @@ def test_take_over_fences_the_live_writer_which_stops_without_writing(tmp_path):
     assert _squashed(f"took over {run_uri} from host {socket.gethostname()}, pid {first.proc.pid}") in took, took
     out = _squashed(first.output())
     assert code == 2 and "anothersessiontookover" in out and "withoutsaving" in out, first.output()
+    assert "trainedtostep" not in out, first.output()  # the run is the other session's now
+    assert "runthesamecommandagaintoresume" in _squashed(second.output()), second.output()  # its SIGTERM stop
     resumed = int(re.search(r"from step (\d+)", _one_line(second.output())).group(1))
     writers = _writers(run_uri)
     assert all(w == token for step, w in writers.items() if step > resumed), (resumed, writers)  # none of the old

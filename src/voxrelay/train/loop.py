@@ -309,7 +309,8 @@ def _report_end(run: Run, stop: str | None, durable: bool, bar: ProgressLine) ->
                  "command again on this machine to upload it and continue")
     elif stop is not None:
         saved = "checkpoint committed" if run.checkpoints.durable_step is not None else "no checkpoint yet"
-        bar.note(f"stopped at step {step} ({stop}); {saved}")
+        again = "; run the same command again to resume" if is_preemption(stop) or stop == TIME_LIMIT else ""
+        bar.note(f"stopped at step {step} ({stop}); {saved}{again}")
     if stop == BUDGET and run.usage is not None:
         bar.note(run.usage.stop_message())
     if stop == NON_FINITE:
