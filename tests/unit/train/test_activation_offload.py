@@ -108,6 +108,19 @@ def test_offload_needs_checkpointing_and_is_refused_where_it_cannot_work(monkeyp
     assert offload_checkpoints(torch.nn.Sequential(torch.nn.Linear(2, 2)), ActivationOffload(False)) == 0
 
 
+def test_accelerates_activation_checkpointing_offload_is_this_key() -> None:
+    from tests.unit.train.test_fsdp_strategy import SEED_001
+    from voxrelay.train.launch_env import accelerate_settings, apply_accelerate_env
+
+    env = SEED_001 | {"FSDP_ACTIVATION_CHECKPOINTING": "true", "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "true"}
+    wanted, _, not_applied = accelerate_settings(env)
+    assert wanted["activation_offload"] is True and not any("OFFLOAD" in k for k in not_applied), not_applied
+    cfg = apply_accelerate_env(load_config(None, []), dict(env))
+    assert (cfg.train.gradient_checkpointing, cfg.train.activation_offload) == (True, True)
+    with pytest.raises(ConfigError, match="activation_offload"):  # accelerate's offload without its checkpointing
+        apply_accelerate_env(load_config(None, []), SEED_001 | {"FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "true"})
+
+
 def test_plan_moves_the_layer_inputs_from_the_gpu_to_the_host() -> None:
     from voxrelay.plan import compute_mode, configured, offloaded_host_bytes, per_gpu, strategies
     from voxrelay.plan.fit import overrides
