@@ -182,6 +182,10 @@ CUDA_ROWS: dict[str, tuple[list[str], dict]] = {
                     {"gradient_checkpointing": True, "optimizer": "adamw_8bit"}),
     "fsdp_offload_gc": (["train.strategy=fsdp", "train.cpu_offload=true", "train.gradient_checkpointing=true"],
                         {"strategy": "fsdp", "cpu_offload": True, "gradient_checkpointing": True}),
+    # the layer inputs in pinned host memory (not yet measured on a GPU; CPU: tests/helpers/peak.py's row)
+    "ddp_lora_gc_act_offload": (["train.lora=true", "train.gradient_checkpointing=true",
+                                 "train.activation_offload=true"],
+                                {"lora": True, "gradient_checkpointing": True, "activation_offload": True}),
 }
 RESULT = "RESULT "
 

@@ -303,7 +303,8 @@ RESUME_SAFE_KEYS = (
     "train.time_limit", "train.time_limit_from", "train.total_time_limit", "train.max_bad_steps",
     "train.early_stopping_patience",
     # how the same training is laid out in memory; a sharded checkpoint loads under any of them
-    "train.fsdp_sharding", "train.gradient_checkpointing", "train.cpu_offload", "train.ignore_plan",
+    "train.fsdp_sharding", "train.gradient_checkpointing", "train.cpu_offload",
+    "train.activation_offload", "train.ignore_plan",
     "checkpoint.", "eval.", "monitor.", "cache.", "cost.",
 )
 

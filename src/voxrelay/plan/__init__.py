@@ -43,6 +43,7 @@ from voxrelay.plan.formulas import (
     dequantised_bytes,
     grad_bytes,
     logits_bytes,
+    offloaded_activation_bytes,
     optimizer_bytes,
     overhead_bytes,
     quantised_params,
@@ -55,7 +56,8 @@ GPU_PRESETS = {**{k: c.memory for k, c in CARDS.items()}, **{k: CARDS[p.card].me
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gb|gib|mb|mib)?\s*$", re.IGNORECASE)
 _UNITS = {"gb": GB, "gib": GIB, "mb": 10**6, "mib": 2**20, None: GB}
 # how unusual a choice is, for the recommendation (fewest GPUs first, then the least exotic)
-_EXOTIC = {"gradient_checkpointing": 1, "adamw_8bit": 2, "fsdp": 2, "lora": 3, "cpu_offload": 4, "qlora": 2}
+_EXOTIC = {"gradient_checkpointing": 1, "adamw_8bit": 2, "fsdp": 2, "lora": 3, "cpu_offload": 4, "qlora": 2,
+           "activation_offload": 4}
 
 
 class PlanError(UserError, ValueError):
@@ -121,19 +123,21 @@ class Strategy:
     cpu_offload: bool = False
     gradient_checkpointing: bool = False
     base_bits: int = 0  # QLoRA: the frozen base quantised to 4 or 8 bits (0: in its dtype)
+    activation_offload: bool = False  # with gradient_checkpointing: the layer inputs it keeps in host memory
 
     @property
     def name(self) -> str:
         parts = [f"{self.strategy}x{self.gpus}", f"qlora{self.base_bits}" if self.base_bits else
                  "lora" if self.lora else "full"]
-        parts += ["grad-ckpt"] * self.gradient_checkpointing + ["offload"] * self.cpu_offload
+        parts += ["grad-ckpt"] * self.gradient_checkpointing + ["act-offload"] * self.activation_offload
+        parts += ["offload"] * self.cpu_offload
         return " ".join(parts + [self.optimizer])
 
     @property
     def exotic(self) -> int:
         flags = {"gradient_checkpointing": self.gradient_checkpointing, "adamw_8bit": self.optimizer.endswith("_8bit"),
                  "fsdp": self.strategy == "fsdp", "lora": self.lora, "cpu_offload": self.cpu_offload,
-                 "qlora": bool(self.base_bits)}
+                 "qlora": bool(self.base_bits), "activation_offload": self.activation_offload}
         return sum(_EXOTIC[k] for k, on in flags.items() if on)
 
 
@@ -252,8 +256,9 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
         head = unit_trainable * (4 if compute == "fp32" else 4 + item)
         end = grads + 4 * unit_trainable  # the input embedding's dense gradient, added to the tied head's
         temps = 0 if fused else 2 * largest
-    acts = activation_bytes(shape, tokens, compute, gc, copies)
-    at_loss = activation_bytes(shape, tokens, compute, gc, copies, at_loss=True)
+    offload = gc and st.activation_offload  # the layer inputs in host memory (offloaded_host_bytes)
+    acts = activation_bytes(shape, tokens, compute, gc, copies, offload=offload)
+    at_loss = activation_bytes(shape, tokens, compute, gc, copies, at_loss=True, offload=offload)
     logits = logits_bytes(facts.vocab, tokens)
     cols.update(activations=acts, logits=logits)
     steps = {"loss": at_loss + logits, "head": at_loss + head + LOGITS_GRAD_PER_VOCAB * facts.vocab * tokens,
@@ -271,6 +276,15 @@ def per_gpu(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: b
     allocated = cols.pop("resident") + steps[phase]
     overhead = overhead_bytes(allocated)
     return {**cols, "overhead": overhead, "total": allocated + overhead, "peak_phase": phase}
+
+
+def offloaded_host_bytes(facts: ModelFacts, st: Strategy, tokens: int, compute: str) -> int:
+    """Host memory (pinned on CUDA) one process holds for ``train.activation_offload`` at its peak: every
+    checkpointed layer's input of a micro-batch of ``tokens`` tokens; 0 for a strategy without it. What the
+    GPU columns no longer hold, for the host's own pricing to add."""
+    if not (st.gradient_checkpointing and st.activation_offload):
+        return 0
+    return offloaded_activation_bytes(facts.shape[st.lora], tokens, compute)
 
 
 def max_tokens(facts: ModelFacts, st: Strategy, compute: str, gpu_bytes: int) -> int:
@@ -305,6 +319,9 @@ def strategies(gpus: int, optimizer: str) -> list[Strategy]:
         # offloaded optimizer states live in CPU memory: the optimizer does not change the GPU's share
         out.append(Strategy("fsdp", n, False, fsdp_opt, cpu_offload=True, gradient_checkpointing=True))
         out += [Strategy("ddp", n, True, optimizer), Strategy("ddp", n, True, optimizer, gradient_checkpointing=True)]
+        # the layer inputs in host memory: for long sequences on a small card (the optimizer does not change them)
+        out += [Strategy("ddp", n, lora, optimizer, gradient_checkpointing=True, activation_offload=True)
+                for lora in (False, True)]
         if n > 1:
             out.append(Strategy("fsdp", n, True, fsdp_opt, gradient_checkpointing=True))
         # QLoRA (4-bit base) under DDP only: FSDP2's DTensors drop bitsandbytes' quantisation state
@@ -314,11 +331,13 @@ def strategies(gpus: int, optimizer: str) -> list[Strategy]:
 
 def configured(cfg: RunConfig, gpus: int) -> Strategy:
     """The strategy the config asks for on ``gpus`` GPUs; the strategy keys (train.strategy,
-    train.gradient_checkpointing, train.cpu_offload) default to DDP without either where a config has none."""
+    train.gradient_checkpointing, train.cpu_offload, train.activation_offload) default to DDP without any where a
+    config has none."""
     tc = cfg.train
     return Strategy(getattr(tc, "strategy", "ddp") or "ddp", gpus, tc.lora is not None, tc.optimizer,
                     bool(getattr(tc, "cpu_offload", False)), bool(getattr(tc, "gradient_checkpointing", False)),
-                    (tc.lora.base_bits or 0) if tc.lora is not None else 0)
+                    (tc.lora.base_bits or 0) if tc.lora is not None else 0,
+                    bool(getattr(tc, "activation_offload", False)))
 
 
 def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gpu_bytes: int,
@@ -336,7 +355,8 @@ def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gp
     for st in priced:
         compute = compute_mode(cfg, st.strategy, bf16)
         b = per_gpu(facts, st, lengths.tokens, compute)
-        host = host_bytes(cfg, facts, st, lengths.tokens)
+        host = host_bytes(cfg, facts, st, lengths.tokens, activations=offloaded_host_bytes(facts, st, lengths.tokens,
+                                                                                          compute))
         rows.append(PlanRow(st, lengths.tokens, b, b["total"] <= gpu_bytes, max_tokens(facts, st, compute, gpu_bytes),
                             host, host_memory is None or host["machine"] <= host_memory))
     total = sum(p.numel for p in facts.params[False])

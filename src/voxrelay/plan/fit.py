@@ -73,6 +73,8 @@ def overrides(st: Strategy, cfg: RunConfig) -> str:
         out.append(f"train.strategy={st.strategy}")
     if st.gradient_checkpointing != tc.gradient_checkpointing:
         out.append(f"train.gradient_checkpointing={str(st.gradient_checkpointing).lower()}")
+    if st.activation_offload != tc.activation_offload:
+        out.append(f"train.activation_offload={str(st.activation_offload).lower()}")
     if st.cpu_offload != tc.cpu_offload:
         out.append(f"train.cpu_offload={str(st.cpu_offload).lower()}")
     if st.optimizer != tc.optimizer:

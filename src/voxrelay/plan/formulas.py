@@ -43,6 +43,12 @@ layer's input (residual dtype x h per token: 2h bf16, 4h fp32/autocast) and the 
 equal to a layer of the forward pass). Autocast's bf16 copies of trainable fp32 weights stay in its cache
 until the autocast region (forward and backward, in ``train_step``) ends, checkpointed or not; copies of
 frozen weights are not cached, so under checkpointing only the recomputed layer's exist.
+
+Activation offload (``train.activation_offload``, under checkpointing): the layer inputs checkpointing keeps
+(:func:`offloaded_activation_bytes`) wait in host memory (pinned on CUDA): at the loss none is on the GPU; while a
+layer is recomputed only its own input is back. The host holds all of them from the forward's end until the
+backward is done with the graph. Measured as the peak of live tensors on CPU with a hook that copies to a host
+store the tracker does not count (tests/helpers/peak.py, row ``ddp-gc-offload-autocast``).
 """
 
 from __future__ import annotations
@@ -235,15 +241,25 @@ def autocast_copies(params: list[Param], checkpointing: bool, layers: int) -> in
     return cached + (frozen // max(1, layers) if checkpointing else frozen)
 
 
+def offloaded_activation_bytes(s: Shape, tokens: int, compute: str) -> int:
+    """Bytes of the layer inputs gradient checkpointing keeps for a micro-batch of ``tokens`` tokens (the
+    residual stream at each layer boundary: 2 bytes x hidden per token under pure bf16, 4 otherwise): what
+    ``train.activation_offload`` holds in host memory (pinned on CUDA) instead of on the GPU."""
+    residual = 2 if compute == "bf16" else 4
+    return tokens * s.layers * residual * s.hidden
+
+
 def activation_bytes(s: Shape, tokens: int, compute: str, checkpointing: bool, autocast_copies: int = 0,
-                     at_loss: bool = False) -> int:
+                     at_loss: bool = False, offload: bool = False) -> int:
     """Activations of a micro-batch of ``tokens`` tokens (without the logits); ``autocast_copies`` bytes of
     bf16 weight copies that autocast keeps (0 unless compute is autocast). ``at_loss``: what is alive when
-    the loss is backpropagated (under checkpointing, before any layer is recomputed)."""
+    the loss is backpropagated (under checkpointing, before any layer is recomputed). ``offload`` (with
+    ``checkpointing``): the layer inputs are in host memory but the recomputed layer's."""
     per_layer = layer_activation_bytes(s, compute)
     if checkpointing:  # every layer keeps its input; one layer is recomputed at a time in backward
         residual = 2 if compute == "bf16" else 4
-        layers = s.layers * residual * s.hidden + (0 if at_loss else per_layer)
+        kept = (0 if at_loss else 1) if offload else s.layers
+        layers = kept * residual * s.hidden + (0 if at_loss else per_layer)
     else:
         layers = s.layers * per_layer
     return tokens * (layers + outside_activation_bytes(s, compute, checkpointing)) + autocast_copies

@@ -33,9 +33,10 @@ CUDA_HOST = int(1.5 * GB)  # CUDA runtime + libraries in host memory once a GPU 
 BATCH_BYTES_PER_TOKEN = 64  # int64 ids, labels, masks of a few codebooks per token: an upper bound
 
 
-def host_bytes(cfg: Any, facts: Any, st: Any, tokens: int, cuda: bool = True) -> dict[str, int]:
+def host_bytes(cfg: Any, facts: Any, st: Any, tokens: int, cuda: bool = True, activations: int = 0) -> dict[str, int]:
     """Host bytes of one training process for strategy ``st`` (a :class:`voxrelay.plan.Strategy`) of the model
-    in ``facts`` on micro-batches of ``tokens`` tokens; ``total`` is their sum, ``machine`` that of every
+    in ``facts`` on micro-batches of ``tokens`` tokens, ``activations`` of them offloaded layer inputs
+    (:func:`voxrelay.plan.offloaded_host_bytes`, pinned on CUDA); ``total`` is their sum, ``machine`` that of every
     process of the run on one machine."""
     params = facts.params[st.lora]
     load = weight_bytes(params)
@@ -48,9 +49,9 @@ def host_bytes(cfg: Any, facts: Any, st: Any, tokens: int, cuda: bool = True) ->
     caches = int(float(getattr(cfg.model, "feature_cache_gb", 0) or 0) * GIB)
     data = int(cfg.cache.ram_gb * GIB) + (cfg.train.prefetch_batches + 1) * tokens * BATCH_BYTES_PER_TOKEN
     process = PROCESS_CPU + (CUDA_HOST if cuda else 0)
-    total = process + max(load, offload) + data + caches
+    total = process + max(load, offload) + data + caches + activations
     return {"process": process, "model": max(load, offload), "offload": offload, "data": data + caches,
-            "total": total, "machine": total * st.gpus}
+            "activations": activations, "total": total, "machine": total * st.gpus}
 
 
 def this_machine() -> int | None:

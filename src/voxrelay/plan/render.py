@@ -34,7 +34,7 @@ def short_name(r: PlanRow) -> str:
     """The strategy without its GPU count (the table's title has it): e.g. ``fsdp full gc 8bit``."""
     st = r.strategy
     words = [st.strategy, f"qlora{st.base_bits}" if st.base_bits else "lora" if st.lora else "full"]
-    words += ["gc"] * st.gradient_checkpointing
+    words += ["gc"] * st.gradient_checkpointing + ["act-offload"] * st.activation_offload
     words += ["offload"] * st.cpu_offload + [{"adamw_8bit": "8bit", "lion": "lion", "lion_8bit": "lion 8bit",
                                                     "adafactor": "adafactor"}.get(st.optimizer, "")]
     return " ".join(w for w in words if w)
@@ -59,7 +59,8 @@ def print_plan(plan: Plan, console: Console, mine: Strategy) -> None:
                       f"{ln.budget:,} tokens", highlight=False)
     for gpus in sorted({r.strategy.gpus for r in plan.rows}):
         table = Table(title=f"GB per GPU, {gpus} GPU{'s' * (gpus > 1)}, {ln.tokens:,} tokens per GPU micro-batch",
-                      caption="gc: gradient checkpointing; 8bit: AdamW8bit; max tokens: largest micro-batch that fits; "
+                      caption="gc: gradient checkpointing; act-offload: layer inputs in host memory; 8bit: AdamW8bit; "
+                              "max tokens: largest micro-batch that fits; "
                               "total: weights + optimizer + the step's largest phase (the loss' peak comes before "
                               "the gradients) + overhead, not the sum of the columns; host: GB of RAM of the "
                               "machine's processes (red: more than it has)")

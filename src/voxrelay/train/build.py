@@ -215,7 +215,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     base = base_hash(model.module) if cfg.train.lora is not None or has_frozen(model.module) else None
     # its init draws from the RNG seeded above: fresh runs stay reproducible; QLoRA quantises the base after it
     apply_lora(model, cfg.train.lora, compute_dtype(accelerator.mixed_precision))
-    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing)
+    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing, cfg.train.activation_offload)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
     ck = cfg.checkpoint
     checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged,
@@ -276,7 +276,7 @@ def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Ru
     DDP or FSDP2 and the optimizer by the same code) with no data, checkpoints or monitor: what benches and
     memory measurements step with ``train_step``. The caller has seeded the RNG."""
     apply_lora(model, cfg.train.lora, compute_dtype(accelerator.mixed_precision))
-    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing)
+    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing, cfg.train.activation_offload)
     model.module.train()
     module, optimizer = wrap_model(model, cfg, accelerator)
     return Run(cfg, accelerator, model, module, optimizer, build_scheduler(cfg.train, optimizer),

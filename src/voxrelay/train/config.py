@@ -132,6 +132,12 @@ class TrainConfig(Section):
         False, description="Recompute each layer's activations in backward instead of keeping them (less memory, "
         "~30% more compute); with ddp, fsdp and LoRA",
     )
+    activation_offload: bool = Field(
+        False, description="With gradient_checkpointing: keep each checkpointed layer's input (the residual stream "
+        "at every layer boundary, layers x tokens x hidden) in host memory, pinned on CUDA, and bring it back for "
+        "the layer's recompute in backward (frees that much GPU memory; costs a copy each way per layer); with "
+        "ddp, fsdp and LoRA",
+    )
     cpu_offload: bool = Field(False, description="fsdp: keep parameters, gradients and optimizer states in CPU memory")
     ignore_plan: bool = Field(
         False, description="On a GPU, train checks its strategy against `voxrelay plan` before loading weights and "
@@ -170,6 +176,11 @@ class TrainConfig(Section):
         if self.cpu_offload and self.strategy != "fsdp":
             raise ValueError("train.cpu_offload=true needs train.strategy=fsdp (ddp keeps the whole model on each "
                              "GPU); set train.strategy=fsdp or train.cpu_offload=false")
+        if self.activation_offload and not self.gradient_checkpointing:
+            # without checkpointing every tensor each layer saves would cross to the host and back (~13x the
+            # bytes of the layer inputs at Llama-3B width): too slow to be worth it, so it is not offered
+            raise ValueError("train.activation_offload=true moves the layer inputs gradient checkpointing keeps, so "
+                             "it needs train.gradient_checkpointing=true; set it, or train.activation_offload=false")
         if self.strategy == "fsdp" and self.optimizer.endswith("_8bit"):
             full = self.optimizer.removesuffix("_8bit")
             raise ValueError(f"train.optimizer={self.optimizer} does not work under train.strategy=fsdp (bitsandbytes' "

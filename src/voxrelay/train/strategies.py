@@ -121,10 +121,11 @@ class StrategyError(ConfigError):
     """A train.strategy setting does not fit this model or machine."""
 
 
-def enable_gradient_checkpointing(model: FamilyModel, on: bool) -> None:
+def enable_gradient_checkpointing(model: FamilyModel, on: bool, offload: bool = False) -> None:
     """``train.gradient_checkpointing``: transformers' own per-layer recomputation. Non-reentrant, so it works
     with frozen inputs (LoRA), under DDP and inside FSDP2 units, and replays each layer's dropout masks
-    (the RNG state is saved and restored around the recomputation)."""
+    (the RNG state is saved and restored around the recomputation). ``offload``
+    (``train.activation_offload``): the layer inputs it keeps wait in host memory (:mod:`voxrelay.train.offload`)."""
     if not on:
         return
     # transformers 5 renamed it (the old name warns); both take the kwargs of torch.utils.checkpoint
@@ -136,6 +137,20 @@ def enable_gradient_checkpointing(model: FamilyModel, on: bool) -> None:
         raise StrategyError(f"train.gradient_checkpointing=true: the {model.family} model has no "
                             "activation_checkpointing_enable (not a transformers model); set it to false")
     log.info("gradient checkpointing on: each layer's activations are recomputed in backward")
+    if offload:
+        _offload_activations(model)
+
+
+def _offload_activations(model: FamilyModel) -> None:
+    from voxrelay.train.offload import ActivationOffload, offload_checkpoints, pin_host_memory
+
+    pinned = pin_host_memory()
+    if not offload_checkpoints(model.module, ActivationOffload(pinned)):
+        raise StrategyError(f"train.activation_offload=true: the {model.family} model checkpoints no layer through "
+                            "transformers' checkpoint function, so there is nothing to offload; set "
+                            "train.activation_offload=false")
+    log.info("activation offload on: each checkpointed layer's input waits in %s host memory until its recompute",
+             "pinned" if pinned else "(CPU run: the same)")
 
 
 def fsdp_mesh(sharding: str, device_type: str):

@@ -56,6 +56,11 @@ class VibeVoiceTrainer(nn.Module):
         self.schedule = CosineVSchedule()
         self.cache = cache if cache is not None else FeatureCache(0)
 
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None) -> None:
+        """``train.gradient_checkpointing``: transformers' own, on ``net`` (its language model's decoder layers; the
+        frozen encoders run without gradients and the diffusion head is small)."""
+        self.net.activation_checkpointing_enable(activation_checkpointing_kwargs=activation_checkpointing_kwargs)
+
     def generate_speech(self, **kwargs):
         """``net.generate`` through this module, so that under FSDP2 (a registered forward method) the root's
         sharded parameters are gathered for the whole generation."""
