@@ -156,7 +156,15 @@ def step_peak(overrides: list[str], tokens: int) -> tuple[int, dict, int]:
 # name -> (family, (hidden, heads, kv heads, layers), overrides, tokens, the phase the plan finds at the peak)
 CPU_ROWS = {
     # the 156,940-way loss outweighs a small model: the peak is the log-softmax's backward
-    "ddp-full-fp32-loss": ("orpheus", (320, 5, 1, 2), ["train.precision=no"], 512, "loss"),
+    "ddp-full-fp32-loss": ("orpheus", (320, 5, 1, 2), ["train.precision=no", "train.chunked_loss=false"], 512,
+                           "loss"),
+    # the same head's loss a chunk at a time (train.chunked_loss), the head frozen (LoRA, no modules_to_save):
+    # one chunk of logits is the peak's part of the loss, not 12 bytes x vocab x tokens
+    "ddp-lora-fp32-chunked": ("orpheus", (320, 5, 1, 2), ["train.precision=no",
+                                                          "train.lora.modules_to_save=[]"], 1024, "loss"),
+    # under bf16 autocast, the head trained in full: its gradient is made with the loss
+    "ddp-full-autocast-chunked": ("orpheus", (256, 4, 1, 1), ["train.precision=bf16",
+                                                              "train.loss_chunk_tokens=512"], 1024, "loss"),
     # a wide model on a few tokens: the peak is the optimizer step (gradients + its temporaries), 8-bit states
     "ddp-8bit-fp32-step": ("orpheus", (512, 8, 2, 1), ["train.precision=no", "train.optimizer=adamw_8bit"], 24,
                            "step"),

@@ -39,6 +39,7 @@ from voxrelay.plan.formulas import (
     Shape,
     activation_bytes,
     autocast_copies,
+    chunked_logits_bytes,
     grad_bytes,
     logits_bytes,
     optimizer_bytes,
@@ -105,6 +106,7 @@ class ModelFacts:
     shape: dict[bool, Shape]
     unit: dict[bool, tuple[int, int]]  # lora? -> (params, trainable params) of the largest FSDP unit
     vocab: int
+    loss_chunk: int | None = None  # train.chunked_loss (a family with chunked heads): tokens per chunk of logits
 
 
 @dataclass
@@ -157,7 +159,9 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
     ``resident`` (weights and optimizer states it keeps, DDP's gradient buckets):
 
     - ``loss``: the log-softmax's backward, before any weight gradient exists (FSDP2 has resharded every
-      unit after the forward: none is gathered);
+      unit after the forward: none is gathered); with the chunked loss (``facts.loss_chunk``) one chunk of
+      logits beside the head's gradient, which it makes as it goes (``head`` then has no logits; not under
+      FSDP, where the head's loss stays materialised: see :func:`voxrelay.train.strategies.choose_loss`);
     - ``head``: the output layer's backward: its weight gradient in the compute dtype and in fp32 (FSDP: the
       largest unit gathered, with its unsharded gradient), the logits' fp32 gradient;
     - ``layers``: under gradient checkpointing, a recomputed layer with every gradient (an upper bound);
@@ -197,10 +201,15 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
         temps = 0 if fused else 2 * largest
     acts = activation_bytes(shape, tokens, compute, gc, copies)
     at_loss = activation_bytes(shape, tokens, compute, gc, copies, at_loss=True)
-    logits = logits_bytes(facts.vocab, tokens)
+    if facts.loss_chunk and st.strategy != "fsdp":  # the head's gradient made with the loss, a chunk at a time
+        logits = chunked_logits_bytes(facts.vocab, tokens, facts.loss_chunk, compute)
+        loss, head_phase = at_loss + head + logits, at_loss + head
+    else:
+        logits = logits_bytes(facts.vocab, tokens)
+        loss, head_phase = at_loss + logits, at_loss + head + LOGITS_GRAD_PER_VOCAB * facts.vocab * tokens
     cols.update(activations=acts, logits=logits)
-    steps = {"loss": at_loss + logits, "head": at_loss + head + LOGITS_GRAD_PER_VOCAB * facts.vocab * tokens,
-             "layers": acts + grads if gc else 0, "end": end + copies, "step": grads + temps}
+    steps = {"loss": loss, "head": head_phase, "layers": acts + grads if gc else 0, "end": end + copies,
+             "step": grads + temps}
     return {**cols, "resident": resident}, steps
 
 

@@ -60,6 +60,8 @@ LOGITS_SAVED_PER_VOCAB = 4
 LOGITS_PEAK_PER_VOCAB = 12
 # what the head's backward adds per vocabulary entry per token: the logits' gradient in fp32
 LOGITS_GRAD_PER_VOCAB = 4
+# the chunked loss: one chunk's fp32 logits, in place from logits to softmax to its gradient
+LOGITS_CHUNK_PER_VOCAB = 4
 # optimizers whose step runs tensor by tensor in Python, on a GPU too (voxrelay's Lion, transformers' Adafactor):
 # two temporaries of the tensor being updated, like the unfused AdamW on CPU (peak of live tensors, measured)
 UNFUSED_OPTIMIZERS = ("lion", "adafactor")
@@ -223,6 +225,15 @@ def activation_bytes(s: Shape, tokens: int, compute: str, checkpointing: bool, a
 def logits_bytes(vocab: int, tokens: int, peak: bool = True) -> int:
     """The loss' share: saved fp32 log-softmax (``peak=False``) or its backward peak (12 x vocab per token)."""
     return (LOGITS_PEAK_PER_VOCAB if peak else LOGITS_SAVED_PER_VOCAB) * vocab * tokens
+
+
+def chunked_logits_bytes(vocab: int, tokens: int, chunk: int, compute: str) -> int:
+    """The chunked loss' share (``train.chunked_loss``, :mod:`voxrelay.models.linear_ce`): one chunk's logits, fp32
+    (4 x vocab per token, turned into the softmax and its gradient in place) and, under bf16/autocast, the head's
+    own low-precision output beside it for a moment (2 more); nothing per token of the whole batch but a few
+    float32 vectors (measured: tests/unit/test_plan_peak.py's chunked rows)."""
+    per_vocab = LOGITS_CHUNK_PER_VOCAB + (0 if compute == "fp32" else 2)
+    return per_vocab * vocab * min(tokens, chunk) + 8 * tokens
 
 
 def overhead_bytes(allocated: int) -> int:
