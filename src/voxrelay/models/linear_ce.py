@@ -46,8 +46,10 @@ class LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                targets: torch.Tensor, chunk_tokens: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+                targets: torch.Tensor, chunk_tokens: int, ignore_index: int,
+                grad_enabled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        # under no_grad (evaluation) needs_input_grad still says what requires grad: nothing is made then
+        need_h, need_w, need_b = (grad_enabled and need for need in ctx.needs_input_grad[:3])
         grads = _Grads(hidden, weight, bias, need_h, need_w, need_b and bias is not None)
         per_token = torch.zeros(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk_tokens):
@@ -64,7 +66,15 @@ class LinearCrossEntropy(torch.autograd.Function):
             raise RuntimeError("LinearCrossEntropy: backward ran twice over one forward; call the loss again")
         scaled = [None if g is None else (g if bool(grad_total == 1) else g.mul_(grad_total.to(g.dtype)))
                   for g in made]
-        return (*scaled, None, None, None)
+        return (*scaled, None, None, None, None)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         targets: torch.Tensor, chunk_tokens: int,
+                         ignore_index: int = IGNORE_INDEX) -> tuple[torch.Tensor, torch.Tensor]:
+    """:class:`LinearCrossEntropy` (its gradients made only where autograd records)."""
+    return LinearCrossEntropy.apply(hidden, weight, bias, targets, chunk_tokens, ignore_index,
+                                    torch.is_grad_enabled())
 
 
 class _Grads:
@@ -182,7 +192,7 @@ def head_loss(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor
     weight, bias = parts
     if kernel == LIGER:
         return _liger(hidden, weight, bias, targets, split)
-    total, per_token = LinearCrossEntropy.apply(hidden, weight, bias, targets, chunk_tokens, IGNORE_INDEX)
+    total, per_token = linear_cross_entropy(hidden, weight, bias, targets, chunk_tokens)
     return HeadLoss(total, per_token[split].sum() if split is not None else _zero(hidden))
 
 

@@ -13,9 +13,9 @@ from voxrelay.models.linear_ce import (
     CHUNKED,
     LIGER,
     MATERIALISED,
-    LinearCrossEntropy,
     head_loss,
     head_parts,
+    linear_cross_entropy,
     pick_kernel,
 )
 
@@ -45,7 +45,7 @@ def test_values_and_gradients_equal_the_materialised_loss_in_fp32(chunk: int) ->
     reference = F.cross_entropy(F.linear(hidden, weight, bias), targets, reduction="none")
     count = (targets != -100).sum()
     want = _grads(reference.sum() / count, hidden, weight, bias)  # the loop divides the sum by the count
-    total, per_token = LinearCrossEntropy.apply(hidden, weight, bias, targets, chunk, -100)
+    total, per_token = linear_cross_entropy(hidden, weight, bias, targets, chunk)
     got = _grads(total / count, hidden, weight, bias)
     assert _rel(total, reference.sum()) <= 1e-5
     assert _rel(per_token, reference.detach()) <= 1e-5 and (per_token[targets == -100] == 0).all()
@@ -64,7 +64,7 @@ def test_a_tied_embedding_and_head_gets_both_gradients() -> None:
     def run(chunked: bool) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = torch.tanh(F.embedding(ids, table) * 3)  # the input embedding, then "the model"
         if chunked:
-            loss = LinearCrossEntropy.apply(hidden, table, None, targets, 9, -100)[0]
+            loss = linear_cross_entropy(hidden, table, None, targets, 9)[0]
         else:
             loss = F.cross_entropy(F.linear(hidden, table), targets, reduction="sum")
         return loss, torch.autograd.grad(loss, table)[0]
@@ -80,7 +80,7 @@ def test_under_bf16_autocast_it_matches_the_materialised_loss_to_bf16_rounding()
     hidden, weight, _, targets = _inputs(n=64, h=32, v=301, bias=False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         reference = F.cross_entropy(F.linear(hidden, weight).float(), targets, reduction="sum")
-        total, _ = LinearCrossEntropy.apply(hidden, weight, None, targets, 10, -100)
+        total, _ = linear_cross_entropy(hidden, weight, None, targets, 10)
     want, got = _grads(reference, hidden, weight), _grads(total, hidden, weight)
     assert total.dtype == torch.float32
     assert _rel(total, reference) <= 1e-5  # the same bf16 logits, the same fp32 softmax
@@ -99,7 +99,7 @@ def test_the_peak_of_live_tensors_is_a_chunk_not_the_logits() -> None:
         p.adopt([hidden, weight, targets])
         with p:
             if chunked:
-                loss = LinearCrossEntropy.apply(hidden, weight, None, targets, chunk, -100)[0]
+                loss = linear_cross_entropy(hidden, weight, None, targets, chunk)[0]
             else:
                 loss = F.cross_entropy(F.linear(hidden, weight), targets, reduction="sum")
             grads = torch.autograd.grad(loss, [hidden, weight])
@@ -111,6 +111,19 @@ def test_the_peak_of_live_tensors_is_a_chunk_not_the_logits() -> None:
     assert materialised >= 12 * v * n
     assert chunked - grads <= 4 * v * chunk + 4 * v * n // 16  # one chunk's fp32 logits (+ small vectors)
     assert chunked <= 0.25 * materialised
+
+
+def test_evaluation_under_no_grad_makes_no_gradient() -> None:
+    """needs_input_grad still says True under no_grad: the head's gradient (4 MB here) must not be made."""
+    hidden, weight, _, targets = _inputs(n=64, h=256, v=4096, bias=False)
+    p = Peak()
+    p.adopt([hidden, weight, targets])
+    base = p.now
+    with p, torch.no_grad():
+        total, _ = linear_cross_entropy(hidden, weight, None, targets, 16)
+    assert p.peak - base <= 4 * 4096 * 16 + 64 * 64  # one chunk's logits, a few vectors
+    reference = F.cross_entropy(F.linear(hidden, weight), targets, reduction="sum")
+    assert not total.requires_grad and _rel(total, reference) <= 1e-5
 
 
 def test_head_loss_finds_the_weight_through_peft_and_falls_back_for_a_head_it_does_not_know() -> None:
@@ -156,3 +169,16 @@ def test_the_kernel_is_chosen_by_device_and_what_is_installed() -> None:
 
     here = all(importlib.util.find_spec(m) is not None for m in ("liger_kernel", "triton"))
     assert pick_kernel("cuda", True) == (LIGER if here else CHUNKED)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or pick_kernel("cuda", True) != LIGER,
+                    reason="Liger-Kernel's Triton kernel needs CUDA and `pip install 'voxrelay[kernels]'`")
+def test_the_cuda_kernel_agrees_with_the_portable_path() -> None:
+    hidden, weight, _, targets = _inputs(n=300, h=64, v=5000, bias=False)
+    hidden, weight, targets = hidden.detach().cuda().requires_grad_(), weight.detach().cuda(), targets.cuda()
+    head = torch.nn.Linear(64, 5000, bias=False, device="cuda")
+    head.weight = torch.nn.Parameter(weight)
+    split = targets % 2 == 0
+    fused, portable = (head_loss(hidden, head, targets, k, 64, split) for k in (LIGER, CHUNKED))
+    assert _rel(fused.total, portable.total) <= 1e-4 and _rel(fused.split, portable.split) <= 1e-4
+    assert _rel(_grads(fused.total, hidden, head.weight)[1], _grads(portable.total, hidden, head.weight)[1]) <= 1e-3
