@@ -127,3 +127,19 @@ def test_a_run_saved_before_chunked_loss_resumes_with_the_logits_materialised() 
     assert kept == {"chunked_loss": False}
     cfg.train = cfg.train.model_copy(update=kept)
     assert config_changes(saved, cfg.to_dict()) == ([], [])  # the resume check finds nothing changed
+
+
+def test_the_run_says_which_loss_it_uses(orpheus_folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from voxrelay.config import load_config
+    from voxrelay.train.strategies import choose_loss
+
+    model = build_model(OrpheusConfig(init_from=str(orpheus_folder), max_seq_len=512), ORPHEUS_DATA, 0, meta=True)
+    cases = [([], CHUNKED, "chunked linear cross-entropy, 256 tokens per chunk"),
+             (["train.loss_chunk_tokens=64"], CHUNKED, "64 tokens per chunk"),
+             (["train.chunked_loss=false"], MATERIALISED, "loss: materialised logits"),
+             (["train.strategy=fsdp"], MATERIALISED, "materialised logits (train.strategy=fsdp)")]
+    for overrides, kernel, words in cases:
+        caplog.clear()
+        with caplog.at_level("INFO", logger="voxrelay.train.strategies"):
+            choose_loss(model, load_config(None, ["model.family=orpheus", *overrides]).train, "cpu")
+        assert model.loss_kernel == kernel and words in caplog.text, (overrides, caplog.text)
