@@ -70,13 +70,14 @@ def test_orpheus_chunked_loss_equals_the_materialised_one(orpheus_folder: Path, 
     _assert_same(model, _orpheus_batch(model))
 
 
-def test_codec_lm_chunked_loss_equals_the_materialised_one() -> None:
+@pytest.mark.parametrize("scale", [None, 2.0])  # 2.0: text positions scaled (position_ids passed through)
+def test_codec_lm_chunked_loss_equals_the_materialised_one(scale: float | None) -> None:
     from voxrelay.data.shards import EncodedUtterance
     from voxrelay.models.codec_lm.config import CodecLMConfig
 
     torch.manual_seed(0)
     cfg = CodecLMConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, dropout=0.0,
-                        frames_per_position=None, text_position_scale=None)
+                        frames_per_position=None, text_position_scale=scale)
     model = build_model(cfg, DataSpec(4, 64), 0)
     assert model.chunked_heads
     rng = np.random.default_rng(0)
