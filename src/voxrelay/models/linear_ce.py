@@ -41,8 +41,9 @@ class HeadLoss(NamedTuple):
 class LinearCrossEntropy(torch.autograd.Function):
     """(hidden [N, H], weight [V, H], bias [V] or None, targets int64 [N]) -> (the summed cross-entropy of the
     rows whose target is not ``ignore_index``, float32 scalar; each row's cross-entropy, float32 [N], 0 on
-    ignored rows, not differentiable). The logits are computed as the head computes them (under autocast, in
-    its dtype) and the softmax in float32, as the materialised loss does; gradients are accumulated in float32."""
+    ignored rows, not differentiable). The logits are computed as the head computes them and the softmax in
+    float32, as the materialised loss does; the gradients' matmuls run in the same precision as the materialised
+    backward's (under autocast its low-precision dtype; else the weight's), accumulated in float32."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -52,9 +53,11 @@ class LinearCrossEntropy(torch.autograd.Function):
         need_h, need_w, need_b = (grad_enabled and need for need in ctx.needs_input_grad[:3])
         grads = _Grads(hidden, weight, bias, need_h, need_w, need_b and bias is not None)
         per_token = torch.zeros(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        compute = _compute_weight(weight, hidden.device.type)
         for start in range(0, hidden.shape[0], chunk_tokens):
             rows = slice(start, start + chunk_tokens)
-            per_token[rows] = _chunk(hidden[rows], weight, bias, targets[rows], ignore_index, grads, rows)
+            per_token[rows] = _chunk(hidden[rows], compute, bias, targets[rows], ignore_index, grads, rows)
+        del compute
         ctx.grads = grads.finish(weight, bias)
         ctx.mark_non_differentiable(per_token)
         return per_token.sum(), per_token
@@ -115,15 +118,28 @@ def _chunk(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, t: 
     z.div_(total)  # softmax
     z.scatter_add_(1, safe[:, None], -keep[:, None].to(z.dtype))  # - one_hot(target) on labelled rows
     z.masked_fill_(~keep[:, None], 0.0)  # ignored rows add nothing
-    with torch.autocast(h.device.type, enabled=False):  # float32 gradients, whatever the forward's precision
-        if grads.hidden is not None:
-            w = weight if weight.dtype == torch.float32 else weight.to(torch.float32)
-            grads.hidden[rows] = (z @ w).to(grads.hidden.dtype)
-        if grads.weight is not None:
-            grads.weight.addmm_(z.T, h.float())
-        if grads.bias is not None:
-            grads.bias.add_(z.sum(dim=0))
+    if grads.bias is not None:
+        grads.bias.add_(z.sum(dim=0))
+    autocast = torch.is_autocast_enabled(h.device.type)  # then matmul casts z (and h) itself
+    if not autocast and weight.dtype != torch.float32:
+        z, h = z.to(weight.dtype), h.to(weight.dtype)
+    if grads.hidden is not None:
+        grads.hidden[rows] = torch.matmul(z, weight).to(grads.hidden.dtype)
+    if grads.weight is not None:
+        if autocast or weight.dtype != torch.float32:  # a low-precision product, added to the float32 sum
+            grads.weight.add_(torch.matmul(z.T, h))
+        else:
+            grads.weight.addmm_(z.T, h)
     return losses
+
+
+def _compute_weight(weight: torch.Tensor, device_type: str) -> torch.Tensor:
+    """The weight the chunks multiply by: under autocast a frozen fp32 weight is cast once for all chunks (a
+    trainable one is cast once anyway: autocast caches casts of leaves that require grad)."""
+    if not torch.is_autocast_enabled(device_type) or (weight.requires_grad and weight.is_leaf):
+        return weight
+    dtype = torch.get_autocast_dtype(device_type)
+    return weight.to(dtype) if weight.is_floating_point() and weight.dtype != dtype else weight
 
 
 def pick_kernel(device_type: str, chunked: bool, liger_importable: bool | None = None) -> str:

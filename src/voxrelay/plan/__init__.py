@@ -203,8 +203,7 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
     at_loss = activation_bytes(shape, tokens, compute, gc, copies, at_loss=True)
     if facts.loss_chunk and st.strategy != "fsdp":  # the head's gradient made with the loss, a chunk at a time
         logits = chunked_logits_bytes(facts.vocab, tokens, facts.loss_chunk, compute)
-        made = 4 * unit_trainable  # its float32 gradient only: no low-precision one under autocast (DDP only)
-        loss, head_phase = at_loss + made + logits, at_loss + made
+        loss, head_phase = at_loss + head + logits, at_loss + head  # (FSDP keeps the materialised loss)
     else:
         logits = logits_bytes(facts.vocab, tokens)
         loss, head_phase = at_loss + logits, at_loss + head + LOGITS_GRAD_PER_VOCAB * facts.vocab * tokens

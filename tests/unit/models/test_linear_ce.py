@@ -73,19 +73,22 @@ def test_a_tied_embedding_and_head_gets_both_gradients() -> None:
     assert _rel(chunked, whole) <= 1e-5 and _rel(g_chunked, g_whole) <= 1e-5
 
 
-def test_under_bf16_autocast_it_matches_the_materialised_loss_to_bf16_rounding() -> None:
-    """accelerate's bf16: fp32 weights and hidden states, the head's matmul in bf16, the softmax in fp32. The
-    chunked loss computes the logits the same way (equal values) and its gradients in fp32 (the materialised
-    one in bf16): within bf16's rounding."""
+@pytest.mark.parametrize("trained", [True, False])  # a frozen fp32 head is cast once for every chunk
+def test_under_bf16_autocast_it_matches_the_materialised_loss_to_bf16_rounding(trained: bool) -> None:
+    """accelerate's bf16: fp32 weights and hidden states, the head's matmuls in bf16, the softmax in fp32. The
+    chunked loss computes the logits the same way (equal values) and its gradients' matmuls in bf16 too, summed
+    over chunks in fp32: within bf16's rounding."""
     hidden, weight, _, targets = _inputs(n=64, h=32, v=301, bias=False)
+    weight.requires_grad_(trained)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         reference = F.cross_entropy(F.linear(hidden, weight).float(), targets, reduction="sum")
         total, _ = linear_cross_entropy(hidden, weight, None, targets, 10)
-    want, got = _grads(reference, hidden, weight), _grads(total, hidden, weight)
-    assert total.dtype == torch.float32
+    head = weight if trained else None
+    want, got = _grads(reference, hidden, head), _grads(total, hidden, head)
+    assert total.dtype == torch.float32 and len(got) == 1 + trained
     assert _rel(total, reference) <= 1e-5  # the same bf16 logits, the same fp32 softmax
-    for g, w in zip(got, want, strict=True):
-        assert g.dtype == torch.float32 and _rel(g, w) <= 2e-2
+    for g, w in zip(got, want, strict=True):  # measured: 8e-4 (hidden), 3e-3 (weight)
+        assert g.dtype == torch.float32 and _rel(g, w) <= 1e-2
 
 
 def test_the_peak_of_live_tensors_is_a_chunk_not_the_logits() -> None:
