@@ -204,6 +204,9 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
     if facts.loss_chunk and st.strategy != "fsdp":  # the head's gradient made with the loss, a chunk at a time
         logits = chunked_logits_bytes(facts.vocab, tokens, facts.loss_chunk, compute)
         loss, head_phase = at_loss + head + logits, at_loss + head  # (FSDP keeps the materialised loss)
+        # measured: at the backward's end one more float32 copy of the head's gradient (the one the loss made
+        # is summed out of place with a tied embedding's, or copied into a separate head's .grad)
+        end += 4 * unit_trainable
     else:
         logits = logits_bytes(facts.vocab, tokens)
         loss, head_phase = at_loss + logits, at_loss + head + LOGITS_GRAD_PER_VOCAB * facts.vocab * tokens

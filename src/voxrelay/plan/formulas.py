@@ -34,8 +34,10 @@ measured as the peak of live tensors on CPU (fp32: 12.0 exactly, at 256 and 1,02
 ``max_memory_allocated`` on an H200 (4,096 tokens of Orpheus-3B width: 12.0-12.3 in every row). The
 ``logits`` column is that peak. With ``train.chunked_loss`` it is one chunk's (:func:`chunked_logits_bytes`),
 beside the head's gradient, which the chunked loss makes as it goes (float32, and under autocast each chunk's
-bf16 product: the ``head`` phase's bytes); measured CPU peaks are 1.007 and 0.998 of the plan's in
-tests/helpers/peak.py's two chunked rows (fp32 with a frozen head; autocast with the head trained).
+bf16 product: the ``head`` phase's bytes), and one more float32 copy of it at the backward's end (measured);
+the plan is 1.001 and 1.000 of the measured CPU peaks of tests/helpers/peak.py's two chunked rows (fp32 with a
+frozen head: the loss phase; autocast with the head trained: the backward's end) and 0.998 with the head trained
+under autocast at 1,024 tokens in 512-token chunks (the loss phase).
 
 A step's peak is not the sum of the columns (see :func:`voxrelay.plan.per_gpu`): the loss' peak comes
 before any weight gradient exists, and the gradients are whole only when the activations are gone.
