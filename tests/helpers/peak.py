@@ -190,12 +190,25 @@ def step_peak(overrides: list[str], tokens: int) -> tuple[int, dict, int]:
 # name -> (family, (hidden, heads, kv heads, layers), overrides, tokens, the phase the plan finds at the peak)
 CPU_ROWS = {
     # the 156,940-way loss outweighs a small model: the peak is the log-softmax's backward
-    "ddp-full-fp32-loss": ("orpheus", (320, 5, 1, 2), ["train.precision=no"], 512, "loss"),
-    # a wide model on a few tokens: the peak is the optimizer step (gradients + its temporaries), 8-bit states
-    "ddp-8bit-fp32-step": ("orpheus", (512, 8, 2, 1), ["train.precision=no", "train.optimizer=adamw_8bit"], 24,
+    "ddp-full-fp32-loss": ("orpheus", (320, 5, 1, 2), ["train.precision=no", "train.chunked_loss=false"], 512,
+                           "loss"),
+    # the same head's loss a chunk at a time (train.chunked_loss), the head frozen (LoRA, no modules_to_save):
+    # one chunk of logits is the peak's part of the loss, not 12 bytes x vocab x tokens
+    "ddp-lora-fp32-chunked": ("orpheus", (256, 4, 1, 1), ["train.precision=no",
+                                                          "train.lora.modules_to_save=[]"], 512, "loss"),
+    # under bf16 autocast, the head trained in full: its gradient is made with the loss, and at the backward's
+    # end one more copy of it exists (with 512-token chunks at 1,024 tokens the loss phase is the peak: 0.998)
+    "ddp-full-autocast-chunked": ("orpheus", (256, 4, 1, 1), ["train.precision=bf16",
+                                                              "train.loss_chunk_tokens=128"], 512, "end"),
+    # a wide model on a few tokens: the peak is the optimizer step (gradients + its temporaries), 8-bit states.
+    # These two price the materialised loss: with the chunked one the backward's end ties with the step (the
+    # plan 1.000 of the measured peak either way, but the phase named is then "end")
+    "ddp-8bit-fp32-step": ("orpheus", (512, 8, 2, 1), ["train.precision=no", "train.optimizer=adamw_8bit",
+                                                            "train.chunked_loss=false"], 24,
                            "step"),
     # Lion (voxrelay's own, tensor by tensor on a GPU too): the step's temporaries
-    "ddp-lion-fp32-step": ("orpheus", (512, 8, 2, 1), ["train.precision=no", "train.optimizer=lion"], 24, "step"),
+    "ddp-lion-fp32-step": ("orpheus", (512, 8, 2, 1), ["train.precision=no", "train.optimizer=lion",
+                                                           "train.chunked_loss=false"], 24, "step"),
     # FSDP2 (one process) with LoRA and checkpointing: frozen base, adapters, modules_to_save copies
     "fsdp-lora-gc-fp32": ("orpheus", (384, 6, 2, 2), ["train.precision=no", "train.strategy=fsdp",
                                                       "train.lora=true", "train.gradient_checkpointing=true"], 128,
@@ -204,7 +217,10 @@ CPU_ROWS = {
     "ddp-gc-autocast": ("codec_lm", (384, 6, 6, 3), ["train.precision=bf16", "train.gradient_checkpointing=true",
                                                      "model.frames_per_position=null",
                                                      "model.text_position_scale=null",
-                                                     "model.audio_embedding=free"], 520, "layers"),
+                                                     "model.audio_embedding=free",
+                                                     # chunked: the same peak (1.067 either way), but the
+                                                     # backward's end then ties with the layers' phase
+                                                     "train.chunked_loss=false"], 520, "layers"),
     # QLoRA: the layers' frozen Linears in NF4 (codes + double-quantised absmax), adapters and the trained embedding
     # and head in fp32; one weight dequantised at a time in backward. (int8 is not held here: on CPU bitsandbytes
     # trains it through MatMul8bitFp, which keeps each Linear's input on its autograd context, out of reach of
@@ -213,7 +229,8 @@ CPU_ROWS = {
                                                        "train.gradient_checkpointing=true",
                                                        "model.frames_per_position=null",
                                                        "model.text_position_scale=null",
-                                                       "model.audio_embedding=free"], 256, "layers"),
+                                                       "model.audio_embedding=free",
+                                                       "train.chunked_loss=false"], 256, "layers"),
     # the same with activation offload, deep enough that the layer inputs are ~1/8 of the peak: the GPU's peak is
     # the loss' without them (a plan that kept them on the GPU would be 13.5% over)
     "ddp-gc-offload-autocast": ("codec_lm", (96, 2, 2, 16), ["train.precision=bf16",
@@ -221,7 +238,8 @@ CPU_ROWS = {
                                                             "train.activation_offload=true",
                                                             "model.frames_per_position=null",
                                                             "model.text_position_scale=null",
-                                                            "model.audio_embedding=free"], 1024, "loss"),
+                                                            "model.audio_embedding=free",
+                                                            "train.chunked_loss=false"], 1024, "loss"),
 }
 
 

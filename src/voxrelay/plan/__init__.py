@@ -40,6 +40,7 @@ from voxrelay.plan.formulas import (
     Shape,
     activation_bytes,
     autocast_copies,
+    chunked_logits_bytes,
     dequantised_bytes,
     grad_bytes,
     logits_bytes,
@@ -149,6 +150,7 @@ class ModelFacts:
     shape: dict[bool, Shape]
     unit: dict[bool, tuple[int, int]]  # lora? -> (params, trainable params) of the largest FSDP unit
     vocab: int
+    loss_chunk: int | None = None  # train.chunked_loss (a family with chunked heads): tokens per chunk of logits
 
 
 @dataclass
@@ -215,7 +217,9 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
     ``resident`` (weights and optimizer states it keeps, DDP's gradient buckets):
 
     - ``loss``: the log-softmax's backward, before any weight gradient exists (FSDP2 has resharded every
-      unit after the forward: none is gathered);
+      unit after the forward: none is gathered); with the chunked loss (``facts.loss_chunk``) one chunk of
+      logits beside the head's gradient, which it makes as it goes (``head`` then has no logits; not under
+      FSDP, where the head's loss stays materialised: see :func:`voxrelay.train.strategies.choose_loss`);
     - ``head``: the output layer's backward: its weight gradient in the compute dtype and in fp32 (FSDP: the
       largest unit gathered, with its unsharded gradient), the logits' fp32 gradient;
     - ``layers``: under gradient checkpointing, a recomputed layer with every gradient (an upper bound);
@@ -259,10 +263,18 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
     offload = gc and st.activation_offload  # the layer inputs in host memory (offloaded_host_bytes)
     acts = activation_bytes(shape, tokens, compute, gc, copies, offload=offload)
     at_loss = activation_bytes(shape, tokens, compute, gc, copies, at_loss=True, offload=offload)
-    logits = logits_bytes(facts.vocab, tokens)
+    if facts.loss_chunk and st.strategy != "fsdp":  # the head's gradient made with the loss, a chunk at a time
+        logits = chunked_logits_bytes(facts.vocab, tokens, facts.loss_chunk, compute)
+        loss, head_phase = at_loss + head + logits, at_loss + head  # (FSDP keeps the materialised loss)
+        # measured: at the backward's end one more float32 copy of the head's gradient (the one the loss made
+        # is summed out of place with a tied embedding's, or copied into a separate head's .grad)
+        end += 4 * unit_trainable
+    else:
+        logits = logits_bytes(facts.vocab, tokens)
+        loss, head_phase = at_loss + logits, at_loss + head + LOGITS_GRAD_PER_VOCAB * facts.vocab * tokens
     cols.update(activations=acts, logits=logits)
-    steps = {"loss": at_loss + logits, "head": at_loss + head + LOGITS_GRAD_PER_VOCAB * facts.vocab * tokens,
-             "layers": acts + grads if gc else 0, "end": end + copies, "step": grads + temps}
+    steps = {"loss": loss, "head": head_phase, "layers": acts + grads if gc else 0, "end": end + copies,
+             "step": grads + temps}
     if st.base_bits and gc:
         steps["layers"] += dequantised
     return {**cols, "resident": resident}, steps

@@ -32,7 +32,12 @@ Logits: the loss keeps 4 bytes x vocab per labelled token (fp32 log-softmax); wh
 backpropagated it holds 12 bytes x vocab per token (its saved output, the incoming gradient and the new one):
 measured as the peak of live tensors on CPU (fp32: 12.0 exactly, at 256 and 1,024 tokens) and implied by
 ``max_memory_allocated`` on an H200 (4,096 tokens of Orpheus-3B width: 12.0-12.3 in every row). The
-``logits`` column is that peak.
+``logits`` column is that peak. With ``train.chunked_loss`` it is one chunk's (:func:`chunked_logits_bytes`),
+beside the head's gradient, which the chunked loss makes as it goes (float32, and under autocast each chunk's
+bf16 product: the ``head`` phase's bytes), and one more float32 copy of it at the backward's end (measured);
+the plan is 1.001 and 1.000 of the measured CPU peaks of tests/helpers/peak.py's two chunked rows (fp32 with a
+frozen head: the loss phase; autocast with the head trained: the backward's end) and 0.998 with the head trained
+under autocast at 1,024 tokens in 512-token chunks (the loss phase).
 
 A step's peak is not the sum of the columns (see :func:`voxrelay.plan.per_gpu`): the loss' peak comes
 before any weight gradient exists, and the gradients are whole only when the activations are gone.
@@ -66,6 +71,8 @@ LOGITS_SAVED_PER_VOCAB = 4
 LOGITS_PEAK_PER_VOCAB = 12
 # what the head's backward adds per vocabulary entry per token: the logits' gradient in fp32
 LOGITS_GRAD_PER_VOCAB = 4
+# the chunked loss: one chunk's fp32 logits, in place from logits to softmax to its gradient
+LOGITS_CHUNK_PER_VOCAB = 4
 # optimizers whose step runs tensor by tensor in Python, on a GPU too (voxrelay's Lion, transformers' Adafactor):
 # two temporaries of the tensor being updated, like the unfused AdamW on CPU (peak of live tensors, measured)
 UNFUSED_OPTIMIZERS = ("lion", "adafactor")
@@ -268,6 +275,15 @@ def activation_bytes(s: Shape, tokens: int, compute: str, checkpointing: bool, a
 def logits_bytes(vocab: int, tokens: int, peak: bool = True) -> int:
     """The loss' share: saved fp32 log-softmax (``peak=False``) or its backward peak (12 x vocab per token)."""
     return (LOGITS_PEAK_PER_VOCAB if peak else LOGITS_SAVED_PER_VOCAB) * vocab * tokens
+
+
+def chunked_logits_bytes(vocab: int, tokens: int, chunk: int, compute: str) -> int:
+    """The chunked loss' share (``train.chunked_loss``, :mod:`voxrelay.models.linear_ce`): one chunk's logits, fp32
+    (4 x vocab per token, turned into the softmax and its gradient in place) and, under bf16/autocast, the head's
+    own low-precision output beside it for a moment (2 more); nothing per token of the whole batch but a few
+    float32 vectors (measured: tests/unit/test_plan_peak.py's chunked rows)."""
+    per_vocab = LOGITS_CHUNK_PER_VOCAB + (0 if compute == "fp32" else 2)
+    return per_vocab * vocab * min(tokens, chunk) + 8 * tokens
 
 
 def overhead_bytes(allocated: int) -> int:

@@ -100,7 +100,8 @@ def model_facts(cfg: RunConfig, index: dict | None) -> tuple[ModelFacts, FamilyM
     lora_params, lora_unit = collect(model.module, layers)
     facts = ModelFacts({False: full_params, True: lora_params},
                        {False: full_shape, True: family_shape(model, rank)},
-                       {False: full_unit, True: lora_unit}, full_shape.vocab)
+                       {False: full_unit, True: lora_unit}, full_shape.vocab,
+                       cfg.train.loss_chunk_tokens if cfg.train.chunked_loss and model.chunked_heads else None)
     model.module = base
     return facts, model
 

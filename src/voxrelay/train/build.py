@@ -50,6 +50,7 @@ from voxrelay.train.strategies import (
     apply_fsdp,
     apply_lora,
     base_hash,
+    choose_loss,
     enable_gradient_checkpointing,
     fsdp_mesh,
     has_frozen,
@@ -232,6 +233,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
         load_weights(model, found, cfg, base, len({c.step for c in checkpoints.candidates()}))
         if not is_sharded(found[0].manifest):  # the weights are in the model (a sharded one loads in restore)
             checkpoints.release(found[1])
+    choose_loss(model, cfg.train, accelerator.device.type)  # after resume: a resumed run keeps its saved choice
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
     module, optimizer = wrap_model(model, cfg, accelerator)
     scheduler = build_scheduler(cfg.train, optimizer)
@@ -267,7 +269,7 @@ def keep_started_schedule(cfg: RunConfig, saved: dict, main: bool) -> None:
         return
     cfg.train = cfg.train.model_copy(update=kept)
     if main:
-        log.info("resuming with the schedule this run started with: %s (set them in the config to change them)",
+        log.info("resuming with the settings this run started with: %s (set them in the config to change them)",
                  ", ".join(f"train.{k}={v}" for k, v in kept.items()))
 
 
@@ -277,6 +279,7 @@ def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Ru
     memory measurements step with ``train_step``. The caller has seeded the RNG."""
     apply_lora(model, cfg.train.lora, compute_dtype(accelerator.mixed_precision))
     enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing, cfg.train.activation_offload)
+    choose_loss(model, cfg.train, accelerator.device.type)
     model.module.train()
     module, optimizer = wrap_model(model, cfg, accelerator)
     return Run(cfg, accelerator, model, module, optimizer, build_scheduler(cfg.train, optimizer),

@@ -30,7 +30,7 @@ def parse_duration(value: str | float | int | None) -> float | None:
 class TrainConfig(Section):
     # keys added with a default other than what runs did before them: the value a saved config without the key
     # stands for (so resuming such a run keeps what it started with, see voxrelay.train.optim.started_schedule)
-    ADDED_WITH_NEW_BEHAVIOUR: ClassVar[dict[str, object]] = {"warmup_from_zero": False}
+    ADDED_WITH_NEW_BEHAVIOUR: ClassVar[dict[str, object]] = {"warmup_from_zero": False, "chunked_loss": False}
     # keys whose default changed: the old default, which a saved config holds when its run did not set the key
     CHANGED_DEFAULTS: ClassVar[dict[str, object]] = {"min_lr_ratio": 0.1, "precision": "no"}
 
@@ -139,6 +139,17 @@ class TrainConfig(Section):
         "ddp, fsdp and LoRA",
     )
     cpu_offload: bool = Field(False, description="fsdp: keep parameters, gradients and optimizer states in CPU memory")
+    chunked_loss: bool = Field(
+        True, description="The output head's cross-entropy a chunk of tokens at a time, never holding the logits of "
+        "every token (Orpheus: 156,940 per token; the plan's `logits` column); on CUDA with `pip install "
+        "'voxrelay[kernels]'` Liger-Kernel's fused kernel. Equal to the materialised loss to float rounding, not "
+        "bit for bit; false: the logits materialised, as runs saved before this key keep. For families whose loss "
+        "is one head over a vocabulary; under train.strategy=fsdp the logits stay materialised",
+    )
+    loss_chunk_tokens: int = Field(
+        256, gt=0, description="chunked_loss: tokens per chunk (the chunk's logits take 4 bytes x vocabulary each; "
+        "fewer tokens, less memory and smaller matmuls)",
+    )
     ignore_plan: bool = Field(
         False, description="On a GPU, train checks its strategy against `voxrelay plan` before loading weights and "
         "stops (exit 2, with the plan) when it will not fit; true: warn and try anyway",
