@@ -233,7 +233,27 @@ def _zero(like: torch.Tensor) -> torch.Tensor:
 def causal_lm_hidden(module: torch.nn.Module, **inputs: Any) -> torch.Tensor:
     """The final hidden states [B, L, H] (after the last norm: what the head multiplies) of a transformers causal
     LM, through ``module``'s own forward (so DDP, FSDP2 and peft wrappers do their part) with the head run on no
-    position (``logits_to_keep`` an empty index): no logits are made."""
+    position (``logits_to_keep`` an empty index): no logits are made. They are taken from the final norm's output
+    (a forward hook), not from ``output_hidden_states``: that tuple would hold every layer's input on the device
+    until the forward ends, undoing ``train.activation_offload``."""
     keep_none = torch.zeros(0, dtype=torch.long, device=inputs["input_ids"].device)
-    out = module(**inputs, use_cache=False, logits_to_keep=keep_none, output_hidden_states=True)
-    return out.hidden_states[-1]
+    norm = _final_norm(module)
+    if norm is None:  # a causal LM without a decoder.norm: every layer's output, the last one kept
+        out = module(**inputs, use_cache=False, logits_to_keep=keep_none, output_hidden_states=True)
+        return out.hidden_states[-1]
+    captured: list[torch.Tensor] = []
+    hook = norm.register_forward_hook(lambda _mod, _inp, out: captured.append(out))
+    try:
+        module(**inputs, use_cache=False, logits_to_keep=keep_none)
+    finally:
+        hook.remove()
+    return captured[-1]
+
+
+def _final_norm(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The decoder's final norm of a (DDP-, peft-wrapped) transformers causal LM, or None."""
+    inner = getattr(module, "module", module)  # DDP
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner  # peft
+    decoder = inner.get_decoder() if hasattr(inner, "get_decoder") else None
+    norm = getattr(decoder, "norm", None)
+    return norm if isinstance(norm, torch.nn.Module) else None
