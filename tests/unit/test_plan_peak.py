@@ -40,8 +40,22 @@ def test_plan_total_matches_max_memory_allocated_measured_on_an_h200(tokenizer: 
     facts, _ = model_facts(load_config(None, base), None)  # with and without LoRA (the family's defaults)
     for name, row in recorded["rows"].items():
         plan = recorded_plan([*base, *row["overrides"]], recorded["tokens"], facts)
-        ratio = (plan["total"] - plan["overhead"]) / (row["gb"] * 1e9)
-        assert 0.98 <= ratio <= 1.10, (name, ratio, plan)
+        held = _cached_through_backward(facts, row["overrides"])
+        ratio = (plan["total"] - plan["overhead"] + held) / (row["gb"] * 1e9)
+        assert 0.98 <= ratio <= 1.10, (name, ratio, plan, held)
+
+
+def _cached_through_backward(facts, overrides: list[str]) -> int:
+    """What the code these rows were measured on (stop 25) held beyond today's: its backward ran inside the autocast
+    region, whose cache kept a bf16 copy of every trainable fp32 Linear weight of the layers to the backward's end;
+    under checkpointing, where the loss' backward is the peak, that is all but the recomputed layer's copies
+    (today's train_step frees them with the forward: measured in tests/unit/train/test_autocast_backward.py).
+    Re-measure the rows on a GPU to drop this."""
+    if "train.gradient_checkpointing=true" not in overrides:
+        return 0  # without checkpointing every matmul saves its copy for backward anyway: the loss' peak is alike
+    lora = "train.lora=true" in overrides
+    copies = sum(2 * p.numel for p in facts.params[lora] if p.linear and p.in_layer and p.trainable and p.itemsize == 4)
+    return copies - copies // facts.shape[lora].layers
 
 
 def test_plan_total_matches_a_gpu_measurement_no_constant_was_fitted_on(monkeypatch) -> None:

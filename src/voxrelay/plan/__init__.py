@@ -161,7 +161,8 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
     - ``head``: the output layer's backward: its weight gradient in the compute dtype and in fp32 (FSDP: the
       largest unit gathered, with its unsharded gradient), the logits' fp32 gradient;
     - ``layers``: under gradient checkpointing, a recomputed layer with every gradient (an upper bound);
-    - ``end``: the backward's end: every gradient, autocast's cached copies, and the largest unit's gradient
+    - ``end``: the backward's end: every gradient (autocast's copies are gone: the backward runs outside its
+      region, see :func:`~voxrelay.plan.formulas.autocast_copies`), and the largest unit's gradient
       twice (an input embedding tied to the output layer gets a dense gradient of its own, added to the
       head's; under FSDP the unit is still gathered and its reduce-scatter output exists too);
     - ``step``: the optimizer step. The fused AdamW voxrelay uses on a GPU makes no copies, nor do
@@ -200,7 +201,7 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
     logits = logits_bytes(facts.vocab, tokens)
     cols.update(activations=acts, logits=logits)
     steps = {"loss": at_loss + logits, "head": at_loss + head + LOGITS_GRAD_PER_VOCAB * facts.vocab * tokens,
-             "layers": acts + grads if gc else 0, "end": end + copies, "step": grads + temps}
+             "layers": acts + grads if gc else 0, "end": end, "step": grads + temps}
     return {**cols, "resident": resident}, steps
 
 

@@ -47,13 +47,14 @@ def collect(module: Any, layer_classes: tuple[type, ...]) -> tuple[list[Param], 
     # Linears the forward runs (peft's modules_to_save keeps the replaced original beside the trained copy)
     linear = {id(m.weight) for name, m in module.named_modules()
               if isinstance(m, torch.nn.Linear) and "original_module" not in name.split(".")}
-    params = [Param(tuple(p.shape), p.element_size(), p.requires_grad, id(p) in linear) for p in module.parameters()]
     units, in_layers = [], set()
     for m in module.modules():
         if layer_classes and isinstance(m, layer_classes):
             ps = list(m.parameters())
             in_layers |= {id(p) for p in ps}
             units.append((sum(p.numel() for p in ps), sum(p.numel() for p in ps if p.requires_grad)))
+    params = [Param(tuple(p.shape), p.element_size(), p.requires_grad, id(p) in linear, id(p) in in_layers)
+              for p in module.parameters()]
     root = [p for p in module.parameters() if id(p) not in in_layers]
     units.append((sum(p.numel() for p in root), sum(p.numel() for p in root if p.requires_grad)))
     return params, max(units)
