@@ -118,7 +118,7 @@ def step_peak(overrides: list[str], tokens: int) -> tuple[int, dict, int]:
     from accelerate.state import AcceleratorState
 
     from voxrelay.config import load_config
-    from voxrelay.models.registry import build_model
+    from voxrelay.models.registry import as_trained, build_model
     from voxrelay.plan import compute_mode, configured, per_gpu
     from voxrelay.plan.model import data_spec, model_facts
     from voxrelay.train.build import bare_run
@@ -130,7 +130,7 @@ def step_peak(overrides: list[str], tokens: int) -> tuple[int, dict, int]:
     AcceleratorState._reset_state()  # one per process; these rows differ in mixed precision
     try:
         seed_everything(0)
-        model = build_model(cfg.model, data_spec(cfg, None), 0)
+        model = build_model(as_trained(cfg.model, cfg.train), data_spec(cfg, None), 0)
         run = bare_run(model, cfg, Accelerator(mixed_precision=cfg.train.precision, cpu=True))
         batch = _batch(model, cfg.model.family, tokens)
         n = int(batch["attention_mask"].sum())
@@ -166,7 +166,10 @@ CPU_ROWS = {
     "fsdp-lora-gc-fp32": ("orpheus", (384, 6, 2, 2), ["train.precision=no", "train.strategy=fsdp",
                                                       "train.lora=true", "train.gradient_checkpointing=true"], 128,
                           "end"),
-    # bf16 autocast over fp32 master weights with checkpointing: autocast's cached weight copies live on
+    # LoRA's default under bf16 (model.weights_dtype auto): the frozen base in bf16, adapters in fp32, under autocast
+    "ddp-lora-gc-bf16-base": ("orpheus", (384, 6, 2, 2), ["train.precision=bf16", "train.lora=true",
+                                                          "train.gradient_checkpointing=true"], 256, "loss"),
+    # bf16 autocast over fp32 master weights with checkpointing: the recomputed layer's weight copies
     "ddp-gc-autocast": ("codec_lm", (384, 6, 6, 3), ["train.precision=bf16", "train.gradient_checkpointing=true",
                                                      "model.frames_per_position=null",
                                                      "model.text_position_scale=null",

@@ -81,17 +81,23 @@ def shape_of(module: Any, lora_rank: int = 0) -> Shape:
 
 def model_facts(cfg: RunConfig, index: dict | None) -> tuple[ModelFacts, FamilyModel]:
     """Build the model on meta (no weights), read it, apply LoRA (``train.lora`` or the family's defaults),
-    read it again. Returns the facts and the (LoRA-free) family model, whose ``length`` sizes examples."""
+    read it again. Returns the facts and the (LoRA-free) family model, whose ``length`` sizes examples.
+    ``model.weights_dtype: auto`` holds a LoRA base in the compute dtype: then the LoRA rows get a build of
+    their own."""
     from voxrelay.models.lora import apply_lora, lora_settings
     from voxrelay.models.lora_config import LoraConfig
-    from voxrelay.models.registry import build_model
+    from voxrelay.models.registry import as_trained, build_model
 
-    model = build_model(cfg.model, data_spec(cfg, index), cfg.train.seed, meta=True)
+    lora_cfg = cfg.train.lora or LoraConfig()
+    full_cfg = as_trained(cfg.model, cfg.train.model_copy(update={"lora": None}))
+    lora_model_cfg = as_trained(cfg.model, cfg.train.model_copy(update={"lora": lora_cfg}))
+    model = build_model(full_cfg, data_spec(cfg, index), cfg.train.seed, meta=True)
     layers = model.fsdp_layer_classes()
     full_params, full_unit = collect(model.module, layers)
     full_shape = family_shape(model)
     base = model.module
-    lora_cfg = cfg.train.lora or LoraConfig()
+    if lora_model_cfg != full_cfg:
+        model.module = build_model(lora_model_cfg, data_spec(cfg, index), cfg.train.seed, meta=True).module
     rank = lora_settings(model, lora_cfg)["r"]
     apply_lora(model, lora_cfg)
     lora_params, lora_unit = collect(model.module, layers)
