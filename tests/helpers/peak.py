@@ -167,8 +167,8 @@ CPU_ROWS = {
                                                       "train.lora=true", "train.gradient_checkpointing=true"], 128,
                           "end"),
     # LoRA's default under bf16 (model.weights_dtype auto): the frozen base in bf16, adapters in fp32, under autocast
-    "ddp-lora-gc-bf16-base": ("orpheus", (384, 6, 2, 2), ["train.precision=bf16", "train.lora=true",
-                                                          "train.gradient_checkpointing=true"], 256, "loss"),
+    "ddp-lora-gc-bf16-base": ("orpheus", (256, 4, 2, 2), ["train.precision=bf16", "train.lora=true",
+                                                          "train.gradient_checkpointing=true"], 128, "loss"),
     # bf16 autocast over fp32 master weights with checkpointing: the recomputed layer's weight copies
     "ddp-gc-autocast": ("codec_lm", (384, 6, 6, 3), ["train.precision=bf16", "train.gradient_checkpointing=true",
                                                      "model.frames_per_position=null",

@@ -35,12 +35,16 @@ def test_plan_total_matches_max_memory_allocated_measured_on_an_h200(tokenizer: 
     more than 2% under (a plan that says "fits" must not OOM for want of its own margin)."""
     recorded = json.loads(H200.read_text())
     assert len(recorded["rows"]) == 7
+    # the defaults those rows ran with (stop 25): fp32 weights under LoRA too, embed_tokens/lm_head trained in full
     base = ["model.family=orpheus", f"model.tokenizer={tokenizer}", f"model.num_layers={recorded['layers']}",
-            "train.precision=bf16", "train.max_steps=100"]
-    facts, _ = model_facts(load_config(None, base), None)  # with and without LoRA (the family's defaults)
+            "train.precision=bf16", "train.max_steps=100", "model.weights_dtype=float32"]
+    then = {"train.lora=true": "train.lora.embeddings=full"}
+    facts = {lora: model_facts(load_config(None, [*base, *([then["train.lora=true"]] if lora else [])]), None)[0]
+             for lora in (False, True)}
     for name, row in recorded["rows"].items():
-        plan = recorded_plan([*base, *row["overrides"]], recorded["tokens"], facts)
-        held = _cached_through_backward(facts, row["overrides"])
+        overrides = [then.get(o, o) for o in row["overrides"]]
+        plan = recorded_plan([*base, *overrides], recorded["tokens"], facts["train.lora=true" in row["overrides"]])
+        held = _cached_through_backward(facts[False], row["overrides"])
         ratio = (plan["total"] - plan["overhead"] + held) / (row["gb"] * 1e9)
         assert 0.98 <= ratio <= 1.10, (name, ratio, plan, held)
 
@@ -68,7 +72,7 @@ def test_plan_total_matches_a_gpu_measurement_no_constant_was_fitted_on(monkeypa
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     row = json.loads(H200.read_text())["held_out"]
-    plan = recorded_plan(row["overrides"], row["tokens"])
+    plan = recorded_plan([*row["overrides"], "model.weights_dtype=float32"], row["tokens"])  # the default it ran with
     ratio = (plan["total"] - plan["overhead"]) / (row["gb"] * 1e9)
     assert 0.98 <= ratio <= 1.10, (ratio, plan)
 
