@@ -38,7 +38,9 @@ def _overrides(combo: tuple) -> list[str]:
     strategy, lora, optimizer, gc, offload = combo
     out = [f"train.strategy={strategy}", f"train.optimizer={optimizer}", f"train.gradient_checkpointing={gc}"]
     out += ["train.cpu_offload=true"] if offload else []
-    return out + (["train.lora.r=4", "train.lora.dropout=0.1"] if lora else [])
+    # the embeddings in full beside the adapters: tensors big enough for 8-bit states (bitsandbytes keeps fp32 ones
+    # under 4,096 elements), and modules_to_save copies saved and resumed too
+    return out + (["train.lora.r=4", "train.lora.dropout=0.1", "train.lora.embeddings=full"] if lora else [])
 
 
 @pytest.fixture(scope="module")
