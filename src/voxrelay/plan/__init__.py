@@ -7,8 +7,9 @@ example, the 95th percentile, and the batch budget) or ``--seq-len``.
 
 Assumptions (each also written where it is used):
 - ``train.precision=bf16`` (or fp16) under DDP is accelerate's autocast over the weights as loaded
-  (``model.weights_dtype``, ``auto`` by default: fp32 master weights, a LoRA base in the compute dtype); FSDP is FSDP2 with bf16 parameters in compute and
-  fp32 gradient reduction (MixedPrecisionPolicy), sharded parameters/gradients/states in their own dtype.
+  (``model.weights_dtype``, ``auto`` by default: fp32 master weights, a LoRA base in the compute dtype); FSDP
+  is FSDP2 with bf16 parameters in compute and fp32 gradient reduction (MixedPrecisionPolicy), sharded
+  parameters/gradients/states in their own dtype.
 - DDP over more than one GPU keeps a second copy of the gradients in its reducer's buckets.
 - FSDP adds the largest unit (a decoder layer, or the root: embeddings + head) gathered in bf16 plus its
   unsharded fp32 gradient before reduce-scatter: 6 bytes per parameter of that unit.
