@@ -164,7 +164,8 @@ CPU_ROWS = {
     "ddp-lion-fp32-step": ("orpheus", (512, 8, 2, 1), ["train.precision=no", "train.optimizer=lion"], 24, "step"),
     # FSDP2 (one process) with LoRA and checkpointing: frozen base, adapters, modules_to_save copies
     "fsdp-lora-gc-fp32": ("orpheus", (384, 6, 2, 2), ["train.precision=no", "train.strategy=fsdp",
-                                                      "train.lora=true", "train.gradient_checkpointing=true"], 128,
+                                                      "train.lora.embeddings=full",
+                                                      "train.gradient_checkpointing=true"], 128,
                           "end"),
     # LoRA's default under bf16 (model.weights_dtype auto): the frozen base in bf16, adapters in fp32, under autocast
     "ddp-lora-gc-bf16-base": ("orpheus", (256, 4, 2, 2), ["train.precision=bf16", "train.lora=true",
