@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.orpheus import save_llama3_tokenizer
-from tests.helpers.peak import CPU_ROWS, H200, recorded_plan, row_overrides, step_peak
+from tests.helpers.peak import (
+    CPU_ROWS,
+    H200,
+    RECORDED_WITH,
+    as_recorded,
+    cached_through_backward,
+    recorded_plan,
+    row_overrides,
+    step_peak,
+)
 from voxrelay.config import load_config
 from voxrelay.plan import Strategy, per_gpu
 from voxrelay.plan.model import model_facts
@@ -35,31 +44,16 @@ def test_plan_total_matches_max_memory_allocated_measured_on_an_h200(tokenizer: 
     more than 2% under (a plan that says "fits" must not OOM for want of its own margin)."""
     recorded = json.loads(H200.read_text())
     assert len(recorded["rows"]) == 7
-    # the defaults those rows ran with (stop 25): fp32 weights under LoRA too, embed_tokens/lm_head trained in full
     base = ["model.family=orpheus", f"model.tokenizer={tokenizer}", f"model.num_layers={recorded['layers']}",
-            "train.precision=bf16", "train.max_steps=100", "model.weights_dtype=float32"]
-    then = {"train.lora=true": "train.lora.embeddings=full"}
-    facts = {lora: model_facts(load_config(None, [*base, *([then["train.lora=true"]] if lora else [])]), None)[0]
-             for lora in (False, True)}
+            "train.precision=bf16", "train.max_steps=100", *RECORDED_WITH]
+    facts = {lora: model_facts(load_config(None, [*base, *(as_recorded(["train.lora=true"]) if lora else [])]),
+                               None)[0] for lora in (False, True)}
     for name, row in recorded["rows"].items():
-        overrides = [then.get(o, o) for o in row["overrides"]]
-        plan = recorded_plan([*base, *overrides], recorded["tokens"], facts["train.lora=true" in row["overrides"]])
-        held = _cached_through_backward(facts[False], row["overrides"])
+        plan = recorded_plan([*base, *as_recorded(row["overrides"])], recorded["tokens"],
+                             facts["train.lora=true" in row["overrides"]])
+        held = cached_through_backward(facts[False], row["overrides"])
         ratio = (plan["total"] - plan["overhead"] + held) / (row["gb"] * 1e9)
         assert 0.98 <= ratio <= 1.10, (name, ratio, plan, held)
-
-
-def _cached_through_backward(facts, overrides: list[str]) -> int:
-    """What the code these rows were measured on (stop 25) held beyond today's: its backward ran inside the autocast
-    region, whose cache kept a bf16 copy of every trainable fp32 Linear weight of the layers to the backward's end;
-    under checkpointing, where the loss' backward is the peak, that is all but the recomputed layer's copies
-    (today's train_step frees them with the forward: measured in tests/unit/train/test_autocast_backward.py).
-    Re-measure the rows on a GPU to drop this."""
-    if "train.gradient_checkpointing=true" not in overrides:
-        return 0  # without checkpointing every matmul saves its copy for backward anyway: the loss' peak is alike
-    lora = "train.lora=true" in overrides
-    copies = sum(2 * p.numel for p in facts.params[lora] if p.linear and p.in_layer and p.trainable and p.itemsize == 4)
-    return copies - copies // facts.shape[lora].layers
 
 
 def test_plan_total_matches_a_gpu_measurement_no_constant_was_fitted_on(monkeypatch) -> None:
@@ -72,7 +66,7 @@ def test_plan_total_matches_a_gpu_measurement_no_constant_was_fitted_on(monkeypa
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     row = json.loads(H200.read_text())["held_out"]
-    plan = recorded_plan([*row["overrides"], "model.weights_dtype=float32"], row["tokens"])  # the default it ran with
+    plan = recorded_plan([*row["overrides"], *RECORDED_WITH], row["tokens"])  # the default it ran with
     ratio = (plan["total"] - plan["overhead"]) / (row["gb"] * 1e9)
     assert 0.98 <= ratio <= 1.10, (ratio, plan)
 
