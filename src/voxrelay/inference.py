@@ -31,7 +31,7 @@ from voxrelay import storage
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.codecs.base import AudioCodec, FittableCodec
 from voxrelay.codecs.registry import codec_from_description
-from voxrelay.config import ConfigError, RunConfig, build_config
+from voxrelay.config import ConfigError, RunConfig, build_config, with_added_defaults
 from voxrelay.data.audio import load_audio, resample
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.errors import UserError, one_line
@@ -39,7 +39,7 @@ from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request, sampling_options
 from voxrelay.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_key_mapping, module_keys
 from voxrelay.models.qlora import dequantise_base, quantise_base
-from voxrelay.models.registry import build_model, load_model
+from voxrelay.models.registry import as_trained, build_model, load_model
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem, write_file, writing
 from voxrelay.train.resume import BASE_HASH
 from voxrelay.train.strategies import (
@@ -77,7 +77,8 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     hub_cache.from_bucket(cfg)  # the run's hub models, from cache.models_uri when a session put them there
     codec = load_prepared_codec(cfg.prepared_uri, index)
     data = DataSpec.from_prepared(index, codec)
-    model = build_model(cfg.model, data, cfg.train.seed)
+    model_cfg = as_trained(cfg.model, cfg.train)  # the dtypes the run trained in
+    model = build_model(model_cfg, data, cfg.train.seed)
     if getattr(model, "uses_corpus", False):  # e.g. voice prompts of the training data's voices, as in training
         from voxrelay.data.loader import PreparedDataset
 
@@ -97,7 +98,7 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     if cfg.train.lora is None:
         return model, codec, ckpt.step, None
     note = {"base": describe_base(cfg.model, cfg.train.seed), "base_hash": base, "seed": cfg.train.seed,
-            "model": cfg.model.model_dump(mode="json"), "data": data.to_note()}
+            "model": model_cfg.model_dump(mode="json"), "data": data.to_note()}
     if cfg.train.lora.base_bits:  # QLoRA: trained on the quantised base, which loading the export rebuilds
         note[BASE_BITS] = cfg.train.lora.base_bits
     return model, codec, ckpt.step, note
@@ -108,7 +109,9 @@ def run_config(run_uri: str) -> RunConfig:
     if not storage.exists(snapshot):
         raise InferenceError(f"{run_uri} is not a run folder (no {CONFIG_SNAPSHOT}); pass <root>/runs/<name>")
     try:
-        return build_config(located(yaml.safe_load(storage.read_text(snapshot)) or {}, run_uri), snapshot)
+        # keys added since the run was saved stand for what it did then (train.lora.embeddings: full)
+        saved = with_added_defaults(located(yaml.safe_load(storage.read_text(snapshot)) or {}, run_uri))
+        return build_config(saved, snapshot)
     except ConfigError as err:
         raise InferenceError(str(err)) from None
 

@@ -169,7 +169,7 @@ def test_lora_is_off_by_default_and_each_key_defaults_to_the_familys():
     lora = load_config(None, ["train.lora.r=16"]).train.lora  # the dotted override creates the section
     assert lora is not None and lora.r == 16
     assert {k: getattr(lora, k) for k in type(lora).model_fields if k != "r"} == dict.fromkeys(
-        ["alpha", "dropout", "rslora", "target_modules", "modules_to_save", "base_bits"])
+        ["alpha", "dropout", "rslora", "target_modules", "modules_to_save", "base_bits"]) | {"embeddings": "new_rows"}
     assert load_config(None, ["train.lora=true"]).train.lora == load_config(None, ["train.lora={}"]).train.lora
     assert load_config(None, ["train.lora=true"]).train.lora.r is None
     assert load_config(None, ["train.lora.r=8", "train.lora=null"]).train.lora is None
@@ -181,7 +181,8 @@ def test_lora_section_from_yaml(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("train:\n  lora: {}\n")
     assert load_config(cfg).train.lora.model_dump() == dict.fromkeys(
-        ["r", "alpha", "dropout", "rslora", "target_modules", "modules_to_save", "base_bits"])
+        ["r", "alpha", "dropout", "rslora", "target_modules", "modules_to_save", "base_bits"]) | {
+            "embeddings": "new_rows"}
     cfg.write_text("train:\n  lora: null\n")  # off in the file, on from the command line
     assert load_config(cfg).train.lora is None
     assert load_config(cfg, ["train.lora.r=16", "train.lora.dropout=0.1"]).train.lora.dropout == 0.1

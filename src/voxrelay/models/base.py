@@ -240,6 +240,12 @@ class FamilyModel(Protocol):
         """What ``train.lora`` uses for the keys a config leaves unset (see :class:`LoraDefaults`)."""
         ...
 
+    def new_token_rows(self) -> list[int]:
+        """Ids of the input embeddings (and output head) that the pretrained checkpoint lacked and the build added
+        (e.g. audio ids grown onto a plain LM): what ``train.lora.embeddings=new_rows`` trains (FamilyState: the
+        range ``new_rows`` the family's build sets, none by default)."""
+        ...
+
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """The layer classes FSDP shards as units (e.g. the decoder layer)."""
         ...
@@ -279,6 +285,10 @@ class FamilyState:
     chunked_heads = False
     loss_kernel = "materialised"
     loss_chunk_tokens = 256
+    new_rows: tuple[int, int] = (0, 0)  # [start, end) of the ids the build added to a pretrained vocabulary
+
+    def new_token_rows(self) -> list[int]:
+        return list(range(*self.new_rows))
 
     def generators(self) -> dict[str, torch.Generator]:
         return {}
@@ -314,6 +324,9 @@ class LoraDefaults:
     target_modules: list[str] | str
     modules_to_save: list[str]
     base_bits: int | None = None
+    # the input embeddings and output head, trained in full beside modules_to_save when train.lora.embeddings=full
+    # (what runs saved before that key did); new_rows trains only the rows of FamilyModel.new_token_rows
+    embeddings: list[str] = field(default_factory=list)
 
 
 def decay_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

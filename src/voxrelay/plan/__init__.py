@@ -7,8 +7,9 @@ example, the 95th percentile, and the batch budget) or ``--seq-len``.
 
 Assumptions (each also written where it is used):
 - ``train.precision=bf16`` (or fp16) under DDP is accelerate's autocast over the weights as loaded
-  (``model.weights_dtype``: fp32 master weights by default); FSDP is FSDP2 with bf16 parameters in compute and
-  fp32 gradient reduction (MixedPrecisionPolicy), sharded parameters/gradients/states in their own dtype.
+  (``model.weights_dtype``, ``auto`` by default: fp32 master weights, a LoRA base in the compute dtype); FSDP
+  is FSDP2 with bf16 parameters in compute and fp32 gradient reduction (MixedPrecisionPolicy), sharded
+  parameters/gradients/states in their own dtype.
 - DDP over more than one GPU keeps a second copy of the gradients in its reducer's buckets.
 - FSDP adds the largest unit (a decoder layer, or the root: embeddings + head) gathered in bf16 plus its
   unsharded fp32 gradient before reduce-scatter: 6 bytes per parameter of that unit.
@@ -223,7 +224,8 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
     - ``head``: the output layer's backward: its weight gradient in the compute dtype and in fp32 (FSDP: the
       largest unit gathered, with its unsharded gradient), the logits' fp32 gradient;
     - ``layers``: under gradient checkpointing, a recomputed layer with every gradient (an upper bound);
-    - ``end``: the backward's end: every gradient, autocast's cached copies, and the largest unit's gradient
+    - ``end``: the backward's end: every gradient (autocast's copies are gone: the backward runs outside its
+      region, see :func:`~voxrelay.plan.formulas.autocast_copies`), and the largest unit's gradient
       twice (an input embedding tied to the output layer gets a dense gradient of its own, added to the
       head's; under FSDP the unit is still gathered and its reduce-scatter output exists too);
     - ``step``: the optimizer step. The fused AdamW voxrelay uses on a GPU makes no copies, nor do
@@ -273,7 +275,7 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
         logits = logits_bytes(facts.vocab, tokens)
         loss, head_phase = at_loss + logits, at_loss + head + LOGITS_GRAD_PER_VOCAB * facts.vocab * tokens
     cols.update(activations=acts, logits=logits)
-    steps = {"loss": loss, "head": head_phase, "layers": acts + grads if gc else 0, "end": end + copies,
+    steps = {"loss": loss, "head": head_phase, "layers": acts + grads if gc else 0, "end": end,
              "step": grads + temps}
     if st.base_bits and gc:
         steps["layers"] += dequantised

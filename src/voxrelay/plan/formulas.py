@@ -45,9 +45,11 @@ before any weight gradient exists, and the gradients are whole only when the act
 Gradient checkpointing (transformers' per-layer checkpoint, reentrant or not): the forward pass keeps each
 layer's input (residual dtype x h per token: 2h bf16, 4h fp32/autocast) and the final norm's tensors
 (measured exactly); backward adds one recomputed layer's activations at a time (not measured: assumed
-equal to a layer of the forward pass). Autocast's bf16 copies of trainable fp32 weights stay in its cache
-until the autocast region (forward and backward, in ``train_step``) ends, checkpointed or not; copies of
-frozen weights are not cached, so under checkpointing only the recomputed layer's exist.
+equal to a layer of the forward pass). ``train_step`` runs the backward outside the autocast region, so
+autocast's cache of bf16 copies of trainable fp32 weights is freed when the forward ends: what stays is the
+copy each matmul saved for its backward (every Linear's; under checkpointing only those outside the layers,
+e.g. the output head, and the recomputed layer's), each freed by its own backward (measured: a step's peak
+of live tensors equal to the plan's, 0.98-1.00, tests/unit/test_plan_peak.py).
 
 Activation offload (``train.activation_offload``, under checkpointing): the layer inputs checkpointing keeps
 (:func:`offloaded_activation_bytes`) wait in host memory (pinned on CUDA): at the loss none is on the GPU; while a
@@ -91,13 +93,15 @@ ACTIVATION_COEFFS = {
 
 @dataclass(frozen=True)
 class Param:
-    """One parameter tensor: ``shape``, ``itemsize`` (bytes per element), ``trainable``, and whether it is
-    the weight of a Linear that autocast copies to bf16 (``linear``)."""
+    """One parameter tensor: ``shape``, ``itemsize`` (bytes per element), ``trainable``, whether it is
+    the weight of a Linear that autocast copies to bf16 (``linear``) and whether it is in a decoder layer
+    (``in_layer``: what gradient checkpointing recomputes; False: embeddings, final norm, output head)."""
 
     shape: tuple[int, ...]
     itemsize: int
     trainable: bool
     linear: bool = False
+    in_layer: bool = True
     quantisable: bool = False  # a frozen Linear weight of a layer: what train.lora.base_bits quantises
 
     @property
@@ -240,12 +244,14 @@ def outside_activation_bytes(s: Shape, compute: str, checkpointing: bool = False
 
 
 def autocast_copies(params: list[Param], checkpointing: bool, layers: int) -> int:
-    """Bytes of the bf16 weight copies autocast makes of fp32 Linear weights and keeps for backward: every
-    trainable one (autocast's cache) and the frozen ones (saved by their matmul; under checkpointing only
-    the recomputed layer's, about 1/``layers`` of them)."""
-    cached = sum(2 * p.numel for p in params if p.linear and p.itemsize == 4 and p.trainable)
-    frozen = sum(2 * p.numel for p in params if p.linear and p.itemsize == 4 and not p.trainable)
-    return cached + (frozen // max(1, layers) if checkpointing else frozen)
+    """Bytes of the bf16 weight copies autocast makes of fp32 Linear weights that are alive when backward
+    starts (the backward runs outside the autocast region, so its cache is gone): those saved by their matmul,
+    trainable or frozen; under checkpointing the layers save none, and one recomputed layer's exist at a time
+    (about 1/``layers`` of them), beside the ones outside the layers (the output head)."""
+    copies = [p for p in params if p.linear and p.itemsize == 4]
+    inside = sum(2 * p.numel for p in copies if p.in_layer)
+    outside = sum(2 * p.numel for p in copies if not p.in_layer)
+    return outside + (inside // max(1, layers) if checkpointing else inside)
 
 
 def offloaded_activation_bytes(s: Shape, tokens: int, compute: str) -> int:

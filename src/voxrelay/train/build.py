@@ -21,7 +21,7 @@ from voxrelay.checkpoint.lease import RunLease, check_root_for_leases
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.checkpoint.sharded import is_sharded
 from voxrelay.codecs.base import AudioCodec
-from voxrelay.config import RunConfig, TrainConfig
+from voxrelay.config import RunConfig, TrainConfig, with_added_defaults
 from voxrelay.cost.usage import UsageLog
 from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchStream, PreparedDataset
@@ -29,8 +29,9 @@ from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.data.shards import PrepareError
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel
+from voxrelay.models.lora_config import LoraConfig
 from voxrelay.models.qlora import compute_dtype
-from voxrelay.models.registry import build_model
+from voxrelay.models.registry import as_trained, build_model
 from voxrelay.monitor.sinks import TB_DIR, WANDB_RUN_FILE, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, USAGE_FILE, cache_dir, uri_key
 from voxrelay.plan.fit import check_fits, gpu_memory
@@ -195,6 +196,17 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     ranks.on_main(usage.heartbeat)  # this session counts from now on, even if it dies before its first save
     index = load_index(cfg.prepared_uri)
     check_trainable(cfg.prepared_uri, index)
+    ck = cfg.checkpoint
+    checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged,
+                                    guard=guard)
+    if fresh and accelerator.is_main_process:
+        lease.check()  # still ours (a lease taken over meanwhile must not lose its run)
+        start_over(cfg.run_uri, checkpoints)
+    accelerator.wait_for_everyone()
+    found = None if fresh else _load_latest(checkpoints, accelerator, ranks)
+    accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
+    if found is not None:  # before the model is built: a default that changed may say how (model.weights_dtype)
+        keep_started(cfg, found[2][st.K_CONFIG], accelerator.is_main_process)
     check_fits(cfg, index, world, gpu_memory())  # on a GPU: stop now, with the plan, if it will not fit
     hub_cache.from_bucket(cfg, accelerator.is_local_main_process, accelerator.wait_for_everyone)
     codec = load_prepared_codec(cfg.prepared_uri, index)
@@ -203,7 +215,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
         raise PrepareError(refusal)
     eval_rows = eval_split(cfg, index)
     st.seed_everything(cfg.train.seed)
-    model = build_model(cfg.model, DataSpec.from_prepared(index, codec), cfg.train.seed)
+    model = build_model(as_trained(cfg.model, cfg.train), DataSpec.from_prepared(index, codec), cfg.train.seed)
     train_rows = None  # streamed from the shards, unless the family's examples draw on other rows
     if getattr(model, "uses_corpus", False):
         cap = int(cfg.cache.max_gb * 2**30)
@@ -218,17 +230,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     apply_lora(model, cfg.train.lora, compute_dtype(accelerator.mixed_precision))
     enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing, cfg.train.activation_offload)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
-    ck = cfg.checkpoint
-    checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged,
-                                    guard=guard)
-    if fresh and accelerator.is_main_process:
-        lease.check()  # still ours (a lease taken over meanwhile must not lose its run)
-        start_over(cfg.run_uri, checkpoints)
-    accelerator.wait_for_everyone()
-    found = None if fresh else _load_latest(checkpoints, accelerator, ranks)
-    accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
     if found is not None:
-        keep_started_schedule(cfg, found[2][st.K_CONFIG], accelerator.is_main_process)
         check_compatible(found[2], cfg, index, found[0].step, len({c.step for c in checkpoints.candidates()}))
         load_weights(model, found, cfg, base, len({c.step for c in checkpoints.candidates()}))
         if not is_sharded(found[0].manifest):  # the weights are in the model (a sharded one loads in restore)
@@ -261,16 +263,35 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     return run
 
 
-def keep_started_schedule(cfg: RunConfig, saved: dict, main: bool) -> None:
-    """A run saved before a schedule default changed goes on with the schedule it started with (see
-    :func:`~voxrelay.train.optim.started_schedule`), said once."""
-    kept = started_schedule(cfg.train, saved)
-    if not kept:
-        return
-    cfg.train = cfg.train.model_copy(update=kept)
-    if main:
-        log.info("resuming with the settings this run started with: %s (set them in the config to change them)",
-                 ", ".join(f"train.{k}={v}" for k, v in kept.items()))
+def keep_started(cfg: RunConfig, saved: dict, main: bool) -> None:
+    """A run saved before a default changed goes on as it started (said once): its schedule (see
+    :func:`~voxrelay.train.optim.started_schedule`), its model's changed defaults (a family config's
+    ``CHANGED_DEFAULTS``: model.weights_dtype float32) and its LoRA's added keys (``LoraConfig``'s
+    ``ADDED_WITH_NEW_BEHAVIOUR``: train.lora.embeddings full), each where this session's config leaves it unset."""
+    old = with_added_defaults(saved)
+    kept = {f"train.{k}": v for k, v in started_schedule(cfg.train, saved).items()}
+    if kept:
+        cfg.train = cfg.train.model_copy(update={k.removeprefix("train."): v for k, v in kept.items()})
+    model = _unset_and_different(cfg.model, old.get("model"), getattr(type(cfg.model), "CHANGED_DEFAULTS", {}))
+    if model and (old.get("model") or {}).get("family") == cfg.model.family:
+        cfg.model = cfg.model.model_copy(update=model)
+        kept |= {f"model.{k}": v for k, v in model.items()}
+    lora = _unset_and_different(cfg.train.lora, (old.get("train") or {}).get("lora"),
+                                LoraConfig.ADDED_WITH_NEW_BEHAVIOUR)
+    if lora:
+        cfg.train.lora = cfg.train.lora.model_copy(update=lora)
+        kept |= {f"train.lora.{k}": v for k, v in lora.items()}
+    if kept and main:
+        log.info("resuming with what this run started with where a default changed since: %s (set them in the "
+                 "config to change them)", ", ".join(f"{k}={v}" for k, v in kept.items()))
+
+
+def _unset_and_different(section, saved: dict | None, keys: dict) -> dict:
+    """The saved values of ``keys`` that ``section`` (this session's) leaves unset and that differ from its own."""
+    if section is None or not isinstance(saved, dict):
+        return {}
+    return {k: saved[k] for k in keys
+            if k in saved and k not in section.model_fields_set and saved[k] != getattr(section, k)}
 
 
 def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Run:

@@ -335,6 +335,26 @@ def test_fp32_weights_train_under_bf16_autocast(checkpoint):
     assert torch.isfinite(total) and all(p.grad is not None for p in model.module.parameters() if p.requires_grad)
 
 
+def test_a_lora_base_in_bf16_trains_its_float32_adapters_and_head_under_bf16_autocast(checkpoint):
+    """train.lora's default weights_dtype (auto) under bf16: the frozen base in bf16, the adapters and the diffusion
+    head (modules_to_save) in float32, every one of them reached by the gradient (issue 34 item 2)."""
+    from voxrelay.models.lora_config import LoraConfig
+    from voxrelay.train.strategies import apply_lora
+
+    model = _model(checkpoint, weights_dtype="bfloat16")
+    apply_lora(model, LoraConfig(r=4))
+    trained = {n: p for n, p in model.module.named_parameters() if p.requires_grad}
+    assert {p.dtype for p in trained.values()} == {torch.float32}
+    assert any("diffusion_head" in n and "modules_to_save" in n for n in trained)
+    assert {p.dtype for p in model.module.parameters() if not p.requires_grad} == {torch.bfloat16}
+    batch, _ = _batch(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        terms = model.loss(model.module, batch)
+    total = sum(t.weight * t.sum / t.count for t in terms.values())
+    total.backward()
+    assert torch.isfinite(total) and all(p.grad is not None for p in trained.values())
+
+
 def test_voices_without_another_clip_are_named(checkpoint, caplog):
     model = _model(checkpoint)
     with caplog.at_level("WARNING"):

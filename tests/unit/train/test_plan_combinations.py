@@ -47,7 +47,9 @@ def _overrides(combo: tuple) -> list[str]:
     out += ["train.cpu_offload=true"] if offload else []
     out += [f"train.lora.base_bits={bits}"] if bits else []
     out += ["train.activation_offload=true"] if act_offload else []
-    return out + (["train.lora.r=4", "train.lora.dropout=0.1"] if lora else [])
+    # the embeddings in full beside the adapters: tensors big enough for 8-bit states (bitsandbytes keeps fp32 ones
+    # under 4,096 elements), and modules_to_save copies saved and resumed too
+    return out + (["train.lora.r=4", "train.lora.dropout=0.1", "train.lora.embeddings=full"] if lora else [])
 
 
 @pytest.fixture(scope="module")

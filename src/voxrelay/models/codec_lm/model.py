@@ -328,10 +328,11 @@ class CodecLM(FamilyState):
         return decay_groups(self.module, weight_decay)
 
     def lora_defaults(self) -> LoraDefaults:
-        """Adapters on every attention and MLP projection; the embeddings and head train in full, since the
-        audio ids are new rows there (with ``init_from`` a plain LM they start random)."""
+        """Adapters on every attention and MLP projection; the audio ids are new rows of the embeddings and head
+        (with ``init_from`` a plain LM they start random): those rows train (``train.lora.embeddings``; ``full``:
+        both matrices in full)."""
         return LoraDefaults(r=32, alpha=64, dropout=0.0, rslora=True, target_modules=list(LORA_TARGETS),
-                            modules_to_save=["lm_head", "embed_tokens"])
+                            modules_to_save=[], embeddings=["lm_head", "embed_tokens"])
 
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """The decoder layer class of whichever causal LM this is (transformers lists it in

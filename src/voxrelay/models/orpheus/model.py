@@ -174,10 +174,11 @@ class Orpheus(FamilyState):
         return decay_groups(self.module, weight_decay)
 
     def lora_defaults(self) -> LoraDefaults:
-        """Upstream's LoRA (finetune/lora.py): r 32, alpha 64, rsLoRA, every projection; lm_head and
-        embed_tokens trained in full (they hold the audio tokens), still tied."""
+        """Upstream's LoRA (finetune/lora.py): r 32, alpha 64, rsLoRA, every projection. Upstream also trains
+        lm_head and embed_tokens in full; an Orpheus checkpoint already holds the audio tokens, so only the rows
+        a plain Llama-3 lacked train (``train.lora.embeddings``; ``full``: both in full, still tied)."""
         return LoraDefaults(r=32, alpha=64, dropout=0.0, rslora=True, target_modules=list(LORA_TARGETS),
-                            modules_to_save=["lm_head", "embed_tokens"])
+                            modules_to_save=[], embeddings=["lm_head", "embed_tokens"])
 
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         return module_classes(self.module, getattr(self.module, "_no_split_modules", None) or [])
