@@ -17,7 +17,9 @@ WEIGHTS_DTYPE_HELP = (
     "(train.precision bf16 -> bfloat16, fp16 -> float16, no -> float32; what trains stays float32), else float32 "
     "master weights; float32 / bfloat16 / float16 as named. Runs saved when the default was float32 keep float32"
 )
-COMPUTE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "no": "float32"}
+# train.precision=auto is resolved before a run builds its model (voxrelay.precision); only `plan` sees it unresolved,
+# and it prices a GPU, where auto computes in bf16 or fp16: 2 bytes either way
+COMPUTE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "no": "float32", "auto": "bfloat16"}
 
 
 def resolve_weights_dtype(value: str, precision: str, lora: bool) -> str:
