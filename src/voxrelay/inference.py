@@ -46,6 +46,7 @@ from voxrelay.train.strategies import (
     apply_lora,
     base_hash,
     check_base,
+    choose_loss,
     describe_base,
     has_frozen,
     load_trainable,
@@ -94,6 +95,8 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
                f"cannot load {run_uri} at step {ckpt.step}", "make the run's base reachable as it was (the same "
                "model.init_from weights; for a random init the same torch version)")
     apply_lora(model, cfg.train.lora)
+    # the head loss the run trained with (train.chunked_loss): `voxrelay eval` then gives training's numbers
+    choose_loss(model, cfg.train, "cuda" if _cuda() else "cpu")
     load_trainable(model.module, weights, f"checkpoint {ckpt.uri}")
     if cfg.train.lora is None:
         return model, codec, ckpt.step, None
@@ -391,3 +394,9 @@ def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path, lora_note
         (out / CODEC_STATE).write_bytes(codec.state_bytes())
     storage.match_umask(out)  # safetensors writes 0600: readable like the user's other files
     return out
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
