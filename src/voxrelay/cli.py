@@ -153,11 +153,12 @@ def train_cmd(
     refuse_if_spent(cfg.run_uri, cfg.cost, fresh)  # so does a spent cost.budget
     from voxrelay.train.build import build_run
     from voxrelay.train.loop import train
+    from voxrelay.train.stops import LEASE_LOST
 
     run = build_run(cfg, fresh=fresh, take_over=take_over)
     _say_resumed(run)
     result = train(run)
-    if run.accelerator.is_main_process and result.exit_code != 2:  # taken over: the run is not ours
+    if run.accelerator.is_main_process and result.stop_reason != LEASE_LOST:  # taken over: the run is not ours
         out.print(f"trained to step {result.step}; run folder {run.cfg.run_uri}", highlight=False)
     run.exit(result.exit_code)
     raise typer.Exit(result.exit_code)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from voxrelay import storage
-from voxrelay.checkpoint.lease import DEFAULT_TTL_S, describe, glance, read_lease
+from voxrelay.checkpoint.lease import describe, glance, read_lease
 from voxrelay.checkpoint.staging import Staging
 from voxrelay.checkpoint.store import Checkpoint, CommittedStore
 from voxrelay.errors import UserError
@@ -196,7 +196,7 @@ def _writer(lease: dict | None) -> str:
     """Who holds the run's lease (voxrelay.checkpoint.lease), from its record, judged without comparing clocks."""
     if not lease:
         return "none"
-    state = glance(lease, DEFAULT_TTL_S)
+    state = glance(lease)
     if state != "held":
         how = {"released": "released it", "dead": "died on this machine"}.get(state, "left no valid lease")
         return f"none (the last session, host {lease.get('host')} pid {lease.get('pid')}, {how})"

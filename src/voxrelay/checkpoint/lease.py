@@ -86,12 +86,8 @@ def check_root_for_leases(root: str, mount: Mount | None, single_machine: bool =
     if mount is not None:
         kind = mount_kind(mount)
         if not single_machine:
-            bucket = gcsfuse_uri(root, mount)
-            across = f"set root={bucket} (the bucket itself)" if bucket else "set root=gs://... or s3://..."
-            raise LeaseUnsafe(
-                f"{root} is on a {kind} mount ({mount.point}): {FUSE_LEASE_CAVEAT}. For a lease across machines "
-                f"{across}; if only one machine at a time trains this run (one Colab runtime), set "
-                "checkpoint.single_machine=true")
+            raise LeaseUnsafe(f"{root} is on a {kind} mount ({mount.point}): {FUSE_LEASE_CAVEAT}. "
+                              f"{fuse_root_fix(root, mount)}")
         warning = f"{root} is on a {kind} mount: {FUSE_LEASE_CAVEAT} (checkpoint.single_machine: true)"
     ignored = probe(root)
     if ignored is not None:
@@ -100,6 +96,14 @@ def check_root_for_leases(root: str, mount: Mount | None, single_machine: bool =
             "each other's checkpoints. Use a store with conditional writes (GCS; AWS S3; MinIO, R2 and others "
             "that honour If-None-Match/If-Match on PutObject), or a local folder")
     return warning
+
+
+def fuse_root_fix(root: str, mount: Mount) -> str:
+    """The ways out for a run's root on a FUSE ``mount`` (``train`` refuses it, ``doctor`` says so)."""
+    bucket = gcsfuse_uri(root, mount)
+    across = f"set root={bucket} (the bucket itself)" if bucket else "set root=gs://... or s3://..."
+    return (f"For a lease across machines {across}; if only one machine at a time trains this run (one Colab "
+            "runtime), set checkpoint.single_machine=true")
 
 
 def _when(t: float) -> str:
@@ -114,11 +118,11 @@ def describe(record: dict) -> str:
             f"{_ttl(record, DEFAULT_TTL_S) / 3:.0f} s while it trains)")
 
 
-def glance(record: dict, ttl_s: float) -> str:
-    """A one-off look at a lease (``voxrelay status``, ``sweep status``): released, dead (its process is gone from
-    this machine), or held: whether a holder elsewhere still renews cannot be told without watching its renewal
-    counter for its ttl, so it reads as held."""
-    state = lease_state(record, 0.0, ttl_s)
+def glance(record: dict) -> str:
+    """A one-off look at a lease (``voxrelay status``): released, dead (its process is gone from this machine),
+    expired (not a lease record), or held: whether a holder elsewhere still renews cannot be told without watching
+    its renewal counter for its ttl, so it reads as held."""
+    state = lease_state(record, 0.0, DEFAULT_TTL_S)  # watched for 0 s: no ttl has passed
     return "held" if state == "live" else state
 
 

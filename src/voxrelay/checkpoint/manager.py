@@ -393,7 +393,6 @@ def _hashes(ckpt: Checkpoint) -> dict[str, str]:
     return {name: meta["sha256"] for name, meta in ckpt.manifest["files"].items()}
 
 
-
 def load_state(path: Path, mmap: bool = False, where: str | None = None) -> dict:
     """train_state.pt on the CPU, unpickling nothing but tensors and plain containers (``mmap``: tensors
     backed by the file's pages, read when used); ``where``: the file's name in errors (its URI in the bucket)."""

@@ -254,7 +254,6 @@ def _marker(path: Path) -> tuple[int, int] | None:
         return None
 
 
-
 def _size(path: Path) -> int | None:
     try:
         return path.stat().st_size

@@ -21,13 +21,10 @@ from voxrelay.doctor.facts import (
     disk_free,
     gpu_info,
     hf_cache,
-    mount_of,
     probe,
-    read_mounts,
 )
 from voxrelay.doctor.host_checks import (
     disk_check,
-    gcsfuse_uri,
     gpu_check,
     hf_cache_check,
     lease_check,
@@ -37,8 +34,7 @@ from voxrelay.doctor.host_checks import (
 from voxrelay.errors import UserError, one_line
 from voxrelay.paths import cache_dir
 from voxrelay.storage.bucket import bucket_info
-from voxrelay.storage.mounts import Mount, mount_kind
-from voxrelay.storage.mounts import mounts_file as default_mounts_file
+from voxrelay.storage.mounts import Mount, gcsfuse_uri, mount_kind, mount_of, read_mounts
 
 DEFAULT_PROBE_MB = 32.0
 _COLOURS = {OK: "green", WARN: "yellow", FAIL: "red", SKIP: "dim"}
@@ -49,7 +45,7 @@ def diagnose(cfg: RunConfig, probe_mb: float = DEFAULT_PROBE_MB, mounts_file: st
     """Every check for ``cfg``'s root on this machine. ``mounts_file``: the mount table to read (a recorded one
     in tests); ``gpu``: "detect" (torch, when an NVIDIA device exists) or the GPU to plan for (None: none)."""
     machine = machine_location(cfg.checkpoint.metadata_url)
-    mounts = read_mounts(mounts_file or default_mounts_file())
+    mounts = read_mounts(mounts_file)
     root_mount = mount_of(storage.local_path(cfg.root), mounts) if storage.is_local(cfg.root) else None
     # a gcsfuse mount's bucket is checked as a gs:// root would be
     checks = bucket_part(gcsfuse_uri(cfg.root, root_mount) or cfg.root, machine, cfg.cost)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from voxrelay import storage
-from voxrelay.storage.mounts import MOUNTS_FILE, Mount, mount_of, parse_mounts, read_mounts  # noqa: F401 (doctor's names)
 
 PROBE_PREFIX = ".voxrelay-doctor-probe-"
 MB = 10**6

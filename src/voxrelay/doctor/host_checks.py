@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from voxrelay import storage
-from voxrelay.checkpoint.lease import FUSE_LEASE_CAVEAT
+from voxrelay.checkpoint.lease import FUSE_LEASE_CAVEAT, fuse_root_fix
 from voxrelay.doctor import FAIL, OK, SKIP, WARN, Check
 from voxrelay.doctor.facts import Gpu, Probe
-from voxrelay.storage.mounts import Mount, gcsfuse_uri, mount_kind, root_mount_kind  # noqa: F401 (doctor's names)
+from voxrelay.storage.mounts import Mount, gcsfuse_uri, mount_kind
 
 GB = 10**9
 MIN_READ_MBPS = 50.0  # below this a data loader feeding a GPU from the bucket may wait on reads
@@ -34,10 +34,8 @@ def lease_check(root: str, ignored: str | None, error: str | None = None, mount:
     twice, expect a refusal), and a local root's mount (a FUSE ``mount`` needs ``checkpoint.single_machine``)."""
     name = "lease"
     if mount is not None and not single_machine:
-        bucket = gcsfuse_uri(root, mount) or "gs://BUCKET/path"
         return Check(name, FAIL, f"{root} is on a {mount_kind(mount)} mount: `voxrelay train` refuses it "
-                     f"({FUSE_LEASE_CAVEAT})", f"set root={bucket} for a lease across machines, or "
-                     "checkpoint.single_machine=true if one machine at a time trains the run")
+                     f"({FUSE_LEASE_CAVEAT})", fuse_root_fix(root, mount))
     if error is not None:
         return Check(name, FAIL, f"the conditional-create probe failed: {error}", "fix access to the root first")
     if ignored is not None:

@@ -43,10 +43,10 @@ def parse_mounts(text: str) -> list[Mount]:
     return out
 
 
-def read_mounts(path: str = MOUNTS_FILE) -> list[Mount]:
-    """This machine's mounts ([] where the file cannot be read: not Linux)."""
+def read_mounts(path: str | None = None) -> list[Mount]:
+    """This machine's mounts, from ``path`` (default :func:`mounts_file`) ([] where it cannot be read: not Linux)."""
     try:
-        return parse_mounts(Path(path).read_text())
+        return parse_mounts(Path(path or mounts_file()).read_text())
     except OSError:
         return []
 
@@ -76,10 +76,10 @@ def mount_kind(m: Mount | None) -> str | None:
 
 def root_mount(root: str, table: str | None = None) -> Mount | None:
     """The FUSE mount a local ``root`` lies on (:func:`mount_kind` not None), by the mounts ``table`` (default:
-    :func:`mounts_file`); None for a bucket or a local disk."""
+    :func:`read_mounts`'); None for a bucket or a local disk."""
     if not is_local(root):
         return None
-    mount = mount_of(local_path(root), read_mounts(table or mounts_file()))
+    mount = mount_of(local_path(root), read_mounts(table))
     return mount if mount_kind(mount) is not None else None
 
 

@@ -49,6 +49,7 @@ class Settings:
     time_limit: float | None  # this session's (train.time_limit), counted from the worker's start
     limit_from_boot: bool
     lease_s: float  # checkpoint.lease_seconds: how long an experiment's lease may stay unrenewed
+    single_machine: bool = False  # checkpoint.single_machine: a FUSE root is allowed for the claims
 
 
 def settings(sweep: Sweep) -> Settings:
@@ -65,7 +66,7 @@ def settings(sweep: Sweep) -> Settings:
             raise SweepError(f"{sweep.source}: experiment {e.label()} ({e.name}): {err}") from None
     ck, tc = cfg.checkpoint, cfg.train
     return Settings(cfg.root, max(1.0, min(30.0, ck.lease_seconds / 4)), parse_duration(tc.time_limit),
-                    tc.time_limit_from == "boot", ck.lease_seconds)
+                    tc.time_limit_from == "boot", ck.lease_seconds, ck.single_machine)
 
 
 def _die_with_parent() -> None:  # in the child, before exec: a SIGKILLed worker takes its trainer with it
@@ -243,7 +244,6 @@ def run_sweep(sweep: Sweep, retry_failed: bool = False) -> int:
     started = pre.session_start("process")  # train.time_limit counts from here for every experiment
     conf = settings(sweep)
     # the sweep's claims are leases too: refused where a run's lease would be (a FUSE root without single_machine)
-    single = load_config(sweep.base, list(sweep.overrides)).checkpoint.single_machine
-    if (warning := check_root_for_leases(conf.root, root_mount(conf.root), single)) is not None:
+    if (warning := check_root_for_leases(conf.root, root_mount(conf.root), conf.single_machine)) is not None:
         log.warning(warning)
     return Worker(sweep, conf, retry_failed, started).run()

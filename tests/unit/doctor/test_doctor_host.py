@@ -10,16 +10,15 @@ import pytest
 from tests.helpers.metadata import FIXTURES
 from voxrelay import storage
 from voxrelay.doctor import FAIL, OK, SKIP, WARN
-from voxrelay.doctor.facts import PROBE_PREFIX, Gpu, Mount, Probe, hf_cache, mount_of, parse_mounts, probe
+from voxrelay.doctor.facts import PROBE_PREFIX, Gpu, Probe, hf_cache, probe
 from voxrelay.doctor.host_checks import (
     disk_check,
-    gcsfuse_uri,
     gpu_check,
     hf_cache_check,
-    mount_kind,
     mounted_root_check,
     throughput_check,
 )
+from voxrelay.storage.mounts import Mount, gcsfuse_uri, mount_kind, mount_of, parse_mounts
 
 GB = 10**9
 COLAB = parse_mounts((FIXTURES / "proc_mounts_colab.txt").read_text())
