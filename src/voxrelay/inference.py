@@ -66,9 +66,24 @@ class InferenceError(UserError, RuntimeError):
 
 
 def load_from_run(run_uri: str, step: int | None = None) -> tuple[FamilyModel, AudioCodec, int]:
-    """Model (weights of the latest valid checkpoint, or ``step``) + codec of a run folder."""
+    """Model (weights of the latest valid checkpoint, or ``step``) + codec of a run folder, computing in the
+    precision the run trained in (its evals and samples: `voxrelay eval` gives training's numbers)."""
     model, codec, at, _ = _load_run(run_uri, step)
+    compute_as_trained(model.module, run_config(run_uri).train.precision)
     return model, codec, at
+
+
+def compute_as_trained(module, precision: str) -> None:
+    """``module``'s forward under the autocast training ran it in (``train.precision`` bf16/fp16, its outputs
+    back in float32), as accelerate's ``prepare`` wraps it; fp32 (``no``) unchanged."""
+    import torch
+    from accelerate.utils import convert_outputs_to_fp32
+
+    if precision not in ("bf16", "fp16"):
+        return
+    device = next(module.parameters()).device.type
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    module.forward = convert_outputs_to_fp32(torch.autocast(device, dtype=dtype, cache_enabled=False)(module.forward))
 
 
 def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, int, dict[str, Any] | None]:
@@ -85,6 +100,8 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
 
         model.use_corpus(PreparedDataset.open(cfg.prepared_uri, "train", index,
                                               max_bytes=int(cfg.cache.max_gb * 2**30)).rows)
+    # the head loss the run trained with (train.chunked_loss): `voxrelay eval` then gives training's numbers
+    choose_loss(model, cfg.train, "cuda" if _cuda() else "cpu")
     ckpt, weights, family = CheckpointManager(run_uri, reader=True).load_model(step)
     model.load_extra_state(family)  # e.g. an EMA that synthesis and export use
     if cfg.train.lora is None and not has_frozen(model.module):
@@ -95,8 +112,6 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
                f"cannot load {run_uri} at step {ckpt.step}", "make the run's base reachable as it was (the same "
                "model.init_from weights; for a random init the same torch version)")
     apply_lora(model, cfg.train.lora)
-    # the head loss the run trained with (train.chunked_loss): `voxrelay eval` then gives training's numbers
-    choose_loss(model, cfg.train, "cuda" if _cuda() else "cpu")
     load_trainable(model.module, weights, f"checkpoint {ckpt.uri}")
     if cfg.train.lora is None:
         return model, codec, ckpt.step, None

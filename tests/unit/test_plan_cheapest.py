@@ -42,13 +42,13 @@ def test_a_small_model_is_cheapest_on_an_rtx_4090_on_demand_and_spot():
 
 
 def test_a_model_over_24_gb_goes_to_the_l40s():
-    """40 matrices of 8192^2 (2.7B parameters, ~30 GB with Adafactor): no 16-24 GB card fits (the offload row
+    """44 matrices of 8192^2 (2.95B parameters, ~27 GB with Adafactor): no 16-24 GB card fits (the offload row
     needs more host RAM than the 16 GB given), the L40S is the cheapest that does: 1.40 USD/h at 362 TFLOPS."""
-    found = offers(_cfg(), _facts(40), Lengths(TOKENS, "t"), 1, host_memory=16 * GB)
+    found = offers(_cfg(), _facts(44), Lengths(TOKENS, "t"), 1, host_memory=16 * GB)
     assert not {o.card.key for o in found} & {"t4", "v100", "l4", "a10g", "rtx3090", "rtx4090"}
     best = found[0]
     assert best.card.key == "l40s" and best.row.per_gpu_bytes["total"] > CARDS["rtx4090"].memory
-    assert best.cost == pytest.approx(_by_hand(40, 362, 1.40), rel=1e-9)
+    assert best.cost == pytest.approx(_by_hand(44, 362, 1.40), rel=1e-9)
     assert best.basis.startswith("estimated from FLOPs at 30% of 362 TFLOPS")
 
 
@@ -81,10 +81,10 @@ def test_the_answer_names_card_price_step_time_and_its_basis():
 
     from voxrelay.plan.cheapest import print_offers
 
-    found = offers(_cfg(), _facts(40), Lengths(TOKENS, "t"), 1, host_memory=16 * GB, measured=3.0)
+    found = offers(_cfg(), _facts(44), Lengths(TOKENS, "t"), 1, host_memory=16 * GB, measured=3.0)
     buf = io.StringIO()
     print_offers(found, Console(file=buf, width=200, color_system=None), False, 16 * GB)
     last = buf.getvalue().strip().splitlines()
     assert last[-2].startswith("cheapest: 1 x L40S 48GB (on-demand $1.4/GPU-h, RunPod), ddpx1 full adafactor: ")
-    assert f"${_by_hand(40, 362, 1.40):.2f}" in last[-2] and "estimated from FLOPs at 30% of 362 TFLOPS" in last[-2]
+    assert f"${_by_hand(44, 362, 1.40):.2f}" in last[-2] and "estimated from FLOPs at 30% of 362 TFLOPS" in last[-2]
     assert last[-1].startswith("at this run's measured 3 s per step") and f"${STEPS * 3 / 3600 * 1.4:.2f}" in last[-1]

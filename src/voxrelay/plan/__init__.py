@@ -271,6 +271,9 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
         # measured: at the backward's end one more float32 copy of the head's gradient (the one the loss made
         # is summed out of place with a tied embedding's, or copied into a separate head's .grad)
         end += 4 * unit_trainable
+        # the grads column at its largest: the head's gradient and its chunk's bf16 product can outweigh every
+        # fp32 gradient of a model that is mostly its head
+        cols["grads"] = max(cols["grads"], cols["grads"] - grads + head)
     else:
         logits = logits_bytes(facts.vocab, tokens)
         loss, head_phase = at_loss + logits, at_loss + head + LOGITS_GRAD_PER_VOCAB * facts.vocab * tokens

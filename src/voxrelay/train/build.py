@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import AutocastKwargs
 
 from voxrelay import storage
 from voxrelay.checkpoint.fence import Guard, job_guard
@@ -310,7 +311,14 @@ def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Ru
 def wrap_model(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator):
     """(module, optimizer) as the loop trains them. ddp: accelerate wraps the module (DDP when there are
     several processes). fsdp: our FSDP2 sharding, and accelerate does not wrap it (no DDP on top); the
-    optimizer is built after sharding, over the sharded (DTensor) parameters."""
+    optimizer is built after sharding, over the sharded (DTensor) parameters.
+
+    Autocast without its weight cache (here and in ``accelerator.autocast()``, which read the same handler): the
+    cache keeps a bf16 copy of every fp32 weight a matmul met until the forward's region ends, so at the loss
+    every layer's copy would be alive even under checkpointing (measured: tests/helpers/peak.py's autocast rows);
+    each weight is cast once per forward anyway, and the cast is the same bits."""
+    if accelerator.autocast_handler is None:
+        accelerator.autocast_handler = AutocastKwargs(cache_enabled=False)
     tc = cfg.train
     if tc.strategy == "fsdp":
         mesh = fsdp_mesh(tc.fsdp_sharding, accelerator.device.type)

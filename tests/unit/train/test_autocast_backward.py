@@ -1,5 +1,6 @@
 """The backward runs outside autocast's weight cache (issue 34 item 4): autocast keeps a bf16 copy of every
-trainable fp32 weight for as long as its region lasts, so a backward inside the region held them all to its end.
+trainable fp32 weight for as long as its region lasts, so a backward inside the region held them all to its end;
+and the forward runs without that cache, which held them all at the loss even under checkpointing.
 Measured with the live-tensor tracker on a small model (fp32 weights, bf16 autocast, gradient checkpointing);
 the gradients are the same bits either way."""
 
@@ -18,9 +19,11 @@ OVERRIDES = ["model.hidden_size=384", "model.num_heads=6", "model.intermediate_s
              "train.gradient_checkpointing=true", "train.max_steps=10"]
 
 
-def _run():
+def _run(cache: bool):
+    """A run as ``train_step`` trains it, or (``cache``) with autocast's weight cache on, as it did before."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
+    from accelerate.utils import AutocastKwargs
 
     from voxrelay.models.registry import build_model
     from voxrelay.plan.model import data_spec
@@ -31,7 +34,8 @@ def _run():
     AcceleratorState._reset_state()
     seed_everything(0)
     model = build_model(cfg.model, data_spec(cfg, None), 0)
-    return bare_run(model, cfg, Accelerator(mixed_precision="bf16", cpu=True)), model
+    handlers = [AutocastKwargs(cache_enabled=True)] if cache else []
+    return bare_run(model, cfg, Accelerator(mixed_precision="bf16", cpu=True, kwargs_handlers=handlers)), model
 
 
 def _peak_and_grads(run, batch, inside: bool) -> tuple[int, list[torch.Tensor]]:
@@ -55,12 +59,14 @@ def test_the_backward_runs_outside_autocasts_cache_and_frees_its_weight_copies()
     from accelerate.state import AcceleratorState
 
     try:
-        run, model = _run()
+        old, model = _run(cache=True)
         batch = _batch(model, "codec_lm", 160)
         batch.pop("audio_seconds", None)
         pop_counts(batch)
-        inside, grads_inside = _peak_and_grads(run, batch, inside=True)
+        inside, grads_inside = _peak_and_grads(old, batch, inside=True)
+        run, model = _run(cache=False)
         outside, grads_outside = _peak_and_grads(run, batch, inside=False)
+        assert run.accelerator.autocast_handler.cache_enabled is False  # what train's own build sets
         layers = [m for m in run.module.modules() if isinstance(m, model.fsdp_layer_classes())]
         copies = sum(2 * m.weight.numel() for layer in layers for m in layer.modules()
                      if isinstance(m, torch.nn.Linear) and m.weight.requires_grad)
