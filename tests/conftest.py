@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -65,13 +64,3 @@ def memory_root() -> Iterator[str]:
     root = f"memory://{uuid.uuid4().hex}"
     yield root
     storage.delete(root, recursive=True)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerator_state() -> Iterator[None]:
-    """accelerate keeps one AcceleratorState per process: a test that trains in bf16 in-process would make the
-    next in-process run in this worker (fp32) fail with "AcceleratorState has already been initialized"."""
-    yield
-    state = sys.modules.get("accelerate.state")
-    if state is not None:
-        state.AcceleratorState._reset_state()

@@ -18,10 +18,13 @@ is not sold alone). Checked 2026-11-28 through stored copies of the pages (this 
 - RunPod (RTX 3090, RTX 4090, L4, L40S, A100 80 GB PCIe, H100 SXM, H200), spot and on-demand, as of March 2026:
   https://www.runpod.io/pricing, tabulated at https://deploybase.ai/articles/runpod-gpu-pricing;
 - Google Cloud us-central1 (T4, V100, A100 40 GB), GPU price alone, on-demand and spot:
-  https://cloud.google.com/compute/gpus-pricing and https://cloud.google.com/spot-vms/pricing (2025 list prices
-  as we last read them; spot prices change up to once a day there);
-- AWS us-east-1 g5.xlarge (one A10G, 4 vCPU, 16 GiB), on-demand $1.006, spot its typical ~60% discount:
-  https://aws.amazon.com/ec2/instance-types/g5/ and https://aws.amazon.com/ec2/spot/pricing/ (2025).
+  https://cloud.google.com/compute/gpus-pricing and https://cloud.google.com/spot-vms/pricing. NOT re-checked:
+  no stored copy of the GPU price table was found on 2026-11-28 (the spot page's stored copy lists vCPU/memory
+  rates only and says spot prices change up to once a day); these are 2025 list prices as we last read them;
+- AWS us-east-1 g5.xlarge (one A10G, 4 vCPU, 16 GiB): on-demand $1.006/h in June 2026
+  (https://www.factualminds.com/blog/amazon-ec2-on-demand-pricing-instance-families-2026/, from AWS's rate card,
+  https://aws.amazon.com/ec2/instance-types/g5/); spot $0.40, AWS's typical ~60% discount (not a quoted price:
+  https://aws.amazon.com/ec2/spot/pricing/ shows live prices only).
 Prices drift: ``cost.gpu_hour`` in the run's config overrides them all (one price per GPU-hour, whatever the card).
 """
 

@@ -151,10 +151,7 @@ def build_run(cfg: RunConfig, fresh: bool = False, take_over: bool = False) -> R
     one_voice_per_job()  # launch-time lines once per job, not once per process
     cfg = apply_accelerate_env(cfg)  # `accelerate launch`: its precision, FSDP settings, before anything records cfg
     cfg = settle_precision(cfg, fresh, say=launched_rank() == 0)  # auto: this card's, or what the run recorded
-    # cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone); no
-    # torch.compile whatever ACCELERATE_DYNAMO_BACKEND says (named as not applied above)
-    accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available(),
-                              dynamo_backend="no")
+    accelerator = new_accelerator(cfg.train.precision)
     # a collective: every process, at once; its exchanges outwait rank 0's bounded waits (the last upload,
     # a take-over's wait for the old lease)
     ck = cfg.checkpoint
@@ -306,6 +303,19 @@ def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Ru
     module, optimizer = wrap_model(model, cfg, accelerator)
     return Run(cfg, accelerator, model, module, optimizer, build_scheduler(cfg.train, optimizer),
                None, [], None, None, None, None, None)
+
+
+def new_accelerator(precision: str) -> Accelerator:
+    """This run's Accelerator. accelerate keeps one state per process and refuses a second precision in it: a
+    process that trained before (a notebook's second run, in-process tests) in another precision starts afresh.
+    cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone); no
+    torch.compile whatever ACCELERATE_DYNAMO_BACKEND says (named as not applied at launch)."""
+    from accelerate.state import AcceleratorState
+
+    shared = AcceleratorState._shared_state
+    if shared and shared.get("_mixed_precision", precision) != precision:
+        AcceleratorState._reset_state()
+    return Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available(), dynamo_backend="no")
 
 
 def wrap_model(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator):
