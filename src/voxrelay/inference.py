@@ -41,6 +41,7 @@ from voxrelay.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_key_ma
 from voxrelay.models.qlora import dequantise_base, quantise_base
 from voxrelay.models.registry import as_trained, build_model, load_model
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem, write_file, writing
+from voxrelay.precision import compute_as_trained
 from voxrelay.train.resume import BASE_HASH
 from voxrelay.train.strategies import (
     apply_lora,
@@ -72,18 +73,6 @@ def load_from_run(run_uri: str, step: int | None = None) -> tuple[FamilyModel, A
     compute_as_trained(model.module, run_config(run_uri).train.precision)
     return model, codec, at
 
-
-def compute_as_trained(module, precision: str) -> None:
-    """``module``'s forward under the autocast training ran it in (``train.precision`` bf16/fp16, its outputs
-    back in float32), as accelerate's ``prepare`` wraps it; fp32 (``no``) unchanged."""
-    import torch
-    from accelerate.utils import convert_outputs_to_fp32
-
-    if precision not in ("bf16", "fp16"):
-        return
-    device = next(module.parameters()).device.type
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    module.forward = convert_outputs_to_fp32(torch.autocast(device, dtype=dtype, cache_enabled=False)(module.forward))
 
 
 def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, int, dict[str, Any] | None]:

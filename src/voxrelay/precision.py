@@ -133,3 +133,16 @@ def settle(cfg, fresh: bool, card: Capability | None = None, say: bool = True):
         (log.warning if slow else log.info)(why)
     cfg.train = tc.model_copy(update={"precision": precision})
     return cfg
+
+
+def compute_as_trained(module, precision: str) -> None:
+    """``module``'s forward under the autocast training ran it in (``train.precision`` bf16/fp16, its outputs
+    back in float32), as accelerate's ``prepare`` wraps it; fp32 (``no``) unchanged."""
+    import torch
+    from accelerate.utils import convert_outputs_to_fp32
+
+    if precision not in ("bf16", "fp16"):
+        return
+    device = next(module.parameters()).device.type
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    module.forward = convert_outputs_to_fp32(torch.autocast(device, dtype=dtype, cache_enabled=False)(module.forward))
