@@ -172,6 +172,9 @@ def test_lora_is_off_by_default_and_each_key_defaults_to_the_familys():
         ["alpha", "dropout", "rslora", "target_modules", "modules_to_save", "base_bits"]) | {"embeddings": "new_rows"}
     assert load_config(None, ["train.lora=true"]).train.lora == load_config(None, ["train.lora={}"]).train.lora
     assert load_config(None, ["train.lora=true"]).train.lora.r is None
+    # turned on, then a key of it set, in either order (a user's walk: the second order said "'lora' is a value")
+    for order in (["train.lora=true", "train.lora.base_bits=4"], ["train.lora.base_bits=4", "train.lora=true"]):
+        assert load_config(None, order).train.lora.base_bits == 4, order
     assert load_config(None, ["train.lora.r=8", "train.lora=null"]).train.lora is None
     lists = load_config(None, ["train.lora.target_modules=[q_proj, v_proj]", "train.lora.modules_to_save=[]"])
     assert (lists.train.lora.target_modules, lists.train.lora.modules_to_save) == (["q_proj", "v_proj"], [])

@@ -85,3 +85,33 @@ def test_plan_on_a_free_colab_t4_says_the_host_is_short(tmp_path: Path) -> None:
     assert "host RAM: 12.7 GB per machine (free Colab, T4 runtime); precision auto: fp16 with a loss scaler" \
         in res.output
     assert "recommended: fsdp" not in res.output and "offload" not in res.output.split("this config")[1]
+
+
+def test_max_tokens_is_capped_by_the_host_too():
+    """The host's share grows with the micro-batch (the loader's batches, activation offload's layer inputs): the
+    largest micro-batch a row takes is the smaller of the GPU's and the host's, worked by hand for the host."""
+    cfg, facts = load_config(None, ["cache.ram_gb=1", "train.prefetch_batches=1"]), _facts(2)
+    st = Strategy("ddp", 1, False, "adamw", gradient_checkpointing=True, activation_offload=True)
+    host = 12 * GB
+    row = next(r for r in make_plan(cfg, facts, Lengths(512, "t"), 1, 80 * GB, host_memory=host).rows
+               if r.strategy == st)
+    per_token = 2 * BATCH_BYTES_PER_TOKEN + 4 * 1024 * 4  # 2 batches held; 4 layers' fp32 inputs of width 1024
+    fixed = PROCESS_CPU + CUDA_HOST + 4 * (2 * BIG[0] * BIG[1] + 8192) + GIB
+    assert row.max_tokens == int((host - fixed) / per_token)
+    gpu_only = next(r for r in make_plan(cfg, facts, Lengths(512, "t"), 1, 80 * GB).rows if r.strategy == st)
+    assert gpu_only.max_tokens > row.max_tokens  # without a host to hold against, the GPU's bound alone
+
+
+def test_the_table_marks_a_row_the_host_cannot_hold_in_plain_text():
+    from rich.console import Console
+
+    from voxrelay.plan.render import print_plan
+
+    cfg, facts = load_config(None, []), _facts(40)
+    plan = make_plan(cfg, facts, Lengths(512, "t"), 1, 15 * GB, bf16=False, host_memory=int(12.7 * GB))
+    console = Console(width=250, color_system=None, record=True)
+    print_plan(plan, console, Strategy("fsdp", 1, False, "adamw", cpu_offload=True, gradient_checkpointing=True))
+    text = console.export_text()
+    offload_line = next(line for line in text.splitlines() if "fsdp full gc offload" in line)
+    assert " host " in offload_line and " yes " not in offload_line
+    assert "fits the GPU, not the machine's RAM" in text

@@ -106,7 +106,7 @@ def apply_lora(model: FamilyModel, cfg: LoraConfig | None, compute_dtype: torch.
     if quantise:
         quantise_base(model, s["base_bits"], compute_dtype)
     trainable = sum(p.numel() for p in model.module.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.module.parameters())
+    total = sum(_numel(p) for p in model.module.parameters())
     base_dtype = next((p.dtype for p in model.module.parameters() if not p.requires_grad), None)
     log.info("LoRA r=%d alpha=%g dropout=%g rslora=%s on %s; trained in full: %s; token rows trained: %s; tied "
              "embeddings: %s; frozen base in %s; training %s of %s parameters (%.2f%%)", s["r"], s["alpha"],
@@ -180,3 +180,9 @@ def _linear_names(module: torch.nn.Module) -> list[str]:
     import torch
 
     return sorted({name.rsplit(".", 1)[-1] for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)})
+
+
+def _numel(p: torch.nn.Parameter) -> int:
+    """Weights a parameter stands for: an NF4 one (bitsandbytes' Params4bit) holds them packed two per byte."""
+    state = getattr(p, "quant_state", None)
+    return int(state.shape.numel()) if state is not None and getattr(state, "shape", None) is not None else p.numel()

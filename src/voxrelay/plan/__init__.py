@@ -97,8 +97,10 @@ def host_memory_of(value: str | None, gpu: str | None, this_machine: bool = True
 
     if value:
         m = _SIZE_RE.match(value)
-        if not m or float(m.group(1)) <= 0:
+        if not m:
             raise PlanError(f"--host-memory {value!r} is not a size; write e.g. 12.7GB, 64GiB or 52000MB")
+        if float(m.group(1)) <= 0:
+            raise PlanError(f"--host-memory {value!r} must be more than 0; write e.g. 12.7GB, 64GiB or 52000MB")
         return int(float(m.group(1)) * _UNITS[m.group(2).lower() if m.group(2) else None])
     named = card_named(gpu) if gpu else None
     if named and named[1] is not None:
@@ -361,7 +363,7 @@ def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gp
               bf16: bool = True, host_memory: int | None = None) -> Plan:
     """Every strategy on 1, 2, 4, ... ``gpus`` GPUs of ``gpu_bytes`` each (``bf16``: with native bf16, for
     ``train.precision=auto``), and its host RAM against ``host_memory`` bytes per machine (None: not checked)."""
-    from voxrelay.plan.host import host_bytes
+    from voxrelay.plan.host import host_bytes, host_max_tokens
 
     if gpus < 1:
         raise PlanError(f"--gpus {gpus} must be at least 1")
@@ -374,7 +376,10 @@ def make_plan(cfg: RunConfig, facts: ModelFacts, lengths: Lengths, gpus: int, gp
         b = per_gpu(facts, st, lengths.tokens, compute)
         host = host_bytes(cfg, facts, st, lengths.tokens, activations=offloaded_host_bytes(facts, st, lengths.tokens,
                                                                                           compute))
-        rows.append(PlanRow(st, lengths.tokens, b, b["total"] <= gpu_bytes, max_tokens(facts, st, compute, gpu_bytes),
+        most = max_tokens(facts, st, compute, gpu_bytes)
+        if host_memory is not None:  # the host's share grows with the micro-batch too (data, offloaded inputs)
+            most = min(most, host_max_tokens(cfg, facts, st, compute, host_memory))
+        rows.append(PlanRow(st, lengths.tokens, b, b["total"] <= gpu_bytes, most,
                             host, host_memory is None or host["machine"] <= host_memory))
     total = sum(p.numel for p in facts.params[False])
     trainable = {lora: sum(p.numel for p in facts.params[lora] if p.trainable) for lora in (False, True)}

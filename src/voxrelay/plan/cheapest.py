@@ -34,6 +34,7 @@ class Offer:
     basis: str  # how the estimate was made
     steps: int
     measured: float | None = None  # seconds per step the run measured (on the card it ran on)
+    where: str = ""  # the price's source: the card table's provider, or cost.gpu_hour
 
     @property
     def hours(self) -> float:
@@ -85,8 +86,17 @@ def offers(cfg: Any, facts: ModelFacts, lengths: Lengths, max_gpus: int, spot: b
         timed = [(step_seconds(facts, r, card, cfg.train.grad_accum, context), r) for r in fitting]
         seconds, row = min(timed, key=lambda t: (t[1].strategy.gpus * t[0], t[1].strategy.exotic))
         basis = f"estimated from FLOPs at {MFU:.0%} of {card.tflops:g} TFLOPS"
-        out.append(Offer(card, row, price, seconds, basis, cfg.train.max_steps, measured))
-    return sorted(out, key=lambda o: (o.cost is None, o.cost or 0.0, o.card.memory))
+        where = card.where if cfg.cost.gpu_hour is None else "cost.gpu_hour"
+        out.append(Offer(card, row, price, seconds, basis, cfg.train.max_steps, measured, where))
+    # equal costs (one cost.gpu_hour for every card, or 0): the faster run first
+    return sorted(out, key=lambda o: (o.cost is None, o.cost or 0.0, o.hours, o.card.memory))
+
+
+def host_shortfall(cfg: Any, facts: ModelFacts, lengths: Lengths, max_gpus: int) -> int | None:
+    """The fewest bytes of host RAM per machine any card's GPU-fitting row needs (None: none fits a GPU)."""
+    need = [r.host_bytes["machine"] for card in CARDS.values()
+            for r in make_plan(cfg, facts, lengths, max_gpus, card.memory, card.bf16, None).rows if r.fits]
+    return min(need, default=None)
 
 
 def measured_step_seconds(run_uri: str) -> float | None:
@@ -111,13 +121,17 @@ def to_json(found: list[Offer]) -> str:
                         "measured_usd": o.measured_cost} for o in found], indent=1)
 
 
-def print_offers(found: list[Offer], console: Any, spot: bool, host_memory: int | None) -> None:
-    """A line per card that fits, cheapest first, then the answer."""
+def print_offers(found: list[Offer], console: Any, spot: bool, host_memory: int | None,
+                 short_of_host: int | None = None) -> None:
+    """A line per card that fits, cheapest first, then the answer. ``short_of_host``: when no card fits the
+    host, the fewest bytes of host RAM per machine a GPU-fitting row needs."""
     from rich.table import Table
 
     from voxrelay.plan.render import short_name
 
     kind = "spot" if spot else "on-demand"
+    if found and found[0].where == "cost.gpu_hour":
+        kind = "cost.gpu_hour"
     table = Table(title=f"cheapest fit per card, {kind} prices (USD per GPU-hour; cost.gpu_hour overrides)")
     for name in ("card", "GPUs", "strategy", "GB per GPU", "host GB", "$/GPU-h", "s/step", "hours", "run $"):
         table.add_column(name, justify="left" if name in ("card", "strategy") else "right", no_wrap=True)
@@ -131,12 +145,20 @@ def print_offers(found: list[Offer], console: Any, spot: bool, host_memory: int 
         console.print("host RAM not checked: pass --host-memory GB (the RAM of the machine the card comes with)")
     best = next((o for o in found if o.cost is not None), None)
     if best is None:
-        console.print("[red]no card of the table fits this run[/]: lower the micro-batch (train.batch_tokens / "
-                      "--seq-len) or allow more GPUs (--gpus)" if not found else "no card here has a price")
+        if found:
+            console.print("no card here has a price")
+        elif short_of_host:
+            console.print(f"[red]no card of the table fits this run[/]: it needs at least {short_of_host / 1e9:.1f} GB "
+                          f"of host RAM per machine (--host-memory {host_memory / 1e9:.1f} GB); more GPUs on one "
+                          "machine need more of it, a smaller micro-batch (train.batch_tokens / --seq-len) a little "
+                          "less")
+        else:
+            console.print("[red]no card of the table fits this run[/]: lower the micro-batch (train.batch_tokens / "
+                          "--seq-len) or allow more GPUs (--gpus)")
         return
     st = best.row.strategy
     console.print(f"cheapest: [bold]{st.gpus} x {best.card.label}[/] ({kind} ${best.price:.3g}/GPU-h, "
-                  f"{best.card.where}), {st.name}: {best.steps:,} steps x {best.step_seconds:.3g} s ({best.basis}) = "
+                  f"{best.where}), {st.name}: {best.steps:,} steps x {best.step_seconds:.3g} s ({best.basis}) = "
                   f"{best.hours:.3g} h -> [bold]${best.cost:.2f}[/]", highlight=False)
     if best.measured_cost is not None:
         console.print(f"at this run's measured {best.measured:.3g} s per step (its newest throughput, on the card it "

@@ -54,6 +54,21 @@ def host_bytes(cfg: Any, facts: Any, st: Any, tokens: int, cuda: bool = True, ac
             "activations": activations, "total": total, "machine": total * st.gpus}
 
 
+def host_max_tokens(cfg: Any, facts: Any, st: Any, compute: str, host_memory: int) -> int:
+    """The largest micro-batch in tokens whose host RAM per machine (:func:`host_bytes`: linear
+    in tokens) fits ``host_memory`` bytes; 0 when even an empty one does not."""
+    from voxrelay.plan import offloaded_host_bytes
+
+    def machine(tokens: int) -> int:
+        offloaded = offloaded_host_bytes(facts, st, tokens, compute)
+        return host_bytes(cfg, facts, st, tokens, activations=offloaded)["machine"]
+
+    base, slope = machine(0), (machine(1 << 20) - machine(0)) / (1 << 20)
+    if base > host_memory:
+        return 0
+    return int((host_memory - base) / slope) if slope > 0 else 1 << 62
+
+
 def this_machine() -> int | None:
     """Bytes of RAM of this machine (None where the platform does not say)."""
     try:

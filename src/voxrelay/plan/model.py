@@ -3,6 +3,7 @@ sequence lengths of the prepared data (or ``--seq-len``)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -102,7 +103,15 @@ def model_facts(cfg: RunConfig, index: dict | None) -> tuple[ModelFacts, FamilyM
     if lora_model_cfg != full_cfg:
         model.module = build_model(lora_model_cfg, data_spec(cfg, index), cfg.train.seed, meta=True).module
     rank = lora_settings(model, lora_cfg)["r"]
-    apply_lora(model, lora_cfg)
+    # apply_lora's "frozen base in <dtype>" line is a run's, not the plan's (which prices the card's own: fp16 on
+    # a T4, where this meta build says bf16: the same 2 bytes)
+    lora_log = logging.getLogger("voxrelay.models.lora")
+    level = lora_log.level
+    lora_log.setLevel(logging.WARNING)
+    try:
+        apply_lora(model, lora_cfg)
+    finally:
+        lora_log.setLevel(level)
     lora_params, lora_unit = collect(model.module, layers)
     facts = ModelFacts({False: full_params, True: lora_params},
                        {False: full_shape, True: family_shape(model, rank)},

@@ -24,7 +24,7 @@ def _gb(n: int) -> str:
 
 def _row_cells(r: PlanRow) -> list[str]:
     b = r.per_gpu_bytes
-    fits = "[green]yes[/]" if r.fits else "[red]no[/]"
+    fits = ("[green]yes[/]" if r.host_fits else "[red]host[/]") if r.fits else "[red]no[/]"
     host = _gb(r.host_bytes["machine"]) if r.host_bytes else "-"
     host = host if r.host_fits else f"[red]{host}[/]"
     return [short_name(r), *(_gb(b[c]) for c in COLUMNS), fits, f"{r.max_tokens:,}" if r.max_tokens else "-", host]
@@ -40,6 +40,11 @@ def short_name(r: PlanRow) -> str:
     return " ".join(w for w in words if w)
 
 
+def _count(n: int) -> str:
+    """A parameter count: 3.30B, 48.6M, 5.8M."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
 def _host_line(plan: Plan) -> str:
     source = f" ({plan.host_source})" if plan.host_source else ""
     host = (f"host RAM: {plan.host_memory / GB:.1f} GB per machine{source}" if plan.host_memory
@@ -50,8 +55,8 @@ def _host_line(plan: Plan) -> str:
 def print_plan(plan: Plan, console: Console, mine: Strategy) -> None:
     """The tables, then the config's own strategy (``mine``) and the recommendation."""
     ln = plan.lengths
-    console.print(f"{plan.total_params / 1e9:.2f}B parameters; trained: full {plan.trainable[False] / 1e9:.2f}B, "
-                  f"LoRA {plan.trainable[True] / 1e6:.1f}M. GPU: {plan.gpu_bytes / GB:.1f} GB. "
+    console.print(f"{_count(plan.total_params)} parameters; trained: full {_count(plan.trainable[False])}, "
+                  f"LoRA {_count(plan.trainable[True])}. GPU: {plan.gpu_bytes / GB:.1f} GB. "
                   f"Micro-batch: {ln.tokens:,} tokens ({ln.source})", highlight=False)
     console.print(_host_line(plan), highlight=False)
     if ln.max_len is not None:
@@ -60,7 +65,8 @@ def print_plan(plan: Plan, console: Console, mine: Strategy) -> None:
     for gpus in sorted({r.strategy.gpus for r in plan.rows}):
         table = Table(title=f"GB per GPU, {gpus} GPU{'s' * (gpus > 1)}, {ln.tokens:,} tokens per GPU micro-batch",
                       caption="gc: gradient checkpointing; act-offload: layer inputs in host memory; 8bit: AdamW8bit; "
-                              "max tokens: largest micro-batch that fits; "
+                              "fits: host = the GPU holds it, the machine's RAM does not; "
+                              "max tokens: largest micro-batch that fits (GPU and host); "
                               "total: weights + optimizer + the step's largest phase (the loss' peak comes before "
                               "the gradients) + overhead, not the sum of the columns; host: GB of RAM of the "
                               "machine's processes (red: more than it has)")
@@ -76,7 +82,8 @@ def print_plan(plan: Plan, console: Console, mine: Strategy) -> None:
 
 def _print_advice(plan: Plan, console: Console, mine: Strategy) -> None:
     row = next(r for r in plan.rows if r.strategy == mine)
-    verdict = "fits" if row.fits else "[red]does not fit[/]"
+    verdict = ("fits" if row.host_fits else "[red]fits the GPU, not the machine's RAM[/]") if row.fits \
+        else "[red]does not fit[/]"
     room = f"up to {row.max_tokens:,} tokens per micro-batch" if row.max_tokens else "no micro-batch fits"
     console.print(f"this config ({mine.name}): {_gb(row.per_gpu_bytes['total'])} GB per GPU, {verdict}; {room}")
     if not row.host_fits:

@@ -149,8 +149,8 @@ def _offload_activations(model: FamilyModel) -> None:
         raise StrategyError(f"train.activation_offload=true: the {model.family} model checkpoints no layer through "
                             "transformers' checkpoint function, so there is nothing to offload; set "
                             "train.activation_offload=false")
-    log.info("activation offload on: each checkpointed layer's input waits in %s host memory until its recompute",
-             "pinned" if pinned else "(CPU run: the same)")
+    log.info("activation offload on: each checkpointed layer's input waits in %s until its recompute",
+             "pinned host memory" if pinned else "host memory (a CPU run: where it already was)")
 
 
 def choose_loss(model: FamilyModel, tc, device_type: str) -> None:
@@ -166,6 +166,9 @@ def choose_loss(model: FamilyModel, tc, device_type: str) -> None:
     if model.chunked_heads:
         log.info(describe_kernel(model.loss_kernel, tc.loss_chunk_tokens) +
                  (" (train.strategy=fsdp)" if tc.chunked_loss and not chunked else ""))
+    elif tc.chunked_loss:  # said too, so the first lines always name the loss
+        log.info("loss: this %s model's own, logits materialised (train.chunked_loss applies to one output "
+                 "head over the vocabulary, e.g. not to codec_lm's grouped slots)", model.family)
 
 
 def fsdp_mesh(sharding: str, device_type: str):

@@ -263,3 +263,18 @@ def test_parler_quantises_its_decoder_and_frozen_t5_and_trains_its_adapters(tmp_
         model.module = model.module.merge_and_unload()
         after = sum(float(t.sum) for t in model.loss(model.module, batch).values())
     assert after == pytest.approx(before, rel=1e-5)
+
+
+def test_the_run_counts_the_quantised_base_by_its_weights_not_its_packed_bytes(bases, caplog):
+    """NF4 packs two weights per byte: "training X of Y parameters" counts the weights, as without QLoRA."""
+    import logging
+    import re
+
+    def logged_total(bits):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="voxrelay.models.lora"):
+            _model("orpheus", bases["orpheus"], bits)
+        line = next(r.getMessage() for r in caplog.records if "parameters (" in r.getMessage())
+        return int(re.search(r"of ([\d,]+) parameters", line).group(1).replace(",", ""))
+
+    assert logged_total(4) == logged_total(None)
