@@ -34,6 +34,7 @@ from voxrelay.data.loader import PreparedDataset  # noqa: E402
 from voxrelay.data.prepare import load_index, load_prepared_codec, prepare  # noqa: E402
 from voxrelay.models.base import DataSpec, pop_counts  # noqa: E402
 from voxrelay.models.registry import build_model  # noqa: E402
+from voxrelay.precision import settle  # noqa: E402
 from voxrelay.train.build import build_run  # noqa: E402
 from voxrelay.train.loop import train  # noqa: E402
 
@@ -83,6 +84,7 @@ def trainer(root: str, steps: int, tmp: str) -> float:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     cfg = load_config(str(demo_config_path()), [f"root={root}", *DATA])
+    precision = settle(cfg, fresh=True, say=False).train.precision  # train.precision=auto as `voxrelay train` has it
     index = load_index(cfg.prepared_uri)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, DataSpec.from_prepared(index, load_prepared_codec(cfg.prepared_uri, index)),
@@ -104,7 +106,7 @@ def trainer(root: str, steps: int, tmp: str) -> float:
         output_dir=tmp, max_steps=steps, per_device_train_batch_size=batch_size,
         train_sampling_strategy="group_by_length",
         learning_rate=cfg.train.lr, warmup_steps=cfg.train.warmup_steps, lr_scheduler_type="cosine",
-        bf16=cfg.train.precision == "bf16", fp16=cfg.train.precision == "fp16",
+        bf16=precision == "bf16", fp16=precision == "fp16",
         max_grad_norm=cfg.train.clip_norm or 0.0, save_strategy="no", report_to=[], logging_steps=10**6,
         dataloader_num_workers=0, seed=cfg.train.seed, use_cpu=not torch.cuda.is_available(),
         remove_unused_columns=False, disable_tqdm=True,

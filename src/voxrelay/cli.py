@@ -176,30 +176,65 @@ def plan_cmd(
     gpus: int = typer.Option(1, "--gpus", help="GPUs available; 1, 2, 4, ... up to this many are priced"),
     gpu_memory: str = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 80GB (10^9 bytes) or 40GiB "
                                    "(default 80GB)"),
-    gpu: str = typer.Option(None, "--gpu", help="A GPU by name instead: a100-40gb, a100-80gb, h100, l4, t4, a10g"),
+    gpu: str = typer.Option(None, "--gpu", help="A GPU by name instead: t4, v100, l4, a10g, rtx3090, rtx4090, "
+                            "a100-40gb, l40s, a100-80gb, h100, h200; or a Colab runtime with its host RAM: colab-t4 "
+                            "(12.7 GB), colab-l4, colab-a100"),
+    host_memory: str = typer.Option(None, "--host-memory", help="RAM of one machine, e.g. 12.7GB (default: the "
+                                    "--gpu colab-* runtime's, else this machine's; with --cheapest: checked only "
+                                    "when given)"),
     seq_len: int = typer.Option(None, "--seq-len", help="Tokens per GPU micro-batch (default: from the prepared "
                                 "data: the batch budget, or the longest example if longer)"),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per priced strategy, no table"),
+    cheapest: bool = typer.Option(False, "--cheapest", help="Price the run on every known card instead: the "
+                                  "cheapest card and count that fits and what train.max_steps steps cost there"),
+    spot: bool = typer.Option(False, "--spot", help="With --cheapest: spot prices instead of on-demand"),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON array, one object per priced strategy, no table"),
 ):
-    """Predict memory per GPU (weights, grads, optimizer, activations, logits) of each training strategy."""
+    """Predict memory per GPU (weights, grads, optimizer, activations, logits) and host RAM of each strategy."""
     from voxrelay.config import load_config
-    from voxrelay.plan import configured, make_plan, parse_gpu_memory
+    from voxrelay.plan import parse_gpu_memory
 
     cfg = load_config(config, overrides or [])  # before the heavy imports: a config error comes at once
     gpu_bytes = parse_gpu_memory(gpu_memory, gpu)
     from voxrelay.plan.model import lengths, model_facts, read_index
-    from voxrelay.plan.render import print_plan, to_json
 
     index = read_index(cfg) if seq_len is None else None
     if seq_len is None and index is None:
         lengths(cfg, None, None, None)  # raises: no data and no --seq-len, before the model is built
     facts, model = model_facts(cfg, index)
-    plan = make_plan(cfg, facts, lengths(cfg, model, index, seq_len), gpus, gpu_bytes)
+    _print_plan(cfg, facts, lengths(cfg, model, index, seq_len), gpus, gpu_bytes, gpu, host_memory, cheapest, spot,
+                as_json)
+
+
+def _print_plan(cfg, facts, lengths, gpus: int, gpu_bytes: int, gpu: str | None, host_memory: str | None,
+                cheapest: bool, spot: bool, as_json: bool) -> None:
+    from voxrelay.plan import PlanError, configured, gpu_bf16, host_memory_of, host_source, make_plan
+    from voxrelay.plan.render import print_plan, to_json
+
+    console = Console(soft_wrap=True, width=max(out.width, 132))
+    if spot and not cheapest:
+        raise PlanError("--spot prices the --cheapest answer: add --cheapest (or leave --spot out)")
+    if cheapest:
+        from voxrelay.plan import cheapest as cheap
+
+        if gpu is not None:  # every card is priced, each with its own memory: not a Colab runtime's RAM for all
+            err.print(f"--gpu {gpu} is ignored with --cheapest (every card of the table is priced); host RAM is "
+                      "checked against --host-memory only", highlight=False)
+        host = host_memory_of(host_memory, None, this_machine=False)
+        found = cheap.offers(cfg, facts, lengths, gpus, spot, host, cheap.measured_step_seconds(cfg.run_uri))
+        if as_json:
+            print(cheap.to_json(found))
+        else:
+            short = cheap.host_shortfall(cfg, facts, lengths, gpus) if not found and host is not None else None
+            cheap.print_offers(found, console, spot, host, short)
+        return
+    host = host_memory_of(host_memory, gpu, this_machine=True)
+    plan = make_plan(cfg, facts, lengths, gpus, gpu_bytes, gpu_bf16(gpu), host)
+    plan.host_source = host_source(host_memory, gpu)
     if as_json:
         print(to_json(plan))
     else:
         # never truncate the numbers: a pipe or a narrow terminal gets the full table (and may wrap it)
-        print_plan(plan, Console(soft_wrap=True, width=max(out.width, 132)), configured(cfg, gpus))
+        print_plan(plan, console, configured(cfg, gpus))
 
 
 @app.command("status")

@@ -20,6 +20,7 @@ from voxrelay.config_source import apply_overrides, read_config_text  # noqa: F4
 from voxrelay.cost.config import CostConfig
 from voxrelay.errors import UserError, one_line
 from voxrelay.models.configs import DEFAULT_FAMILY, FAMILY_CONFIGS
+from voxrelay.models.lora_config import LoraConfig
 from voxrelay.quality.config import EvalConfig
 from voxrelay.train.config import TrainConfig, parse_duration
 
@@ -303,7 +304,8 @@ RESUME_SAFE_KEYS = (
     "train.time_limit", "train.time_limit_from", "train.total_time_limit", "train.max_bad_steps",
     "train.early_stopping_patience",
     # how the same training is laid out in memory; a sharded checkpoint loads under any of them
-    "train.fsdp_sharding", "train.gradient_checkpointing", "train.cpu_offload", "train.ignore_plan",
+    "train.fsdp_sharding", "train.gradient_checkpointing", "train.cpu_offload",
+    "train.activation_offload", "train.ignore_plan",
     "checkpoint.", "eval.", "monitor.", "cache.", "cost.",
 )
 
@@ -326,6 +328,8 @@ def with_added_defaults(data: dict[str, Any]) -> dict[str, Any]:
         family = FAMILY_CONFIGS.get(model.get("family", DEFAULT_FAMILY))
         data = {**data, "model": {**getattr(family, "ADDED_WITH_NEW_BEHAVIOUR", {}), **model}}
     if isinstance(train := data.get("train"), dict):
+        if isinstance(lora := train.get("lora"), dict):
+            train = {**train, "lora": {**LoraConfig.ADDED_WITH_NEW_BEHAVIOUR, **lora}}
         data = {**data, "train": {**TrainConfig.ADDED_WITH_NEW_BEHAVIOUR, **train}}
     try:
         return RunConfig.model_validate(data).to_dict()

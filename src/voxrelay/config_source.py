@@ -73,8 +73,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         node = data
         for part in parts[:-1]:
             child = node.get(part)
-            if child is None:  # absent, or an optional section that is off (train.lora: null): create it
-                child = node[part] = {}
+            if child is None or child is True:  # absent, off (train.lora: null), or on with its defaults
+                child = node[part] = {}  # (train.lora=true train.lora.r=8: the section with r set)
             elif not isinstance(child, dict):
                 raise ConfigError(f"override {key!r}: {part!r} is a value, not a section"
                                   + (_list_hint(parts, part) if isinstance(child, list) else ""))
@@ -82,5 +82,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         value = _parse_value(raw)
         if parts[-1] in ("name", "root", "path", "hub_id", "tokenizer", "init_from") and value is not None:
             value = str(raw)  # names and paths are strings even when they look like numbers
+        if value is True and isinstance(node.get(parts[-1]), dict):
+            continue  # a section already set (train.lora.r=8 train.lora=true): it is on, with its keys
         node[parts[-1]] = value
     return data

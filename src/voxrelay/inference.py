@@ -31,20 +31,23 @@ from voxrelay import storage
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.codecs.base import AudioCodec, FittableCodec
 from voxrelay.codecs.registry import codec_from_description
-from voxrelay.config import ConfigError, RunConfig, build_config
+from voxrelay.config import ConfigError, RunConfig, build_config, with_added_defaults
 from voxrelay.data.audio import load_audio, resample
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.errors import UserError, one_line
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request, sampling_options
 from voxrelay.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_key_mapping, module_keys
-from voxrelay.models.registry import build_model, load_model
+from voxrelay.models.qlora import dequantise_base, quantise_base
+from voxrelay.models.registry import as_trained, build_model, load_model
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem, write_file, writing
+from voxrelay.precision import compute_as_trained
 from voxrelay.train.resume import BASE_HASH
 from voxrelay.train.strategies import (
     apply_lora,
     base_hash,
     check_base,
+    choose_loss,
     describe_base,
     has_frozen,
     load_trainable,
@@ -55,6 +58,7 @@ CODEC_JSON = "codec.json"
 CODEC_STATE = "codec.safetensors"
 VOXRELAY_FORMAT = "voxrelay"  # export's default: what synthesize/eval load back (upstream-loadable where it can be)
 LORA_NOTE = "lora"  # key of voxrelay.json in an adapter-only export: how to rebuild the base
+BASE_BITS = "base_bits"  # key of that note: the base was quantised to these bits (QLoRA), absent otherwise
 log = logging.getLogger(__name__)
 
 
@@ -63,9 +67,12 @@ class InferenceError(UserError, RuntimeError):
 
 
 def load_from_run(run_uri: str, step: int | None = None) -> tuple[FamilyModel, AudioCodec, int]:
-    """Model (weights of the latest valid checkpoint, or ``step``) + codec of a run folder."""
+    """Model (weights of the latest valid checkpoint, or ``step``) + codec of a run folder, computing in the
+    precision the run trained in (its evals and samples: `voxrelay eval` gives training's numbers)."""
     model, codec, at, _ = _load_run(run_uri, step)
+    compute_as_trained(model.module, run_config(run_uri).train.precision)
     return model, codec, at
+
 
 
 def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, int, dict[str, Any] | None]:
@@ -75,12 +82,15 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     hub_cache.from_bucket(cfg)  # the run's hub models, from cache.models_uri when a session put them there
     codec = load_prepared_codec(cfg.prepared_uri, index)
     data = DataSpec.from_prepared(index, codec)
-    model = build_model(cfg.model, data, cfg.train.seed)
+    model_cfg = as_trained(cfg.model, cfg.train)  # the dtypes the run trained in
+    model = build_model(model_cfg, data, cfg.train.seed)
     if getattr(model, "uses_corpus", False):  # e.g. voice prompts of the training data's voices, as in training
         from voxrelay.data.loader import PreparedDataset
 
         model.use_corpus(PreparedDataset.open(cfg.prepared_uri, "train", index,
                                               max_bytes=int(cfg.cache.max_gb * 2**30)).rows)
+    # the head loss the run trained with (train.chunked_loss): `voxrelay eval` then gives training's numbers
+    choose_loss(model, cfg.train, "cuda" if _cuda() else "cpu")
     ckpt, weights, family = CheckpointManager(run_uri, reader=True).load_model(step)
     model.load_extra_state(family)  # e.g. an EMA that synthesis and export use
     if cfg.train.lora is None and not has_frozen(model.module):
@@ -95,7 +105,9 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     if cfg.train.lora is None:
         return model, codec, ckpt.step, None
     note = {"base": describe_base(cfg.model, cfg.train.seed), "base_hash": base, "seed": cfg.train.seed,
-            "model": cfg.model.model_dump(mode="json"), "data": data.to_note()}
+            "model": model_cfg.model_dump(mode="json"), "data": data.to_note()}
+    if cfg.train.lora.base_bits:  # QLoRA: trained on the quantised base, which loading the export rebuilds
+        note[BASE_BITS] = cfg.train.lora.base_bits
     return model, codec, ckpt.step, note
 
 
@@ -104,7 +116,9 @@ def run_config(run_uri: str) -> RunConfig:
     if not storage.exists(snapshot):
         raise InferenceError(f"{run_uri} is not a run folder (no {CONFIG_SNAPSHOT}); pass <root>/runs/<name>")
     try:
-        return build_config(located(yaml.safe_load(storage.read_text(snapshot)) or {}, run_uri), snapshot)
+        # keys added since the run was saved stand for what it did then (train.lora.embeddings: full)
+        saved = with_added_defaults(located(yaml.safe_load(storage.read_text(snapshot)) or {}, run_uri))
+        return build_config(saved, snapshot)
     except ConfigError as err:
         raise InferenceError(str(err)) from None
 
@@ -145,6 +159,8 @@ def _load_adapter_export(path: Path) -> FamilyModel:
     prefix = model.upstream_prefix  # the transformers model's place in module (the adapter's root)
     with quiet_peft():
         model.module = peft.PeftModel.from_pretrained(model.module, str(path), key_mapping=adapter_key_mapping(prefix))
+    if note.get(BASE_BITS):  # trained on a quantised base (QLoRA): synthesis computes on the same one
+        quantise_base(model, int(note[BASE_BITS]), None)
     with safe_open(str(path / ADAPTER_WEIGHTS), "pt") as f:
         saved = module_keys(set(f.keys()), prefix)
     expected = set(peft.get_peft_model_state_dict(model.module))
@@ -363,6 +379,7 @@ def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path, lora_note
         raise InferenceError("--adapter-only applies to runs trained with train.lora; export without it")
     out.mkdir(parents=True, exist_ok=True)
     if lora_note is not None and not adapter_only:
+        dequantise_base(model.module)  # QLoRA: the base the adapters were trained on, in its dtype, to merge into
         model.module = model.module.merge_and_unload()  # W + scale * B @ A: a plain model of the family
     if fmt != VOXRELAY_FORMAT:
         model.save_as(fmt, out, codec)
@@ -381,3 +398,9 @@ def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path, lora_note
         (out / CODEC_STATE).write_bytes(codec.state_bytes())
     storage.match_umask(out)  # safetensors writes 0600: readable like the user's other files
     return out
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

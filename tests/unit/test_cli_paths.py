@@ -65,6 +65,7 @@ NOT_PATHS = {
     "text": "the words to speak",
     "description": "a voice description",
     "gpu_memory": "a size (80GB)",
+    "host_memory": "a size (32GB)",
     "gpu": "a GPU name",
     "fmt": "an export format name",
     "kind": "an upstream format name",

@@ -169,9 +169,12 @@ def test_lora_is_off_by_default_and_each_key_defaults_to_the_familys():
     lora = load_config(None, ["train.lora.r=16"]).train.lora  # the dotted override creates the section
     assert lora is not None and lora.r == 16
     assert {k: getattr(lora, k) for k in type(lora).model_fields if k != "r"} == dict.fromkeys(
-        ["alpha", "dropout", "rslora", "target_modules", "modules_to_save"])
+        ["alpha", "dropout", "rslora", "target_modules", "modules_to_save", "base_bits"]) | {"embeddings": "new_rows"}
     assert load_config(None, ["train.lora=true"]).train.lora == load_config(None, ["train.lora={}"]).train.lora
     assert load_config(None, ["train.lora=true"]).train.lora.r is None
+    # turned on, then a key of it set, in either order (a user's walk: the second order said "'lora' is a value")
+    for order in (["train.lora=true", "train.lora.base_bits=4"], ["train.lora.base_bits=4", "train.lora=true"]):
+        assert load_config(None, order).train.lora.base_bits == 4, order
     assert load_config(None, ["train.lora.r=8", "train.lora=null"]).train.lora is None
     lists = load_config(None, ["train.lora.target_modules=[q_proj, v_proj]", "train.lora.modules_to_save=[]"])
     assert (lists.train.lora.target_modules, lists.train.lora.modules_to_save) == (["q_proj", "v_proj"], [])
@@ -181,7 +184,8 @@ def test_lora_section_from_yaml(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("train:\n  lora: {}\n")
     assert load_config(cfg).train.lora.model_dump() == dict.fromkeys(
-        ["r", "alpha", "dropout", "rslora", "target_modules", "modules_to_save"])
+        ["r", "alpha", "dropout", "rslora", "target_modules", "modules_to_save", "base_bits"]) | {
+            "embeddings": "new_rows"}
     cfg.write_text("train:\n  lora: null\n")  # off in the file, on from the command line
     assert load_config(cfg).train.lora is None
     assert load_config(cfg, ["train.lora.r=16", "train.lora.dropout=0.1"]).train.lora.dropout == 0.1

@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.orpheus import save_llama3_tokenizer
-from tests.helpers.peak import CPU_ROWS, H200, recorded_plan, row_overrides, step_peak
+from tests.helpers.peak import (
+    CPU_ROWS,
+    H200,
+    RECORDED_WITH,
+    as_recorded,
+    cached_through_backward,
+    recorded_plan,
+    row_overrides,
+    step_peak,
+)
 from voxrelay.config import load_config
 from voxrelay.plan import Strategy, per_gpu
 from voxrelay.plan.model import model_facts
@@ -36,12 +45,15 @@ def test_plan_total_matches_max_memory_allocated_measured_on_an_h200(tokenizer: 
     recorded = json.loads(H200.read_text())
     assert len(recorded["rows"]) == 7
     base = ["model.family=orpheus", f"model.tokenizer={tokenizer}", f"model.num_layers={recorded['layers']}",
-            "train.precision=bf16", "train.max_steps=100"]
-    facts, _ = model_facts(load_config(None, base), None)  # with and without LoRA (the family's defaults)
+            "train.precision=bf16", "train.max_steps=100", *RECORDED_WITH, "train.chunked_loss=false"]
+    facts = {lora: model_facts(load_config(None, [*base, *(as_recorded(["train.lora=true"]) if lora else [])]),
+                               None)[0] for lora in (False, True)}
     for name, row in recorded["rows"].items():
-        plan = recorded_plan([*base, *row["overrides"]], recorded["tokens"], facts)
-        ratio = (plan["total"] - plan["overhead"]) / (row["gb"] * 1e9)
-        assert 0.98 <= ratio <= 1.10, (name, ratio, plan)
+        plan = recorded_plan([*base, *as_recorded(row["overrides"])], recorded["tokens"],
+                             facts["train.lora=true" in row["overrides"]])
+        held = cached_through_backward(facts[False], row["overrides"])
+        ratio = (plan["total"] - plan["overhead"] + held) / (row["gb"] * 1e9)
+        assert 0.98 <= ratio <= 1.10, (name, ratio, plan, held)
 
 
 def test_plan_total_matches_a_gpu_measurement_no_constant_was_fitted_on(monkeypatch) -> None:
@@ -54,7 +66,7 @@ def test_plan_total_matches_a_gpu_measurement_no_constant_was_fitted_on(monkeypa
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     row = json.loads(H200.read_text())["held_out"]
-    plan = recorded_plan(row["overrides"], row["tokens"])
+    plan = recorded_plan([*row["overrides"], *RECORDED_WITH, "train.chunked_loss=false"], row["tokens"])  # as run
     ratio = (plan["total"] - plan["overhead"]) / (row["gb"] * 1e9)
     assert 0.98 <= ratio <= 1.10, (ratio, plan)
 
@@ -63,7 +75,7 @@ def test_the_phases_do_not_add_up(tokenizer: Path) -> None:
     """The total is what stays plus the largest phase, less than the sum of the columns: at 4,096 tokens the
     loss' peak (before any gradient exists) sets it; at 64 tokens the optimizer step does."""
     cfg = load_config(None, ["model.family=orpheus", f"model.tokenizer={tokenizer}", "model.num_layers=4",
-                             "train.precision=bf16"])
+                             "train.precision=bf16", "train.chunked_loss=false"])
     facts, _ = model_facts(cfg, None)
     st = Strategy("ddp", 1, False, "adamw")
     long, short = per_gpu(facts, st, 4096, "autocast"), per_gpu(facts, st, 64, "autocast", fused=False)

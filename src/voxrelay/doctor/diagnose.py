@@ -115,6 +115,7 @@ def gpu_part(cfg: RunConfig, gpu: Gpu | None) -> tuple[Check, int | None]:
     from voxrelay.plan import PlanError, configured, make_plan
     from voxrelay.plan.fit import next_best, overrides
     from voxrelay.plan.formulas import grad_bytes, optimizer_bytes
+    from voxrelay.plan.host import this_machine
     from voxrelay.plan.model import lengths, model_facts, read_index
 
     try:
@@ -123,7 +124,7 @@ def gpu_part(cfg: RunConfig, gpu: Gpu | None) -> tuple[Check, int | None]:
             raise PlanError("no prepared data yet and train.batch_seconds set: run `voxrelay prepare` first")
         facts, model = model_facts(cfg, index)
         plan = make_plan(cfg, facts, lengths(cfg, model, index, None if index else cfg.train.batch_tokens),
-                         gpu.count, gpu.memory)
+                         gpu.count, gpu.memory, host_memory=this_machine())  # advice the host can hold too
     except (UserError, OSError) as err:
         return gpu_check(gpu, error=one_line(err)), None
     mine = configured(cfg, gpu.count)

@@ -240,6 +240,12 @@ class FamilyModel(Protocol):
         """What ``train.lora`` uses for the keys a config leaves unset (see :class:`LoraDefaults`)."""
         ...
 
+    def new_token_rows(self) -> list[int]:
+        """Ids of the input embeddings (and output head) that the pretrained checkpoint lacked and the build added
+        (e.g. audio ids grown onto a plain LM): what ``train.lora.embeddings=new_rows`` trains (FamilyState: the
+        range ``new_rows`` the family's build sets, none by default)."""
+        ...
+
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """The layer classes FSDP shards as units (e.g. the decoder layer)."""
         ...
@@ -273,6 +279,16 @@ class FamilyState:
     uses_corpus = False
     sampling_options: tuple[str, ...] = ()
     upstream_prefix = ""
+    # the output head's loss (voxrelay.models.linear_ce): the trainer sets the kernel from train.chunked_loss
+    # (voxrelay.train.strategies.choose_loss); a family whose loss calls head_loss says so with chunked_heads
+    # (voxrelay plan then prices a chunk of logits, not all of them)
+    chunked_heads = False
+    loss_kernel = "materialised"
+    loss_chunk_tokens = 256
+    new_rows: tuple[int, int] = (0, 0)  # [start, end) of the ids the build added to a pretrained vocabulary
+
+    def new_token_rows(self) -> list[int]:
+        return list(range(*self.new_rows))
 
     def generators(self) -> dict[str, torch.Generator]:
         return {}
@@ -299,7 +315,7 @@ class LoraDefaults:
     """A family's LoRA defaults: rank ``r``, ``alpha``, ``dropout``, ``rslora`` (alpha / sqrt(r) scaling),
     ``target_modules`` (module names, or one regex string, that get adapters) and ``modules_to_save``
     (modules trained in full beside the adapters, e.g. ``lm_head`` and ``embed_tokens`` when the vocabulary
-    has new audio ids)."""
+    has new audio ids); ``base_bits`` (QLoRA's quantised base: none unless asked)."""
 
     r: int
     alpha: float
@@ -307,6 +323,10 @@ class LoraDefaults:
     rslora: bool
     target_modules: list[str] | str
     modules_to_save: list[str]
+    base_bits: int | None = None
+    # the input embeddings and output head, trained in full beside modules_to_save when train.lora.embeddings=full
+    # (what runs saved before that key did); new_rows trains only the rows of FamilyModel.new_token_rows
+    embeddings: list[str] = field(default_factory=list)
 
 
 def decay_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

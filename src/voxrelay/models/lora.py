@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from voxrelay.config import ConfigError
 from voxrelay.errors import one_line
+from voxrelay.models.qlora import quantise_base, require_bitsandbytes
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +36,28 @@ def lora_settings(model: FamilyModel, cfg: LoraConfig) -> dict:
     """``cfg``'s keys, those left unset (None) taken from the family's :class:`LoraDefaults`."""
     defaults = model.lora_defaults()
     chosen = {key: getattr(cfg, key) for key in type(cfg).model_fields}
-    return {key: getattr(defaults, key) if value is None else value for key, value in chosen.items()}
+    settings = {key: getattr(defaults, key) if value is None else value for key, value in chosen.items()}
+    if cfg.modules_to_save is None and cfg.embeddings == "full":
+        settings["modules_to_save"] = [*defaults.modules_to_save, *defaults.embeddings]
+    return settings
+
+
+def token_rows(model: FamilyModel, settings: dict) -> dict[str, list[int]] | None:
+    """peft's ``trainable_token_indices`` under ``embeddings=new_rows``: the family's new token rows of the input
+    embeddings, and of the output head when it is not tied to them (peft follows a tied head by itself); None when
+    no token was added or the embeddings train in full (modules_to_save)."""
+    rows = getattr(model, "new_token_rows", list)() if settings["embeddings"] == "new_rows" else []
+    emb = model.module.get_input_embeddings() if hasattr(model.module, "get_input_embeddings") else None
+    if not rows or emb is None:
+        return None
+    names = {id(m): name.rsplit(".", 1)[-1] for name, m in model.module.named_modules()}
+    out = {names[id(emb)]: rows}
+    head = model.module.get_output_embeddings()
+    if head is not None and not ties_embeddings(model.module):
+        out[names[id(head)]] = rows
+    if set(out) & set(settings["modules_to_save"] or []):
+        return None  # trained in full already
+    return out
 
 
 def ties_embeddings(module: torch.nn.Module) -> bool:
@@ -48,8 +70,10 @@ def ties_embeddings(module: torch.nn.Module) -> bool:
     return emb is not None and head is not None and getattr(emb, "weight", None) is getattr(head, "weight", 0)
 
 
-def apply_lora(model: FamilyModel, cfg: LoraConfig | None) -> None:
-    """Replace ``model.module`` by a ``PeftModel`` with LoRA adapters (no-op when ``cfg`` is None).
+def apply_lora(model: FamilyModel, cfg: LoraConfig | None, compute_dtype: torch.dtype | None = None) -> None:
+    """Replace ``model.module`` by a ``PeftModel`` with LoRA adapters (no-op when ``cfg`` is None), its frozen
+    base quantised when ``cfg.base_bits`` is set (:mod:`voxrelay.models.qlora`; computing in ``compute_dtype``,
+    None: each weight's own dtype; not on the meta device, where ``plan`` prices the quantised layout instead).
 
     The family's loss and generate call the module as before (PeftModel forwards every argument).
     Adapter initialisation draws from the global torch RNG, which the caller has seeded.
@@ -59,11 +83,15 @@ def apply_lora(model: FamilyModel, cfg: LoraConfig | None) -> None:
     import peft
 
     s = lora_settings(model, cfg)
+    quantise = bool(s["base_bits"]) and next(model.module.parameters()).device.type != "meta"
+    if quantise:
+        require_bitsandbytes(s["base_bits"])  # before peft's work: the error, not a half-built model
     tied = ties_embeddings(model.module)
+    rows = token_rows(model, s)
     config = peft.LoraConfig(
         r=s["r"], lora_alpha=s["alpha"], lora_dropout=s["dropout"], use_rslora=s["rslora"],
         target_modules=s["target_modules"], modules_to_save=list(s["modules_to_save"]) or None,
-        ensure_weight_tying=tied,
+        ensure_weight_tying=tied and bool(s["modules_to_save"] or rows), trainable_token_indices=rows,
     )
     try:
         with quiet_peft():
@@ -74,12 +102,28 @@ def apply_lora(model: FamilyModel, cfg: LoraConfig | None) -> None:
             f"set train.lora.target_modules / modules_to_save to names of its modules, e.g. "
             f"{_linear_names(model.module)} (null = the family's default)"
         ) from None
+    train_in_float32(model.module)
+    if quantise:
+        quantise_base(model, s["base_bits"], compute_dtype)
     trainable = sum(p.numel() for p in model.module.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.module.parameters())
-    log.info("LoRA r=%d alpha=%g dropout=%g rslora=%s on %s; trained in full: %s; tied embeddings: %s; "
-             "training %s of %s parameters (%.2f%%)", s["r"], s["alpha"], s["dropout"], s["rslora"],
-             s["target_modules"], s["modules_to_save"] or "none", tied, f"{trainable:,}", f"{total:,}",
-             100 * trainable / max(total, 1))
+    total = sum(_numel(p) for p in model.module.parameters())
+    base_dtype = next((p.dtype for p in model.module.parameters() if not p.requires_grad), None)
+    log.info("LoRA r=%d alpha=%g dropout=%g rslora=%s on %s; trained in full: %s; token rows trained: %s; tied "
+             "embeddings: %s; frozen base in %s; training %s of %s parameters (%.2f%%)", s["r"], s["alpha"],
+             s["dropout"], s["rslora"], s["target_modules"], s["modules_to_save"] or "none",
+             {k: len(v) for k, v in rows.items()} if rows else "none", tied, base_dtype, f"{trainable:,}",
+             f"{total:,}", 100 * trainable / max(total, 1))
+
+
+def train_in_float32(module: torch.nn.Module) -> None:
+    """What trains (adapters, modules_to_save copies, new token rows) in float32 over a base held in bf16/fp16:
+    the optimizer's updates, ~1e-3 of a weight, would round away in 8 bits of mantissa. A tied pair stays one
+    tensor (its ``data`` is replaced in place)."""
+    import torch
+
+    for p in module.parameters():
+        if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.float()
 
 
 @contextlib.contextmanager
@@ -136,3 +180,9 @@ def _linear_names(module: torch.nn.Module) -> list[str]:
     import torch
 
     return sorted({name.rsplit(".", 1)[-1] for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)})
+
+
+def _numel(p: torch.nn.Parameter) -> int:
+    """Weights a parameter stands for: an NF4 one (bitsandbytes' Params4bit) holds them packed two per byte."""
+    state = getattr(p, "quant_state", None)
+    return int(state.shape.numel()) if state is not None and getattr(state, "shape", None) is not None else p.numel()

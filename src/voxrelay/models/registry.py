@@ -55,6 +55,18 @@ def get_family(name: str) -> Family:
     return getattr(importlib.import_module(module), attr)()
 
 
+def as_trained(cfg: Any, train: Any) -> Any:
+    """The ``model:`` section ``cfg`` with ``weights_dtype: auto`` resolved for the ``train:`` section ``train``
+    (:func:`~voxrelay.models.lora_config.resolve_weights_dtype`): what training, planning and loading a run build."""
+    from voxrelay.models.lora_config import resolve_weights_dtype
+
+    value = getattr(cfg, "weights_dtype", None)
+    if value != "auto":
+        return cfg
+    dtype = resolve_weights_dtype(value, train.precision, train.lora is not None)
+    return cfg.model_copy(update={"weights_dtype": dtype})
+
+
 def build_model(cfg: Any, data: DataSpec, seed: int, meta: bool = False) -> FamilyModel:
     """Build the model of ``cfg`` (a ``model:`` section) for ``data``; see :meth:`Family.build`."""
     return get_family(cfg.family).build(cfg, data, seed, meta=meta)

@@ -22,10 +22,11 @@ class WillNotFitError(PlanError):
 
 def plan_of(cfg: RunConfig, index: dict, world: int, gpu_bytes: int) -> Plan:
     """The plan of ``cfg`` for ``world`` GPUs of ``gpu_bytes`` each (meta-device build: no weights read)."""
+    from voxrelay.plan.host import this_machine
     from voxrelay.plan.model import lengths, model_facts
 
     facts, model = model_facts(cfg, index)
-    return make_plan(cfg, facts, lengths(cfg, model, index, None), world, gpu_bytes)
+    return make_plan(cfg, facts, lengths(cfg, model, index, None), world, gpu_bytes, host_memory=this_machine())
 
 
 def check_fits(cfg: RunConfig, index: dict, world: int, gpu_bytes: int | None) -> None:
@@ -37,6 +38,10 @@ def check_fits(cfg: RunConfig, index: dict, world: int, gpu_bytes: int | None) -
     mine = configured(cfg, world)
     row = next(r for r in plan.rows if r.strategy == mine)
     gb = row.per_gpu_bytes["total"] / 1e9
+    if not row.host_fits:  # the host's share rests on assumptions (CUDA's libraries): said, not enforced
+        log.warning("the memory plan predicts %.1f GB of host RAM for this machine's processes, more than its %.1f "
+                    "GB: the run may be killed by the kernel (see `voxrelay plan`)", row.host_bytes["machine"] / 1e9,
+                    plan.host_memory / 1e9)
     if row.fits:
         log.info("memory plan: %s needs %.1f GB per GPU of %.1f GB", mine.name, gb, gpu_bytes / 1e9)
         return
@@ -56,7 +61,7 @@ def next_best(plan: Plan, mine: Strategy) -> PlanRow | None:
     less memory than ``mine`` (when the plan itself was too optimistic, e.g. at an OOM)."""
     same = [r for r in plan.rows if r.strategy.gpus == mine.gpus and r.strategy != mine]
     total = next((r.per_gpu_bytes["total"] for r in plan.rows if r.strategy == mine), None)
-    fitting = [r for r in same if r.fits and (total is None or r.per_gpu_bytes["total"] < total)]
+    fitting = [r for r in same if r.usable and (total is None or r.per_gpu_bytes["total"] < total)]
     smaller = [r for r in same if total is not None and r.per_gpu_bytes["total"] < total]
     return min(fitting or smaller, key=lambda r: (r.strategy.exotic, r.per_gpu_bytes["total"]), default=None)
 
@@ -68,11 +73,16 @@ def overrides(st: Strategy, cfg: RunConfig) -> str:
         out.append(f"train.strategy={st.strategy}")
     if st.gradient_checkpointing != tc.gradient_checkpointing:
         out.append(f"train.gradient_checkpointing={str(st.gradient_checkpointing).lower()}")
+    if st.activation_offload != tc.activation_offload:
+        out.append(f"train.activation_offload={str(st.activation_offload).lower()}")
     if st.cpu_offload != tc.cpu_offload:
         out.append(f"train.cpu_offload={str(st.cpu_offload).lower()}")
     if st.optimizer != tc.optimizer:
         out.append(f"train.optimizer={st.optimizer}")
-    if st.lora != (tc.lora is not None):
+    bits = (tc.lora.base_bits or 0) if tc.lora is not None else 0
+    if st.lora and st.base_bits != bits:  # the dotted key makes the section when LoRA is off
+        out.append(f"train.lora.base_bits={st.base_bits or 'null'}")
+    elif st.lora != (tc.lora is not None):
         out.append("train.lora=true" if st.lora else "train.lora=null")
     return " ".join(out) or "the same strategy with a smaller train.batch_tokens"
 

@@ -32,7 +32,12 @@ Logits: the loss keeps 4 bytes x vocab per labelled token (fp32 log-softmax); wh
 backpropagated it holds 12 bytes x vocab per token (its saved output, the incoming gradient and the new one):
 measured as the peak of live tensors on CPU (fp32: 12.0 exactly, at 256 and 1,024 tokens) and implied by
 ``max_memory_allocated`` on an H200 (4,096 tokens of Orpheus-3B width: 12.0-12.3 in every row). The
-``logits`` column is that peak.
+``logits`` column is that peak. With ``train.chunked_loss`` it is one chunk's (:func:`chunked_logits_bytes`),
+beside the head's gradient, which the chunked loss makes as it goes (float32, and under autocast each chunk's
+bf16 product: the ``head`` phase's bytes), and one more float32 copy of it at the backward's end (measured);
+the plan is 1.001 and 1.000 of the measured CPU peaks of tests/helpers/peak.py's two chunked rows (fp32 with a
+frozen head: the loss phase; autocast with the head trained: the backward's end) and 0.998 with the head trained
+under autocast at 1,024 tokens in 512-token chunks (the loss phase).
 
 A step's peak is not the sum of the columns (see :func:`voxrelay.plan.per_gpu`): the loss' peak comes
 before any weight gradient exists, and the gradients are whole only when the activations are gone.
@@ -40,9 +45,17 @@ before any weight gradient exists, and the gradients are whole only when the act
 Gradient checkpointing (transformers' per-layer checkpoint, reentrant or not): the forward pass keeps each
 layer's input (residual dtype x h per token: 2h bf16, 4h fp32/autocast) and the final norm's tensors
 (measured exactly); backward adds one recomputed layer's activations at a time (not measured: assumed
-equal to a layer of the forward pass). Autocast's bf16 copies of trainable fp32 weights stay in its cache
-until the autocast region (forward and backward, in ``train_step``) ends, checkpointed or not; copies of
-frozen weights are not cached, so under checkpointing only the recomputed layer's exist.
+equal to a layer of the forward pass). ``train_step`` runs the backward outside the autocast region, so
+autocast's cache of bf16 copies of trainable fp32 weights is freed when the forward ends: what stays is the
+copy each matmul saved for its backward (every Linear's; under checkpointing only those outside the layers,
+e.g. the output head, and the recomputed layer's), each freed by its own backward (measured: a step's peak
+of live tensors equal to the plan's, 0.98-1.00, tests/unit/test_plan_peak.py).
+
+Activation offload (``train.activation_offload``, under checkpointing): the layer inputs checkpointing keeps
+(:func:`offloaded_activation_bytes`) wait in host memory (pinned on CUDA): at the loss none is on the GPU; while a
+layer is recomputed only its own input is back. The host holds all of them from the forward's end until the
+backward is done with the graph. Measured as the peak of live tensors on CPU with a hook that copies to a host
+store the tracker does not count (tests/helpers/peak.py, row ``ddp-gc-offload-autocast``).
 """
 
 from __future__ import annotations
@@ -60,12 +73,15 @@ LOGITS_SAVED_PER_VOCAB = 4
 LOGITS_PEAK_PER_VOCAB = 12
 # what the head's backward adds per vocabulary entry per token: the logits' gradient in fp32
 LOGITS_GRAD_PER_VOCAB = 4
+# the chunked loss: one chunk's fp32 logits, in place from logits to softmax to its gradient
+LOGITS_CHUNK_PER_VOCAB = 4
 # optimizers whose step runs tensor by tensor in Python, on a GPU too (voxrelay's Lion, transformers' Adafactor):
 # two temporaries of the tensor being updated, like the unfused AdamW on CPU (peak of live tensors, measured)
 UNFUSED_OPTIMIZERS = ("lion", "adafactor")
 BNB_BLOCK = 256  # bitsandbytes' blockwise quantisation: one fp32 absmax per 256 elements, per state
 BNB_MIN_8BIT = 4096  # tensors smaller than this keep fp32 states (bitsandbytes' min_8bit_size)
 BNB_QMAPS = 2 * 256 * 4  # two shared fp32 quantisation maps of 256 entries per optimizer
+NF4_BLOCK, NF4_NESTED_BLOCK = 64, 256  # QLoRA's NF4 weights: absmax per 64 weights, absmax of those per 256
 
 # (h, kv, I, nh, const, r) coefficients of the table above, by (compute, lora)
 ACTIVATION_COEFFS = {
@@ -77,13 +93,16 @@ ACTIVATION_COEFFS = {
 
 @dataclass(frozen=True)
 class Param:
-    """One parameter tensor: ``shape``, ``itemsize`` (bytes per element), ``trainable``, and whether it is
-    the weight of a Linear that autocast copies to bf16 (``linear``)."""
+    """One parameter tensor: ``shape``, ``itemsize`` (bytes per element), ``trainable``, whether it is
+    the weight of a Linear that autocast copies to bf16 (``linear``) and whether it is in a decoder layer
+    (``in_layer``: what gradient checkpointing recomputes; False: embeddings, final norm, output head)."""
 
     shape: tuple[int, ...]
     itemsize: int
     trainable: bool
     linear: bool = False
+    in_layer: bool = True
+    quantisable: bool = False  # a frozen Linear weight of a layer: what train.lora.base_bits quantises
 
     @property
     def numel(self) -> int:
@@ -114,6 +133,33 @@ class Shape:
     # K/V repeated to every head), priced by :func:`_cross_layer_extra` and :func:`_cross_outside`
     layer: str = "llama"
     codebooks: int = 1  # token ids per position (Parler: one per codebook)
+
+
+def quantised_params(params: list[Param], bits: int) -> list[Param]:
+    """``params`` as QLoRA holds them (:mod:`voxrelay.models.qlora`): each quantisable weight of n elements
+    replaced by bitsandbytes' tensors. NF4 (``bits`` 4) with double quantisation: the packed codes (n/2
+    bytes), one uint8 absmax per 64 weights, one fp32 absmax per 256 of those, an fp32 offset and the two
+    code books (16 and 256 fp32 entries, one pair per layer): 0.5 + 1/64 + 1/4096 bytes (0.127 bit) per
+    weight beyond the codes. int8 (``bits`` 8): n bytes and an fp32 scale per output row."""
+    out: list[Param] = []
+    for p in params:
+        if not p.quantisable:
+            out.append(p)
+        elif bits == 4:
+            blocks = math.ceil(p.numel / NF4_BLOCK)
+            out += [Param((math.ceil(p.numel / 2), 1), 1, False), Param((blocks,), 1, False),
+                    Param((math.ceil(blocks / NF4_NESTED_BLOCK),), 4, False), Param((), 4, False),
+                    Param((16,), 4, False), Param((256,), 4, False)]
+        else:
+            out += [Param(p.shape, 1, False), Param((p.shape[0],), 4, False)]
+    return out
+
+
+def dequantised_bytes(params: list[Param], compute_item: int) -> int:
+    """The largest quantised weight dequantised for its matmul (bitsandbytes' ``MatMul4Bit``: a copy in the
+    base's dtype, cast to the compute dtype when that differs), alive beside a recomputed layer in backward."""
+    largest = max(((p.numel, p.itemsize) for p in params if p.quantisable), default=(0, 0))
+    return largest[0] * (largest[1] + (compute_item if compute_item != largest[1] else 0))
 
 
 def weight_bytes(params: list[Param], shards: int = 1) -> int:
@@ -198,23 +244,35 @@ def outside_activation_bytes(s: Shape, compute: str, checkpointing: bool = False
 
 
 def autocast_copies(params: list[Param], checkpointing: bool, layers: int) -> int:
-    """Bytes of the bf16 weight copies autocast makes of fp32 Linear weights and keeps for backward: every
-    trainable one (autocast's cache) and the frozen ones (saved by their matmul; under checkpointing only
-    the recomputed layer's, about 1/``layers`` of them)."""
-    cached = sum(2 * p.numel for p in params if p.linear and p.itemsize == 4 and p.trainable)
-    frozen = sum(2 * p.numel for p in params if p.linear and p.itemsize == 4 and not p.trainable)
-    return cached + (frozen // max(1, layers) if checkpointing else frozen)
+    """Bytes of the bf16 weight copies autocast makes of fp32 Linear weights that are alive when backward
+    starts (the backward runs outside the autocast region, so its cache is gone): those saved by their matmul,
+    trainable or frozen; under checkpointing the layers save none, and one recomputed layer's exist at a time
+    (about 1/``layers`` of them), beside the ones outside the layers (the output head)."""
+    copies = [p for p in params if p.linear and p.itemsize == 4]
+    inside = sum(2 * p.numel for p in copies if p.in_layer)
+    outside = sum(2 * p.numel for p in copies if not p.in_layer)
+    return outside + (inside // max(1, layers) if checkpointing else inside)
+
+
+def offloaded_activation_bytes(s: Shape, tokens: int, compute: str) -> int:
+    """Bytes of the layer inputs gradient checkpointing keeps for a micro-batch of ``tokens`` tokens (the
+    residual stream at each layer boundary: 2 bytes x hidden per token under pure bf16, 4 otherwise): what
+    ``train.activation_offload`` holds in host memory (pinned on CUDA) instead of on the GPU."""
+    residual = 2 if compute == "bf16" else 4
+    return tokens * s.layers * residual * s.hidden
 
 
 def activation_bytes(s: Shape, tokens: int, compute: str, checkpointing: bool, autocast_copies: int = 0,
-                     at_loss: bool = False) -> int:
+                     at_loss: bool = False, offload: bool = False) -> int:
     """Activations of a micro-batch of ``tokens`` tokens (without the logits); ``autocast_copies`` bytes of
     bf16 weight copies that autocast keeps (0 unless compute is autocast). ``at_loss``: what is alive when
-    the loss is backpropagated (under checkpointing, before any layer is recomputed)."""
+    the loss is backpropagated (under checkpointing, before any layer is recomputed). ``offload`` (with
+    ``checkpointing``): the layer inputs are in host memory but the recomputed layer's."""
     per_layer = layer_activation_bytes(s, compute)
     if checkpointing:  # every layer keeps its input; one layer is recomputed at a time in backward
         residual = 2 if compute == "bf16" else 4
-        layers = s.layers * residual * s.hidden + (0 if at_loss else per_layer)
+        kept = (0 if at_loss else 1) if offload else s.layers
+        layers = kept * residual * s.hidden + (0 if at_loss else per_layer)
     else:
         layers = s.layers * per_layer
     return tokens * (layers + outside_activation_bytes(s, compute, checkpointing)) + autocast_copies
@@ -223,6 +281,15 @@ def activation_bytes(s: Shape, tokens: int, compute: str, checkpointing: bool, a
 def logits_bytes(vocab: int, tokens: int, peak: bool = True) -> int:
     """The loss' share: saved fp32 log-softmax (``peak=False``) or its backward peak (12 x vocab per token)."""
     return (LOGITS_PEAK_PER_VOCAB if peak else LOGITS_SAVED_PER_VOCAB) * vocab * tokens
+
+
+def chunked_logits_bytes(vocab: int, tokens: int, chunk: int, compute: str) -> int:
+    """The chunked loss' share (``train.chunked_loss``, :mod:`voxrelay.models.linear_ce`): one chunk's logits, fp32
+    (4 x vocab per token, turned into the softmax and its gradient in place) and, under bf16/autocast, the head's
+    own low-precision output beside it for a moment (2 more); nothing per token of the whole batch but a few
+    float32 vectors (measured: tests/unit/test_plan_peak.py's chunked rows)."""
+    per_vocab = LOGITS_CHUNK_PER_VOCAB + (0 if compute == "fp32" else 2)
+    return per_vocab * vocab * min(tokens, chunk) + 8 * tokens
 
 
 def overhead_bytes(allocated: int) -> int:

@@ -3,6 +3,7 @@ sequence lengths of the prepared data (or ``--seq-len``)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from voxrelay.config import RunConfig
 from voxrelay.models.base import DataSpec, FamilyModel
+from voxrelay.models.qlora import frozen_linears
 from voxrelay.plan import Lengths, ModelFacts, PlanError
 from voxrelay.plan.formulas import Param, Shape
 
@@ -47,13 +49,16 @@ def collect(module: Any, layer_classes: tuple[type, ...]) -> tuple[list[Param], 
     # Linears the forward runs (peft's modules_to_save keeps the replaced original beside the trained copy)
     linear = {id(m.weight) for name, m in module.named_modules()
               if isinstance(m, torch.nn.Linear) and "original_module" not in name.split(".")}
-    params = [Param(tuple(p.shape), p.element_size(), p.requires_grad, id(p) in linear) for p in module.parameters()]
+    # what train.lora.base_bits would quantise (only frozen ones count: none before LoRA freezes the base)
+    quantisable = {id(getattr(parent, name).weight) for parent, name in frozen_linears(module, layer_classes)}
     units, in_layers = [], set()
     for m in module.modules():
         if layer_classes and isinstance(m, layer_classes):
             ps = list(m.parameters())
             in_layers |= {id(p) for p in ps}
             units.append((sum(p.numel() for p in ps), sum(p.numel() for p in ps if p.requires_grad)))
+    params = [Param(tuple(p.shape), p.element_size(), p.requires_grad, id(p) in linear, id(p) in in_layers,
+                    id(p) in quantisable) for p in module.parameters()]
     root = [p for p in module.parameters() if id(p) not in in_layers]
     units.append((sum(p.numel() for p in root), sum(p.numel() for p in root if p.requires_grad)))
     return params, max(units)
@@ -80,23 +85,38 @@ def shape_of(module: Any, lora_rank: int = 0) -> Shape:
 
 def model_facts(cfg: RunConfig, index: dict | None) -> tuple[ModelFacts, FamilyModel]:
     """Build the model on meta (no weights), read it, apply LoRA (``train.lora`` or the family's defaults),
-    read it again. Returns the facts and the (LoRA-free) family model, whose ``length`` sizes examples."""
+    read it again. Returns the facts and the (LoRA-free) family model, whose ``length`` sizes examples.
+    ``model.weights_dtype: auto`` holds a LoRA base in the compute dtype: then the LoRA rows get a build of
+    their own."""
     from voxrelay.models.lora import apply_lora, lora_settings
     from voxrelay.models.lora_config import LoraConfig
-    from voxrelay.models.registry import build_model
+    from voxrelay.models.registry import as_trained, build_model
 
-    model = build_model(cfg.model, data_spec(cfg, index), cfg.train.seed, meta=True)
+    lora_cfg = cfg.train.lora or LoraConfig()
+    full_cfg = as_trained(cfg.model, cfg.train.model_copy(update={"lora": None}))
+    lora_model_cfg = as_trained(cfg.model, cfg.train.model_copy(update={"lora": lora_cfg}))
+    model = build_model(full_cfg, data_spec(cfg, index), cfg.train.seed, meta=True)
     layers = model.fsdp_layer_classes()
     full_params, full_unit = collect(model.module, layers)
     full_shape = family_shape(model)
     base = model.module
-    lora_cfg = cfg.train.lora or LoraConfig()
+    if lora_model_cfg != full_cfg:
+        model.module = build_model(lora_model_cfg, data_spec(cfg, index), cfg.train.seed, meta=True).module
     rank = lora_settings(model, lora_cfg)["r"]
-    apply_lora(model, lora_cfg)
+    # apply_lora's "frozen base in <dtype>" line is a run's, not the plan's (which prices the card's own: fp16 on
+    # a T4, where this meta build says bf16: the same 2 bytes)
+    lora_log = logging.getLogger("voxrelay.models.lora")
+    level = lora_log.level
+    lora_log.setLevel(logging.WARNING)
+    try:
+        apply_lora(model, lora_cfg)
+    finally:
+        lora_log.setLevel(level)
     lora_params, lora_unit = collect(model.module, layers)
     facts = ModelFacts({False: full_params, True: lora_params},
                        {False: full_shape, True: family_shape(model, rank)},
-                       {False: full_unit, True: lora_unit}, full_shape.vocab)
+                       {False: full_unit, True: lora_unit}, full_shape.vocab,
+                       cfg.train.loss_chunk_tokens if cfg.train.chunked_loss and model.chunked_heads else None)
     model.module = base
     return facts, model
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import AutocastKwargs
 
 from voxrelay import storage
 from voxrelay.checkpoint.fence import Guard, job_guard
@@ -21,7 +22,7 @@ from voxrelay.checkpoint.lease import RunLease, check_root_for_leases
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.checkpoint.sharded import is_sharded
 from voxrelay.codecs.base import AudioCodec
-from voxrelay.config import RunConfig, TrainConfig
+from voxrelay.config import RunConfig, TrainConfig, with_added_defaults
 from voxrelay.cost.usage import UsageLog
 from voxrelay.data.identity import fingerprint
 from voxrelay.data.loader import BatchStream, PreparedDataset
@@ -29,16 +30,19 @@ from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.data.shards import PrepareError
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel
-from voxrelay.models.registry import build_model
+from voxrelay.models.lora_config import LoraConfig
+from voxrelay.models.qlora import compute_dtype
+from voxrelay.models.registry import as_trained, build_model
 from voxrelay.monitor.sinks import TB_DIR, WANDB_RUN_FILE, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, USAGE_FILE, cache_dir, uri_key
 from voxrelay.plan.fit import check_fits, gpu_memory
+from voxrelay.precision import settle as settle_precision
 from voxrelay.quality.scorer import Scorer
 from voxrelay.storage.mounts import root_mount
 from voxrelay.train import state as st
 from voxrelay.train.data import build_stream, check_trainable, eval_split
 from voxrelay.train.evaluate import SAMPLES_DIR
-from voxrelay.train.launch_env import apply_accelerate_env, one_voice_per_job
+from voxrelay.train.launch_env import apply_accelerate_env, launched_rank, one_voice_per_job
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available, started_schedule
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
 from voxrelay.train.ranks import Ranks
@@ -48,6 +52,7 @@ from voxrelay.train.strategies import (
     apply_fsdp,
     apply_lora,
     base_hash,
+    choose_loss,
     enable_gradient_checkpointing,
     fsdp_mesh,
     has_frozen,
@@ -145,10 +150,8 @@ def build_run(cfg: RunConfig, fresh: bool = False, take_over: bool = False) -> R
     valid checkpoint restored (none with ``fresh``: the run's checkpoints and metrics are deleted)."""
     one_voice_per_job()  # launch-time lines once per job, not once per process
     cfg = apply_accelerate_env(cfg)  # `accelerate launch`: its precision, FSDP settings, before anything records cfg
-    # cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone); no
-    # torch.compile whatever ACCELERATE_DYNAMO_BACKEND says (named as not applied above)
-    accelerator = Accelerator(mixed_precision=cfg.train.precision, cpu=not torch.cuda.is_available(),
-                              dynamo_backend="no")
+    cfg = settle_precision(cfg, fresh, say=launched_rank() == 0)  # auto: this card's, or what the run recorded
+    accelerator = new_accelerator(cfg.train.precision)
     # a collective: every process, at once; its exchanges outwait rank 0's bounded waits (the last upload,
     # a take-over's wait for the old lease)
     ck = cfg.checkpoint
@@ -191,6 +194,17 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     ranks.on_main(usage.heartbeat)  # this session counts from now on, even if it dies before its first save
     index = load_index(cfg.prepared_uri)
     check_trainable(cfg.prepared_uri, index)
+    ck = cfg.checkpoint
+    checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged,
+                                    guard=guard)
+    if fresh and accelerator.is_main_process:
+        lease.check()  # still ours (a lease taken over meanwhile must not lose its run)
+        start_over(cfg.run_uri, checkpoints)
+    accelerator.wait_for_everyone()
+    found = None if fresh else _load_latest(checkpoints, accelerator, ranks)
+    accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
+    if found is not None:  # before the model is built: a default that changed may say how (model.weights_dtype)
+        keep_started(cfg, found[2][st.K_CONFIG], accelerator.is_main_process)
     check_fits(cfg, index, world, gpu_memory())  # on a GPU: stop now, with the plan, if it will not fit
     hub_cache.from_bucket(cfg, accelerator.is_local_main_process, accelerator.wait_for_everyone)
     codec = load_prepared_codec(cfg.prepared_uri, index)
@@ -199,7 +213,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
         raise PrepareError(refusal)
     eval_rows = eval_split(cfg, index)
     st.seed_everything(cfg.train.seed)
-    model = build_model(cfg.model, DataSpec.from_prepared(index, codec), cfg.train.seed)
+    model = build_model(as_trained(cfg.model, cfg.train), DataSpec.from_prepared(index, codec), cfg.train.seed)
     train_rows = None  # streamed from the shards, unless the family's examples draw on other rows
     if getattr(model, "uses_corpus", False):
         cap = int(cfg.cache.max_gb * 2**30)
@@ -210,24 +224,16 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     st.seed_generators(model.generators(), cfg.train.seed, rank)  # the family's own (restored on resume)
     # frozen parts (a LoRA base, a frozen text encoder) are rebuilt from their source, never checkpointed
     base = base_hash(model.module) if cfg.train.lora is not None or has_frozen(model.module) else None
-    apply_lora(model, cfg.train.lora)  # its init draws from the RNG seeded above: fresh runs stay reproducible
-    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing)
+    # its init draws from the RNG seeded above: fresh runs stay reproducible; QLoRA quantises the base after it
+    apply_lora(model, cfg.train.lora, compute_dtype(accelerator.mixed_precision))
+    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing, cfg.train.activation_offload)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
-    ck = cfg.checkpoint
-    checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged,
-                                    guard=guard)
-    if fresh and accelerator.is_main_process:
-        lease.check()  # still ours (a lease taken over meanwhile must not lose its run)
-        start_over(cfg.run_uri, checkpoints)
-    accelerator.wait_for_everyone()
-    found = None if fresh else _load_latest(checkpoints, accelerator, ranks)
-    accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
     if found is not None:
-        keep_started_schedule(cfg, found[2][st.K_CONFIG], accelerator.is_main_process)
         check_compatible(found[2], cfg, index, found[0].step, len({c.step for c in checkpoints.candidates()}))
         load_weights(model, found, cfg, base, len({c.step for c in checkpoints.candidates()}))
         if not is_sharded(found[0].manifest):  # the weights are in the model (a sharded one loads in restore)
             checkpoints.release(found[1])
+    choose_loss(model, cfg.train, accelerator.device.type)  # after resume: a resumed run keeps its saved choice
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
     module, optimizer = wrap_model(model, cfg, accelerator)
     scheduler = build_scheduler(cfg.train, optimizer)
@@ -255,34 +261,74 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     return run
 
 
-def keep_started_schedule(cfg: RunConfig, saved: dict, main: bool) -> None:
-    """A run saved before a schedule default changed goes on with the schedule it started with (see
-    :func:`~voxrelay.train.optim.started_schedule`), said once."""
-    kept = started_schedule(cfg.train, saved)
-    if not kept:
-        return
-    cfg.train = cfg.train.model_copy(update=kept)
-    if main:
-        log.info("resuming with the schedule this run started with: %s (set them in the config to change them)",
-                 ", ".join(f"train.{k}={v}" for k, v in kept.items()))
+def keep_started(cfg: RunConfig, saved: dict, main: bool) -> None:
+    """A run saved before a default changed goes on as it started (said once): its schedule (see
+    :func:`~voxrelay.train.optim.started_schedule`), its model's changed defaults (a family config's
+    ``CHANGED_DEFAULTS``: model.weights_dtype float32) and its LoRA's added keys (``LoraConfig``'s
+    ``ADDED_WITH_NEW_BEHAVIOUR``: train.lora.embeddings full), each where this session's config leaves it unset."""
+    old = with_added_defaults(saved)
+    kept = {f"train.{k}": v for k, v in started_schedule(cfg.train, saved).items()}
+    if kept:
+        cfg.train = cfg.train.model_copy(update={k.removeprefix("train."): v for k, v in kept.items()})
+    model = _unset_and_different(cfg.model, old.get("model"), getattr(type(cfg.model), "CHANGED_DEFAULTS", {}))
+    if model and (old.get("model") or {}).get("family") == cfg.model.family:
+        cfg.model = cfg.model.model_copy(update=model)
+        kept |= {f"model.{k}": v for k, v in model.items()}
+    lora = _unset_and_different(cfg.train.lora, (old.get("train") or {}).get("lora"),
+                                LoraConfig.ADDED_WITH_NEW_BEHAVIOUR)
+    if lora:
+        cfg.train.lora = cfg.train.lora.model_copy(update=lora)
+        kept |= {f"train.lora.{k}": v for k, v in lora.items()}
+    if kept and main:
+        log.info("resuming with what this run started with where a default changed since: %s (set them in the "
+                 "config to change them)", ", ".join(f"{k}={v}" for k, v in kept.items()))
+
+
+def _unset_and_different(section, saved: dict | None, keys: dict) -> dict:
+    """The saved values of ``keys`` that ``section`` (this session's) leaves unset and that differ from its own."""
+    if section is None or not isinstance(saved, dict):
+        return {}
+    return {k: saved[k] for k in keys
+            if k in saved and k not in section.model_fields_set and saved[k] != getattr(section, k)}
 
 
 def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Run:
     """A :class:`Run` of ``model`` trained as ``voxrelay train`` trains it (train.lora, gradient checkpointing,
     DDP or FSDP2 and the optimizer by the same code) with no data, checkpoints or monitor: what benches and
     memory measurements step with ``train_step``. The caller has seeded the RNG."""
-    apply_lora(model, cfg.train.lora)
-    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing)
+    apply_lora(model, cfg.train.lora, compute_dtype(accelerator.mixed_precision))
+    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing, cfg.train.activation_offload)
+    choose_loss(model, cfg.train, accelerator.device.type)
     model.module.train()
     module, optimizer = wrap_model(model, cfg, accelerator)
     return Run(cfg, accelerator, model, module, optimizer, build_scheduler(cfg.train, optimizer),
                None, [], None, None, None, None, None)
 
 
+def new_accelerator(precision: str) -> Accelerator:
+    """This run's Accelerator. accelerate keeps one state per process and refuses a second precision in it: a
+    process that trained before (a notebook's second run, in-process tests) in another precision starts afresh.
+    cpu=True on a CPU-only machine makes accelerate use gloo DDP under torchrun (else it runs alone); no
+    torch.compile whatever ACCELERATE_DYNAMO_BACKEND says (named as not applied at launch)."""
+    from accelerate.state import AcceleratorState
+
+    shared = AcceleratorState._shared_state
+    if shared and shared.get("_mixed_precision", precision) != precision:
+        AcceleratorState._reset_state()
+    return Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available(), dynamo_backend="no")
+
+
 def wrap_model(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator):
     """(module, optimizer) as the loop trains them. ddp: accelerate wraps the module (DDP when there are
     several processes). fsdp: our FSDP2 sharding, and accelerate does not wrap it (no DDP on top); the
-    optimizer is built after sharding, over the sharded (DTensor) parameters."""
+    optimizer is built after sharding, over the sharded (DTensor) parameters.
+
+    Autocast without its weight cache (here and in ``accelerator.autocast()``, which read the same handler): the
+    cache keeps a bf16 copy of every fp32 weight a matmul met until the forward's region ends, so at the loss
+    every layer's copy would be alive even under checkpointing (measured: tests/helpers/peak.py's autocast rows);
+    each weight is cast once per forward anyway, and the cast is the same bits."""
+    if accelerator.autocast_handler is None:
+        accelerator.autocast_handler = AutocastKwargs(cache_enabled=False)
     tc = cfg.train
     if tc.strategy == "fsdp":
         mesh = fsdp_mesh(tc.fsdp_sharding, accelerator.device.type)

@@ -30,9 +30,9 @@ def parse_duration(value: str | float | int | None) -> float | None:
 class TrainConfig(Section):
     # keys added with a default other than what runs did before them: the value a saved config without the key
     # stands for (so resuming such a run keeps what it started with, see voxrelay.train.optim.started_schedule)
-    ADDED_WITH_NEW_BEHAVIOUR: ClassVar[dict[str, object]] = {"warmup_from_zero": False}
+    ADDED_WITH_NEW_BEHAVIOUR: ClassVar[dict[str, object]] = {"warmup_from_zero": False, "chunked_loss": False}
     # keys whose default changed: the old default, which a saved config holds when its run did not set the key
-    CHANGED_DEFAULTS: ClassVar[dict[str, object]] = {"min_lr_ratio": 0.1}
+    CHANGED_DEFAULTS: ClassVar[dict[str, object]] = {"min_lr_ratio": 0.1, "precision": "no"}
 
     seed: int = Field(0, description="Seed of init, batch order and sampling")
     max_steps: int = Field(300, gt=0, description="Optimizer steps of the run")
@@ -75,7 +75,11 @@ class TrainConfig(Section):
         False, description="Also decay norms, biases and other 1-d parameters (one group, as voxrelay did before "
         "0.2 and the demo still does); false: they get no weight decay, the usual practice",
     )
-    precision: Literal["no", "bf16", "fp16"] = Field("no", description="Mixed precision (accelerate)")
+    precision: Literal["auto", "no", "bf16", "fp16"] = Field(
+        "auto", description="Mixed precision (accelerate). auto: bf16 on a card with native bf16 (A100, L4, A10G, "
+        "RTX 3090/4090, L40S, H100), fp16 with a loss scaler on one without (T4, V100; fp32 under fsdp there), fp32 "
+        "on CPU; the run records what it resolved to and keeps it on resume. Runs saved before auto keep no (fp32)",
+    )
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step")
     shuffle_window: int = Field(
         64, ge=0, description="Shards per shuffle window: each epoch shuffles the shard order, cuts it into windows "
@@ -128,7 +132,24 @@ class TrainConfig(Section):
         False, description="Recompute each layer's activations in backward instead of keeping them (less memory, "
         "~30% more compute); with ddp, fsdp and LoRA",
     )
+    activation_offload: bool = Field(
+        False, description="With gradient_checkpointing: keep each checkpointed layer's input (the residual stream "
+        "at every layer boundary, layers x tokens x hidden) in host memory, pinned on CUDA, and bring it back for "
+        "the layer's recompute in backward (frees that much GPU memory; costs a copy each way per layer); with "
+        "ddp, fsdp and LoRA",
+    )
     cpu_offload: bool = Field(False, description="fsdp: keep parameters, gradients and optimizer states in CPU memory")
+    chunked_loss: bool = Field(
+        True, description="The output head's cross-entropy a chunk of tokens at a time, never holding the logits of "
+        "every token (Orpheus: 156,940 per token; the plan's `logits` column); on CUDA with `pip install "
+        "'voxrelay[kernels]'` Liger-Kernel's fused kernel. Equal to the materialised loss to float rounding, not "
+        "bit for bit; false: the logits materialised, as runs saved before this key keep. For families whose loss "
+        "is one head over a vocabulary; under train.strategy=fsdp the logits stay materialised",
+    )
+    loss_chunk_tokens: int = Field(
+        256, gt=0, description="chunked_loss: tokens per chunk (the chunk's logits take 4 bytes x vocabulary each; "
+        "fewer tokens, less memory and smaller matmuls)",
+    )
     ignore_plan: bool = Field(
         False, description="On a GPU, train checks its strategy against `voxrelay plan` before loading weights and "
         "stops (exit 2, with the plan) when it will not fit; true: warn and try anyway",
@@ -166,11 +187,20 @@ class TrainConfig(Section):
         if self.cpu_offload and self.strategy != "fsdp":
             raise ValueError("train.cpu_offload=true needs train.strategy=fsdp (ddp keeps the whole model on each "
                              "GPU); set train.strategy=fsdp or train.cpu_offload=false")
+        if self.activation_offload and not self.gradient_checkpointing:
+            # without checkpointing every tensor each layer saves would cross to the host and back (~13x the
+            # bytes of the layer inputs at Llama-3B width): too slow to be worth it, so it is not offered
+            raise ValueError("train.activation_offload=true moves the layer inputs gradient checkpointing keeps, so "
+                             "it needs train.gradient_checkpointing=true; set it, or train.activation_offload=false")
         if self.strategy == "fsdp" and self.optimizer.endswith("_8bit"):
             full = self.optimizer.removesuffix("_8bit")
             raise ValueError(f"train.optimizer={self.optimizer} does not work under train.strategy=fsdp (bitsandbytes' "
                              f"8-bit step gets FSDP2's sharded DTensors and fails); use train.optimizer={full} with "
                              f"fsdp (or cpu_offload=true for the states), or {self.optimizer} with train.strategy=ddp")
+        if self.strategy == "fsdp" and self.lora is not None and self.lora.base_bits:
+            raise ValueError(f"train.lora.base_bits={self.lora.base_bits} does not work under train.strategy=fsdp "
+                             "(FSDP2 shards parameters into DTensors, which drop bitsandbytes' quantisation state); "
+                             "use train.strategy=ddp with base_bits, or train.lora.base_bits=null with fsdp")
         if self.strategy == "fsdp" and self.precision == "fp16":
             raise ValueError("train.strategy=fsdp trains in bf16 or fp32 (fp16 needs a loss scaler over sharded "
                              "gradients); set train.precision=bf16 or no")

@@ -47,7 +47,7 @@ _AS_VOXRELAY = {
     ("FSDP_USE_ORIG_PARAMS", "true"): "FSDP2 keeps the original parameters",
     ("FSDP_SYNC_MODULE_STATES", "true"): "every process builds the same weights",
     ("FSDP_FORWARD_PREFETCH", "false"): "", ("FSDP_CPU_RAM_EFFICIENT_LOADING", "false"): "",
-    ("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD", "false"): "", ("ACCELERATE_DYNAMO_BACKEND", "NO"): "",
+    ("ACCELERATE_DYNAMO_BACKEND", "NO"): "",
     ("FSDP_MIN_NUM_PARAMS", "0"): "", ("ACCELERATE_USE_DEEPSPEED", "false"): "",
     ("ACCELERATE_USE_MEGATRON_LM", "false"): "",
 }
@@ -61,7 +61,6 @@ _NOT_APPLIED = {  # a setting voxrelay does not apply, and what it does instead
     "FSDP_CPU_RAM_EFFICIENT_LOADING": "every process builds the model, then shards it",
     "FSDP_USE_ORIG_PARAMS": "FSDP2 keeps the original parameters",
     "FSDP_SYNC_MODULE_STATES": "every process builds the same weights (same seed, same init_from)",
-    "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "checkpointed activations stay on the GPU",
     "FSDP_IGNORED_MODULES": "every module is sharded",
     "ACCELERATE_DYNAMO_BACKEND": "voxrelay does not torch.compile the model",
     "ACCELERATE_USE_DEEPSPEED": "voxrelay trains with DDP or its FSDP2 (train.strategy)",
@@ -92,8 +91,12 @@ def accelerate_fsdp_settings(env: MutableMapping[str, str]) -> dict[str, object]
     sharding = _sharding(env)
     if sharding is None:
         return {"strategy": "ddp"}
-    return {"strategy": "fsdp", "fsdp_sharding": sharding, "cpu_offload": _true(env.get("FSDP_OFFLOAD_PARAMS")),
-            "gradient_checkpointing": _true(env.get("FSDP_ACTIVATION_CHECKPOINTING"))}
+    settings = {"strategy": "fsdp", "fsdp_sharding": sharding, "cpu_offload": _true(env.get("FSDP_OFFLOAD_PARAMS")),
+                "gradient_checkpointing": _true(env.get("FSDP_ACTIVATION_CHECKPOINTING"))}
+    # accelerate's activation_checkpointing_offload: each checkpointed layer's input in pinned host memory
+    if _true(env.get("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD")):
+        settings["activation_offload"] = True
+    return settings
 
 
 def accelerate_settings(env: MutableMapping[str, str]) -> tuple[dict[str, object], dict[str, str], dict[str, str]]:

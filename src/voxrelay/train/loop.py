@@ -68,11 +68,7 @@ def train_step(run: Run, micro_batches: list[dict]) -> StepStats:
     sums = dict.fromkeys(local, 0.0)
     weights: dict[str, float] = {}
     for i, batch in enumerate(micro_batches):
-        batch = {k: v.to(acc.device) for k, v in batch.items()}
-        sync = contextlib.nullcontext() if i == len(micro_batches) - 1 else acc.no_sync(run.module)
-        with sync, acc.autocast():
-            terms = run.model.loss(run.module, batch)
-            acc.backward(_objective(terms, scales))
+        terms = micro_step(run, {k: v.to(acc.device) for k, v in batch.items()}, scales, i == len(micro_batches) - 1)
         for name, term in terms.items():
             sums[name] += float(term.sum.detach())
             weights[name] = term.weight
@@ -94,6 +90,21 @@ def train_step(run: Run, micro_batches: list[dict]) -> StepStats:
     tokens = sum(local[name] for name, w in weights.items() if w)
     return StepStats(loss, tokens, seconds, grad_norm, finite, skipped,
                      {n: sums[n] / max(local[n], 1) for n in sums})
+
+
+def micro_step(run: Run, batch: dict, scales: dict[str, float], last: bool) -> LossTerms:
+    """Forward and backward of one micro-batch (gradients synchronised across processes on the ``last``).
+
+    The backward runs outside the autocast region: autocast caches a bf16 copy of every trainable fp32 weight
+    for the whole region, so a backward inside it would hold them all to its end (6.6 GB at 3B). Out of it,
+    each copy lives as long as the matmul that saved it (a checkpointed layer re-enters autocast to recompute).
+    The gradients are the same bits: the backward kernels run on the tensors the forward saved."""
+    acc = run.accelerator
+    with contextlib.nullcontext() if last else acc.no_sync(run.module):
+        with acc.autocast():
+            terms = run.model.loss(run.module, batch)
+        acc.backward(_objective(terms, scales))
+    return terms
 
 
 def _step_counts(per_batch: list[dict[str, int]]) -> dict[str, int]:

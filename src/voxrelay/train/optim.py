@@ -79,6 +79,10 @@ def check_available(tc: TrainConfig) -> None:
     """Raise ConfigError now (before data and weights are loaded) if the optimizer's package is missing."""
     if tc.optimizer.endswith("_8bit"):
         _bitsandbytes(tc.optimizer)
+    if tc.lora is not None and tc.lora.base_bits:
+        from voxrelay.models.qlora import require_bitsandbytes
+
+        require_bitsandbytes(tc.lora.base_bits)
 
 
 def build_optimizer(tc: TrainConfig, groups: Groups) -> torch.optim.Optimizer:

@@ -121,10 +121,11 @@ class StrategyError(ConfigError):
     """A train.strategy setting does not fit this model or machine."""
 
 
-def enable_gradient_checkpointing(model: FamilyModel, on: bool) -> None:
+def enable_gradient_checkpointing(model: FamilyModel, on: bool, offload: bool = False) -> None:
     """``train.gradient_checkpointing``: transformers' own per-layer recomputation. Non-reentrant, so it works
     with frozen inputs (LoRA), under DDP and inside FSDP2 units, and replays each layer's dropout masks
-    (the RNG state is saved and restored around the recomputation)."""
+    (the RNG state is saved and restored around the recomputation). ``offload``
+    (``train.activation_offload``): the layer inputs it keeps wait in host memory (:mod:`voxrelay.train.offload`)."""
     if not on:
         return
     # transformers 5 renamed it (the old name warns); both take the kwargs of torch.utils.checkpoint
@@ -136,6 +137,38 @@ def enable_gradient_checkpointing(model: FamilyModel, on: bool) -> None:
         raise StrategyError(f"train.gradient_checkpointing=true: the {model.family} model has no "
                             "activation_checkpointing_enable (not a transformers model); set it to false")
     log.info("gradient checkpointing on: each layer's activations are recomputed in backward")
+    if offload:
+        _offload_activations(model)
+
+
+def _offload_activations(model: FamilyModel) -> None:
+    from voxrelay.train.offload import ActivationOffload, offload_checkpoints, pin_host_memory
+
+    pinned = pin_host_memory()
+    if not offload_checkpoints(model.module, ActivationOffload(pinned)):
+        raise StrategyError(f"train.activation_offload=true: the {model.family} model checkpoints no layer through "
+                            "transformers' checkpoint function, so there is nothing to offload; set "
+                            "train.activation_offload=false")
+    log.info("activation offload on: each checkpointed layer's input waits in %s until its recompute",
+             "pinned host memory" if pinned else "host memory (a CPU run: where it already was)")
+
+
+def choose_loss(model: FamilyModel, tc, device_type: str) -> None:
+    """``train.chunked_loss``: the kernel of the family's head loss (:func:`voxrelay.models.linear_ce.pick_kernel`:
+    Liger-Kernel's on CUDA when installed, else the portable chunked one, or the materialised logits), said in
+    the run's first lines. A family whose loss has no such head (``chunked_heads`` false) keeps its own."""
+    from voxrelay.models.linear_ce import describe_kernel, pick_kernel
+
+    # FSDP2 gathers the head's shard only inside the root's forward, and the causal LMs' loss runs after it
+    chunked = tc.chunked_loss and tc.strategy != "fsdp"
+    model.loss_kernel = pick_kernel(device_type, chunked)
+    model.loss_chunk_tokens = tc.loss_chunk_tokens
+    if model.chunked_heads:
+        log.info(describe_kernel(model.loss_kernel, tc.loss_chunk_tokens) +
+                 (" (train.strategy=fsdp)" if tc.chunked_loss and not chunked else ""))
+    elif tc.chunked_loss:  # said too, so the first lines always name the loss
+        log.info("loss: this %s model's own, logits materialised (train.chunked_loss applies to one output "
+                 "head over the vocabulary, e.g. not to codec_lm's grouped slots)", model.family)
 
 
 def fsdp_mesh(sharding: str, device_type: str):

@@ -199,6 +199,33 @@ def test_the_encoders_run_once_per_clip_and_cached_features_train_identically(ch
     assert all(torch.equal(a, b) for a, b in zip(weights, plain_weights, strict=True))
 
 
+def test_gradient_checkpointing_with_activation_offload_leaves_the_gradients_unchanged(checkpoint):
+    """train.gradient_checkpointing checkpoints the LM's decoder layers (transformers' own, on ``net``); with
+    train.activation_offload their inputs go out to a host copy and back (HostCopies: what a GPU does). The
+    gradients equal a plain backward's to the bit, dropout on, and only the 2 layers' inputs went through."""
+    from tests.helpers.peak import HostCopies
+    from voxrelay.train.offload import offload_checkpoints, offloads
+    from voxrelay.train.strategies import enable_gradient_checkpointing
+
+    def grads(model):
+        model.module.train()  # dropout on, and layers checkpoint only in training
+        batch, _ = _batch(model)
+        torch.manual_seed(3)
+        sum(t.sum for t in model.loss(model.module, batch).values()).backward()
+        return {n: p.grad for n, p in model.module.named_parameters() if p.grad is not None}, batch
+
+    plain, _ = grads(_model(checkpoint, dropout=0.1))
+    model = _model(checkpoint, dropout=0.1)
+    enable_gradient_checkpointing(model, True, offload=True)
+    hooks = HostCopies()
+    assert offloads(model.module) and offload_checkpoints(model.module, hooks)
+    checkpointed, batch = grads(model)
+    assert checkpointed.keys() == plain.keys()
+    assert all(torch.equal(checkpointed[n], plain[n]) for n in plain)
+    hidden = model.net.config.text_config.hidden_size
+    assert hooks.packed_bytes == hooks.unpacked_bytes == 2 * batch["input_ids"].numel() * hidden * 4
+
+
 def test_the_schedule_and_sampler_are_diffusers_dpm_solver_plus_plus():
     """Golden values from diffusers 0.42.1's DPMSolverMultistepScheduler(beta_schedule="squaredcos_cap_v2",
     prediction_type="v_prediction"), 10 steps, with v = tanh(x W) + t / 1000."""
@@ -306,6 +333,26 @@ def test_fp32_weights_train_under_bf16_autocast(checkpoint):
     total = sum(t.weight * t.sum / t.count for t in terms.values())
     total.backward()
     assert torch.isfinite(total) and all(p.grad is not None for p in model.module.parameters() if p.requires_grad)
+
+
+def test_a_lora_base_in_bf16_trains_its_float32_adapters_and_head_under_bf16_autocast(checkpoint):
+    """train.lora's default weights_dtype (auto) under bf16: the frozen base in bf16, the adapters and the diffusion
+    head (modules_to_save) in float32, every one of them reached by the gradient (issue 34 item 2)."""
+    from voxrelay.models.lora_config import LoraConfig
+    from voxrelay.train.strategies import apply_lora
+
+    model = _model(checkpoint, weights_dtype="bfloat16")
+    apply_lora(model, LoraConfig(r=4))
+    trained = {n: p for n, p in model.module.named_parameters() if p.requires_grad}
+    assert {p.dtype for p in trained.values()} == {torch.float32}
+    assert any("diffusion_head" in n and "modules_to_save" in n for n in trained)
+    assert {p.dtype for p in model.module.parameters() if not p.requires_grad} == {torch.bfloat16}
+    batch, _ = _batch(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        terms = model.loss(model.module, batch)
+    total = sum(t.weight * t.sum / t.count for t in terms.values())
+    total.backward()
+    assert torch.isfinite(total) and all(p.grad is not None for p in trained.values())
 
 
 def test_voices_without_another_clip_are_named(checkpoint, caplog):

@@ -3,6 +3,8 @@ weights (transformers' from_pretrained returns eval mode, which would silently t
 
 from __future__ import annotations
 
+import pytest
+
 from tests.integration.runner import CONFIG, env_for, voxrelay
 from tests.integration.tiny import tiny
 
@@ -25,3 +27,22 @@ def test_init_from_trains_with_dropout_on(tmp_path, monkeypatch):
         assert run.module.training and all(m.training for m in module.modules())
     finally:
         run.checkpoints.close(5)
+
+
+def test_a_second_run_in_the_same_process_may_train_in_another_precision():
+    """A notebook that trained in bf16 and then starts an fp32 run in the same kernel: accelerate keeps one state per
+    process and would refuse the second precision ("AcceleratorState has already been initialized")."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from voxrelay.train.build import new_accelerator
+
+    AcceleratorState._reset_state()
+    try:
+        Accelerator(mixed_precision="bf16", cpu=True)
+        with pytest.raises(ValueError, match="already been initialized"):
+            Accelerator(mixed_precision="no", cpu=True)  # what build_run met before
+        assert new_accelerator("no").mixed_precision == "no"
+        assert new_accelerator("no").mixed_precision == "no"  # the same precision: the state is kept
+    finally:
+        AcceleratorState._reset_state()

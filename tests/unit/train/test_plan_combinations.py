@@ -21,24 +21,35 @@ from voxrelay.plan import Strategy, strategies
 
 
 def _flags(st: Strategy) -> tuple:
-    return st.strategy, st.lora, st.optimizer, st.gradient_checkpointing, st.cpu_offload
+    return (st.strategy, st.lora, st.optimizer, st.gradient_checkpointing, st.cpu_offload, st.base_bits,
+            st.activation_offload)
 
 
-# every row for AdamW configs; for Lion's, the rows without LoRA or offload (the optimizer is orthogonal to those)
-COMBOS = sorted({_flags(s) for opt in ("adamw", "adamw_8bit") for s in strategies(2, opt)}
-                | {_flags(s) for s in strategies(2, "lion") if not s.lora and not s.cpu_offload})
+# every row for AdamW configs; for Lion's, the rows without LoRA or offload (the optimizer is orthogonal to those);
+# QLoRA's int8 base too (the plan's rows have the 4-bit one; a config may ask for 8); activation offload's rows
+# with AdamW only (it moves activations, not states)
+COMBOS = sorted({_flags(s) for opt in ("adamw", "adamw_8bit") for s in strategies(2, opt)
+                 if opt == "adamw" or not s.activation_offload}
+                | {_flags(s) for s in strategies(2, "lion") if not s.lora and not s.cpu_offload
+                   and not s.activation_offload}
+                | {("ddp", True, "adamw", True, False, 8, False)})
 
 
 def _name(combo: tuple) -> str:
-    strategy, lora, optimizer, gc, offload = combo
-    return "-".join([strategy, "lora" if lora else "full", optimizer] + ["gc"] * gc + ["offload"] * offload)
+    strategy, lora, optimizer, gc, offload, bits, act_offload = combo
+    kind = f"qlora{bits}" if bits else "lora" if lora else "full"
+    return "-".join([strategy, kind, optimizer] + ["gc"] * gc + ["offload"] * offload + ["act-offload"] * act_offload)
 
 
 def _overrides(combo: tuple) -> list[str]:
-    strategy, lora, optimizer, gc, offload = combo
+    strategy, lora, optimizer, gc, offload, bits, act_offload = combo
     out = [f"train.strategy={strategy}", f"train.optimizer={optimizer}", f"train.gradient_checkpointing={gc}"]
     out += ["train.cpu_offload=true"] if offload else []
-    return out + (["train.lora.r=4", "train.lora.dropout=0.1"] if lora else [])
+    out += [f"train.lora.base_bits={bits}"] if bits else []
+    out += ["train.activation_offload=true"] if act_offload else []
+    # the embeddings in full beside the adapters: tensors big enough for 8-bit states (bitsandbytes keeps fp32 ones
+    # under 4,096 elements), and modules_to_save copies saved and resumed too
+    return out + (["train.lora.r=4", "train.lora.dropout=0.1", "train.lora.embeddings=full"] if lora else [])
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +80,11 @@ def _train(root: str, name: str, combo: tuple, steps: int = 3):
 
 def _applied(run, combo: tuple) -> None:
     """What the combination says is what the run built."""
-    strategy, lora, optimizer, gc, offload = combo
+    from voxrelay.train.offload import offloads
+
+    strategy, lora, optimizer, gc, offload, bits, act_offload = combo
     module = run.model.module
+    assert offloads(module) == act_offload
     units = [m for m in module.modules() if hasattr(m, "_get_fsdp_state")]
     assert bool(units) == (strategy == "fsdp")
     groups = [u._get_fsdp_state()._fsdp_param_group for u in units]
@@ -85,6 +99,8 @@ def _applied(run, combo: tuple) -> None:
     states = [v for s in optimizer_.state.values() for v in s.values() if torch.is_tensor(v)]
     assert (torch.uint8 in {t.dtype for t in states}) == optimizer.endswith("_8bit")
     assert ("exp_avg_sq" in {k for s in optimizer_.state.values() for k in s}) == (optimizer == "adamw")
+    quantised = {type(m).__name__ for m in module.modules()} & {"Linear4bit", "Linear8bitLt"}
+    assert quantised == ({"Linear4bit"} if bits == 4 else {"Linear8bitLt"} if bits == 8 else set())
 
 
 @pytest.mark.parametrize("combo", COMBOS, ids=[_name(c) for c in COMBOS])

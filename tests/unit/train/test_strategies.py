@@ -61,7 +61,8 @@ def test_unset_keys_take_the_family_defaults_and_only_adapters_train():
     defaults = model.lora_defaults()
     settings = lora_settings(model, LoraConfig(r=4, modules_to_save=[]))
     assert settings == {"r": 4, "alpha": defaults.alpha, "dropout": defaults.dropout, "rslora": defaults.rslora,
-                        "target_modules": defaults.target_modules, "modules_to_save": []}
+                        "target_modules": defaults.target_modules, "modules_to_save": [], "base_bits": None,
+                        "embeddings": "new_rows"}
     base_params = sum(p.numel() for p in model.module.parameters())
     apply_lora(model, LoraConfig(r=4, modules_to_save=[]))
     trained = trainable_state(model.module)
@@ -75,7 +76,7 @@ def test_unset_keys_take_the_family_defaults_and_only_adapters_train():
 
 def test_modules_to_save_train_in_full_beside_the_adapters():
     model = codec_lm()
-    apply_lora(model, LoraConfig(r=4))  # codec_lm's default modules_to_save: lm_head and embed_tokens
+    apply_lora(model, LoraConfig(r=4, embeddings="full"))  # codec_lm's embeddings in full: lm_head, embed_tokens
     full = [k for k in trainable_state(model.module) if ".modules_to_save." in k]
     assert sorted(k.split(".modules_to_save")[0].rsplit(".", 1)[-1] for k in full) == ["embed_tokens", "lm_head"]
 

@@ -53,6 +53,7 @@ from voxrelay.models.codec_lm.loading import (
 from voxrelay.models.codec_lm.tokenizer import TextTokenizer, load_saved_tokenizer, load_text_tokenizer
 from voxrelay.models.codec_lm.vocab import VocabLayout
 from voxrelay.models.hf import write_meta
+from voxrelay.models.linear_ce import causal_lm_hidden, chunkable, head_loss
 from voxrelay.models.sampling import sample
 
 IGNORE_INDEX = -100
@@ -98,6 +99,12 @@ class CodecLM(FamilyState):
     @property
     def max_length(self) -> int:
         return self.max_seq_len
+
+    @property
+    def chunked_heads(self) -> bool:  # type: ignore[override]
+        """One position per frame: the head's loss goes through head_loss (train.chunked_loss); with
+        frames_per_position each slot has its own softmax over part of the head (grouped.loss, materialised)."""
+        return not self.frames_per_position
 
     # ---------------------------------------------------------------- construction and files
 
@@ -299,10 +306,16 @@ class CodecLM(FamilyState):
         """
         if self.frames_per_position:
             return grouped.loss(self, module, batch)
-        out = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                     position_ids=batch.get("position_ids"), use_cache=False)
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+                  "position_ids": batch.get("position_ids")}
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
+        if chunkable(self.loss_kernel, self.module.get_output_embeddings()):  # train.chunked_loss: no logits
+            hidden = causal_lm_hidden(module, **inputs)[:, :-1][keep]
+            ce = head_loss(hidden, self.module.get_output_embeddings(), targets[keep], self.loss_kernel,
+                           self.loss_chunk_tokens)
+            return {"ce": LossTerm(ce.total, keep.sum())}
+        out = module(**inputs, use_cache=False)
         # Only labelled positions reach the (float32) softmax: saves memory on text and padding.
         logits = out.logits[:, :-1][keep].float()  # [N, V]
         loss_sum = F.cross_entropy(logits, targets[keep], reduction="sum")
@@ -315,10 +328,11 @@ class CodecLM(FamilyState):
         return decay_groups(self.module, weight_decay)
 
     def lora_defaults(self) -> LoraDefaults:
-        """Adapters on every attention and MLP projection; the embeddings and head train in full, since the
-        audio ids are new rows there (with ``init_from`` a plain LM they start random)."""
+        """Adapters on every attention and MLP projection; the audio ids are new rows of the embeddings and head
+        (with ``init_from`` a plain LM they start random): those rows train (``train.lora.embeddings``; ``full``:
+        both matrices in full)."""
         return LoraDefaults(r=32, alpha=64, dropout=0.0, rslora=True, target_modules=list(LORA_TARGETS),
-                            modules_to_save=["lm_head", "embed_tokens"])
+                            modules_to_save=[], embeddings=["lm_head", "embed_tokens"])
 
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """The decoder layer class of whichever causal LM this is (transformers lists it in

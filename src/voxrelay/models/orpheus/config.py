@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from voxrelay.models.base import DataNeeds
+from voxrelay.models.lora_config import WEIGHTS_DTYPE_HELP, WeightsDtype
 
 
 class OrpheusConfig(BaseModel):
@@ -23,6 +24,9 @@ class OrpheusConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # keys whose default changed: the old default, which a saved config holds when its run did not set the key (a
+    # resumed run keeps it unless this session's config sets the key, see voxrelay.train.build)
+    CHANGED_DEFAULTS: ClassVar[dict[str, object]] = {"weights_dtype": "float32"}
     # keys added with a default other than what runs did before them: the value a saved config without the key
     # stands for (so resuming such a run with the new default is a change the resume check names)
     ADDED_WITH_NEW_BEHAVIOUR: ClassVar[dict[str, object]] = {"drop_duplicate_frames": False}
@@ -48,10 +52,7 @@ class OrpheusConfig(BaseModel):
     )
     max_seq_len: int = Field(4096, gt=0, description="Longest training sequence in tokens (text + 7 per SNAC frame)")
     dropout: float = Field(0.0, ge=0, lt=1, description="Attention dropout (upstream: 0)")
-    weights_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Dtype the weights are loaded in: float32 master weights for full training "
-        "(train.precision=bf16 computes in bf16); bfloat16 halves the memory of a frozen base under LoRA",
-    )
+    weights_dtype: WeightsDtype = Field("auto", description=WEIGHTS_DTYPE_HELP)
     hidden_size: int = Field(3072, gt=0, description="Random init only: transformer width (Llama-3.2-3B: 3072)")
     num_layers: int = Field(28, gt=0, description="Random init only: transformer layers (Llama-3.2-3B: 28)")
     num_heads: int = Field(24, gt=0, description="Random init only: attention heads (Llama-3.2-3B: 24)")

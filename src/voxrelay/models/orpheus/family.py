@@ -8,7 +8,7 @@ import torch
 
 from voxrelay.config import ConfigError
 from voxrelay.models.base import DataSpec
-from voxrelay.models.hf import ModelLoadError
+from voxrelay.models.hf import ModelLoadError, auto_config
 from voxrelay.models.orpheus import layout as L
 from voxrelay.models.orpheus.config import OrpheusConfig
 from voxrelay.models.orpheus.loading import build_module, load_tokenizer, meta_module, tokenizer_source
@@ -35,10 +35,21 @@ class OrpheusFamily:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 module = build_module(cfg)
-        return Orpheus(module, tokenizer, list(data.speakers), cfg.max_seq_len, cfg.loss_on, cfg.drop_duplicate_frames)
+        model = Orpheus(module, tokenizer, list(data.speakers), cfg.max_seq_len, cfg.loss_on, cfg.drop_duplicate_frames)
+        model.new_rows = new_rows(cfg)
+        return model
 
     def load(self, folder: str | os.PathLike[str]) -> Orpheus:
         return Orpheus.from_pretrained(folder)
+
+
+def new_rows(cfg: OrpheusConfig) -> tuple[int, int]:
+    """The ids the build grew onto ``init_from`` ([start, end)): Orpheus' when it is a plain Llama-3, none for an
+    Orpheus checkpoint (its audio tokens are there) or a random init (nothing pretrained to keep)."""
+    if cfg.init_from is None:
+        return (0, 0)
+    rows = auto_config(cfg.init_from).vocab_size
+    return (rows, L.VOCAB_SIZE) if rows < L.TOKENIZER_SIZE else (0, 0)
 
 
 class MissingTokenizer:

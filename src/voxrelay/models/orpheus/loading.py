@@ -14,7 +14,8 @@ from voxrelay.models.hf import ModelLoadError, auto_config, load_causal_lm, look
 from voxrelay.models.orpheus import layout as L
 from voxrelay.models.orpheus.config import OrpheusConfig
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# model.weights_dtype; auto is resolved by the run (voxrelay.models.registry.as_trained): alone it is float32
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.float32}
 
 
 def load_tokenizer(source: str, what: str) -> Any:

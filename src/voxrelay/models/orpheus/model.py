@@ -34,6 +34,7 @@ from voxrelay.models.base import (
     with_counts,
 )
 from voxrelay.models.hf import load_causal_lm, read_meta, write_meta
+from voxrelay.models.linear_ce import causal_lm_hidden, chunkable, head_loss
 from voxrelay.models.orpheus import layout as L
 from voxrelay.models.orpheus.loading import load_tokenizer
 from voxrelay.models.sampling import sample, sample_processed
@@ -82,6 +83,7 @@ class Orpheus(FamilyState):
     sampling_options: tuple[str, ...] = ("top_p", "repetition_penalty")  # defaults: upstream's (TOP_P ...)
 
     family = "orpheus"
+    chunked_heads = True  # its loss goes through head_loss (train.chunked_loss)
     max_length_key = "model.max_seq_len"
 
     def __init__(self, module: Any, tokenizer: Any, speakers: list[str], max_seq_len: int, loss_on: str,
@@ -151,12 +153,18 @@ class Orpheus(FamilyState):
         """``ce``: the summed next-token cross-entropy over labelled positions (float32 softmax over only those
         rows of the 156,940-way logits) and their count; ``speech``: its part over audio-code targets, weight 0
         (monitored: is the model learning the audio, not only the text it is also trained on?)."""
-        out = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
         kept = targets[keep]
-        losses = F.cross_entropy(out.logits[:, :-1][keep].float(), kept, reduction="none")
         speech = _is_speech(kept)
+        if chunkable(self.loss_kernel, self.module.get_output_embeddings()):  # train.chunked_loss: no logits
+            hidden = causal_lm_hidden(module, **inputs)[:, :-1][keep]
+            ce = head_loss(hidden, self.module.get_output_embeddings(), kept, self.loss_kernel,
+                           self.loss_chunk_tokens, speech)
+            return {"ce": LossTerm(ce.total, keep.sum()), "speech": LossTerm(ce.split, speech.sum(), 0.0)}
+        out = module(**inputs, use_cache=False)
+        losses = F.cross_entropy(out.logits[:, :-1][keep].float(), kept, reduction="none")
         return {"ce": LossTerm(losses.sum(), keep.sum()),
                 "speech": LossTerm(losses.detach()[speech].sum(), speech.sum(), 0.0)}
 
@@ -166,10 +174,11 @@ class Orpheus(FamilyState):
         return decay_groups(self.module, weight_decay)
 
     def lora_defaults(self) -> LoraDefaults:
-        """Upstream's LoRA (finetune/lora.py): r 32, alpha 64, rsLoRA, every projection; lm_head and
-        embed_tokens trained in full (they hold the audio tokens), still tied."""
+        """Upstream's LoRA (finetune/lora.py): r 32, alpha 64, rsLoRA, every projection. Upstream also trains
+        lm_head and embed_tokens in full; an Orpheus checkpoint already holds the audio tokens, so only the rows
+        a plain Llama-3 lacked train (``train.lora.embeddings``; ``full``: both in full, still tied)."""
         return LoraDefaults(r=32, alpha=64, dropout=0.0, rslora=True, target_modules=list(LORA_TARGETS),
-                            modules_to_save=["lm_head", "embed_tokens"])
+                            modules_to_save=[], embeddings=["lm_head", "embed_tokens"])
 
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         return module_classes(self.module, getattr(self.module, "_no_split_modules", None) or [])

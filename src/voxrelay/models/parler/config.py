@@ -6,11 +6,12 @@ Imported by :mod:`voxrelay.config`, so it must stay free of torch/transformers (
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from voxrelay.models.base import DataNeeds
+from voxrelay.models.lora_config import WEIGHTS_DTYPE_HELP, WeightsDtype
 
 # Upstream's sizes and ids (helpers/model_init_scripts/init_model_600M.py, training_configs/*.json, the model
 # cards): one decoder for the minis (1024 wide, 24 layers, 16 heads, FFN 4096, 4096 positions, dropout 0.1),
@@ -57,6 +58,9 @@ class ParlerFamilyConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # keys whose default changed: the old default, which a saved config holds when its run did not set the key (a
+    # resumed run keeps it unless this session's config sets the key, see voxrelay.train.build)
+    CHANGED_DEFAULTS: ClassVar[dict[str, object]] = {"weights_dtype": "float32"}
 
     family: Literal["parler"] = Field(
         "parler", description="Model family (src/voxrelay/models/<family>/); the other model.* keys depend on it"
@@ -95,10 +99,7 @@ class ParlerFamilyConfig(BaseModel):
         "4096 fits 30 s at 86 frames/s with a 1,500-token transcript)",
     )
     dropout: float | None = Field(None, ge=0, lt=1, description="Decoder dropout (None = the preset's, 0.1)")
-    weights_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Dtype the weights are loaded in (float32 master weights; train.precision=bf16 "
-        "computes in bf16)",
-    )
+    weights_dtype: WeightsDtype = Field("auto", description=WEIGHTS_DTYPE_HELP)
 
     @model_validator(mode="after")
     def _sizes(self) -> ParlerFamilyConfig:

@@ -57,8 +57,8 @@ def build(cfg: ParlerFamilyConfig, data: DataSpec, seed: int, meta: bool = False
     elif not meta:
         _load_t5(module, cfg.encoder_source())
     module.text_encoder.requires_grad_(not cfg.freeze_text_encoder)
-    if cfg.weights_dtype == "bfloat16":
-        module.to(torch.bfloat16)
+    if cfg.weights_dtype in ("bfloat16", "float16"):  # auto, resolved by the run (registry.as_trained): float32
+        module.to(getattr(torch, cfg.weights_dtype))
     desc_tok, prompt_tok = tokenizers(cfg, meta)
     return Parler(module, desc_tok, prompt_tok, list(data.speakers), settings(cfg, config), cfg.init_from)
 

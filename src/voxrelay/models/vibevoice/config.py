@@ -7,11 +7,12 @@ Imported by :mod:`voxrelay.config`, so it must stay free of torch/transformers (
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from voxrelay.models.base import DataNeeds
+from voxrelay.models.lora_config import WEIGHTS_DTYPE_HELP, WeightsDtype
 from voxrelay.models.vibevoice.script import check_transcript
 
 SAMPLE_RATE = 24000  # every released VibeVoice: 24 kHz audio, one latent per 3200 samples (7.5 per second)
@@ -36,6 +37,9 @@ class VibeVoiceFamilyConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # keys whose default changed: the old default, which a saved config holds when its run did not set the key (a
+    # resumed run keeps it unless this session's config sets the key, see voxrelay.train.build)
+    CHANGED_DEFAULTS: ClassVar[dict[str, object]] = {"weights_dtype": "float32"}
 
     family: Literal["vibevoice"] = Field(
         "vibevoice", description="Model family (src/voxrelay/models/<family>/); the other model.* keys depend on it"
@@ -76,10 +80,7 @@ class VibeVoiceFamilyConfig(BaseModel):
     diffusion_steps: int = Field(10, gt=0, description="Denoising steps per latent at synthesis")
     guidance_scale: float = Field(1.3, ge=0, description="Classifier-free guidance of the diffusion at synthesis")
     dropout: float = Field(0.0, ge=0, lt=1, description="Attention dropout of the LM (upstream: 0)")
-    weights_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Dtype the weights are loaded in (float32 master weights; train.precision=bf16 "
-        "computes in bf16); bfloat16 halves a frozen base under LoRA",
-    )
+    weights_dtype: WeightsDtype = Field("auto", description=WEIGHTS_DTYPE_HELP)
 
     @model_validator(mode="after")
     def _weights(self) -> VibeVoiceFamilyConfig:

@@ -13,7 +13,8 @@ import torch
 from voxrelay.errors import one_line
 from voxrelay.models.hf import FIX, ModelLoadError, ModelNotFoundError, looks_local
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# model.weights_dtype; auto is resolved by the run (voxrelay.models.registry.as_trained): alone it is float32
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.float32}
 FROZEN = ("model.audio_tower.", "model.semantic_tokenizer_encoder.", "model.latent_scaling_factor",
           "model.latent_bias_factor")  # rebuilt from init_from, never trained, never checkpointed
 SPECIAL = {"bos": "<|vision_start|>", "end": "<|vision_end|>", "pad": "<|vision_pad|>", "eos": "<|endoftext|>"}
@@ -93,9 +94,9 @@ def freeze(net: torch.nn.Module) -> None:
             p.requires_grad_(False)
 
 
-def meta_net(spec: str, preset: str, dropout: float) -> Any:
-    """The model on the meta device (no weights read): init_from's config.json when it is a local folder, else
-    the preset's sizes."""
+def meta_net(spec: str, preset: str, dropout: float, dtype: str = "float32") -> Any:
+    """The model on the meta device (no weights read) in ``dtype`` (``model.weights_dtype``): init_from's
+    config.json when it is a local folder, else the preset's sizes."""
     from transformers import VibeVoiceConfig, VibeVoiceForConditionalGeneration
 
     if Path(spec).expanduser().is_dir():
@@ -104,7 +105,7 @@ def meta_net(spec: str, preset: str, dropout: float) -> Any:
         sizes = copy.deepcopy(PRESETS[preset])
         config = VibeVoiceConfig(**sizes)
     with torch.device("meta"):
-        net = VibeVoiceForConditionalGeneration(config)
+        net = VibeVoiceForConditionalGeneration(config).to(DTYPES[dtype])
     freeze(net)
     return net
 
@@ -149,7 +150,7 @@ def build(cfg: Any, data: Any, seed: int, meta: bool = False) -> Any:
     RNG is left as it was."""
     with torch.random.fork_rng(devices=[]):
         if meta:  # planning: sizes only; the tokenizer when it is at hand (example lengths of prepared data)
-            net = meta_net(cfg.init_from, cfg.preset, cfg.dropout)
+            net = meta_net(cfg.init_from, cfg.preset, cfg.dropout, cfg.weights_dtype)
             try:
                 tokenizer = load_tokenizer(cfg.tokenizer or cfg.init_from, "model.init_from")
             except ModelLoadError:

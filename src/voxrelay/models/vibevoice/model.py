@@ -45,6 +45,7 @@ class VibeVoice(DiffusionEma):
     keys that act after building (loss weights, synthesis steps, LoRA extras)."""
 
     family = "vibevoice"
+    chunked_heads = True  # its CE goes through head_loss (train.chunked_loss)
     max_length_key = "model.max_length"
     request_fields: tuple[str, ...] = ("voice_prompts",)
     uses_corpus = True  # voice prompts of the training data's voices (a row's, or a request's speaker column)
@@ -83,7 +84,7 @@ class VibeVoice(DiffusionEma):
         return ex.collate(examples, self.maker.ids["eos"], self.maker.hop, self.settings["ddpm_batch_multiplier"])
 
     def loss(self, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossTerms:
-        out = module(**batch)
+        out = module(**batch, loss_kernel=self.loss_kernel, loss_chunk_tokens=self.loss_chunk_tokens)
         return {"ce": LossTerm(out["ce_sum"], out["ce_count"], self.settings["ce_loss_weight"]),
                 "diffusion": LossTerm(out["diffusion_sum"], out["diffusion_count"],
                                       self.settings["diffusion_loss_weight"])}

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from voxrelay.models.linear_ce import MATERIALISED, head_loss
 from voxrelay.models.vibevoice.schedule import CosineVSchedule
 
 
@@ -55,6 +56,11 @@ class VibeVoiceTrainer(nn.Module):
         self.generator = generator
         self.schedule = CosineVSchedule()
         self.cache = cache if cache is not None else FeatureCache(0)
+
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs: dict | None = None) -> None:
+        """``train.gradient_checkpointing``: transformers' own, on ``net`` (its language model's decoder layers; the
+        frozen encoders run without gradients and the diffusion head is small)."""
+        self.net.activation_checkpointing_enable(activation_checkpointing_kwargs=activation_checkpointing_kwargs)
 
     def generate_speech(self, **kwargs):
         """``net.generate`` through this module, so that under FSDP2 (a registered forward method) the root's
@@ -140,7 +146,8 @@ class VibeVoiceTrainer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
                 audio: torch.Tensor, audio_len: torch.Tensor, audio_key: torch.Tensor,
-                audio_is_target: torch.Tensor) -> dict[str, torch.Tensor]:
+                audio_is_target: torch.Tensor, loss_kernel: str = MATERIALISED,
+                loss_chunk_tokens: int = 256) -> dict[str, torch.Tensor]:
         net = self.net
         placeholders = input_ids == net.config.audio_token_id
         embeds, lat, target = self.audio_embeddings(audio, audio_len, audio_key, audio_is_target, sample=True)
@@ -151,8 +158,11 @@ class VibeVoiceTrainer(nn.Module):
         inputs[placeholders] = embeds.to(inputs.dtype)  # index assignment: no masked_scatter dtype trap under bf16
         hidden = net.model.language_model(inputs_embeds=inputs, attention_mask=attention_mask).last_hidden_state
         keep = labels != -100
-        logits = net.lm_head(hidden[keep])
-        ce_sum = F.cross_entropy(logits.float(), labels[keep], reduction="sum")
+        if loss_kernel == MATERIALISED:
+            logits = net.lm_head(hidden[keep])
+            ce_sum = F.cross_entropy(logits.float(), labels[keep], reduction="sum")
+        else:  # the head's loss a chunk of tokens at a time (train.chunked_loss): no [N, vocab] logits
+            ce_sum = head_loss(hidden[keep], net.lm_head, labels[keep], loss_kernel, loss_chunk_tokens).total
         target_at = torch.zeros_like(placeholders)
         target_at[placeholders] = target
         condition_at = torch.zeros_like(target_at)
