@@ -168,7 +168,7 @@ def choose_loss(model: FamilyModel, tc, device_type: str) -> None:
                  (" (train.strategy=fsdp)" if tc.chunked_loss and not chunked else ""))
     elif tc.chunked_loss:  # said too, so the first lines always name the loss
         log.info("loss: this %s model's own, logits materialised (train.chunked_loss applies to one output "
-                 "head over the vocabulary, e.g. not to codec_lm's grouped slots)", model.family)
+                 "head over the vocabulary, which this model's loss does not have)", model.family)
 
 
 def fsdp_mesh(sharding: str, device_type: str):
