@@ -90,7 +90,7 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
         model.use_corpus(PreparedDataset.open(cfg.prepared_uri, "train", index,
                                               max_bytes=int(cfg.cache.max_gb * 2**30)).rows)
     # the head loss the run trained with (train.chunked_loss): `voxrelay eval` then gives training's numbers
-    choose_loss(model, cfg.train, "cuda" if _cuda() else "cpu")
+    choose_loss(model, cfg.train, "cuda" if _cuda() else "cpu", say=False)
     ckpt, weights, family = CheckpointManager(run_uri, reader=True).load_model(step)
     model.load_extra_state(family)  # e.g. an EMA that synthesis and export use
     if cfg.train.lora is None and not has_frozen(model.module):

@@ -153,16 +153,18 @@ def _offload_activations(model: FamilyModel) -> None:
              "pinned host memory" if pinned else "host memory (a CPU run: where it already was)")
 
 
-def choose_loss(model: FamilyModel, tc, device_type: str) -> None:
+def choose_loss(model: FamilyModel, tc, device_type: str, say: bool = True) -> None:
     """``train.chunked_loss``: the kernel of the family's head loss (:func:`voxrelay.models.linear_ce.pick_kernel`:
     Liger-Kernel's on CUDA when installed, else the portable chunked one, or the materialised logits), said in
-    the run's first lines. A family whose loss has no such head (``chunked_heads`` false) keeps its own."""
+    the run's first lines (``say``). A family whose loss has no such head (``chunked_heads`` false) keeps its own."""
     from voxrelay.models.linear_ce import describe_kernel, pick_kernel
 
     # FSDP2 gathers the head's shard only inside the root's forward, and the causal LMs' loss runs after it
     chunked = tc.chunked_loss and tc.strategy != "fsdp"
     model.loss_kernel = pick_kernel(device_type, chunked)
     model.loss_chunk_tokens = tc.loss_chunk_tokens
+    if not say:
+        return
     if model.chunked_heads:
         log.info(describe_kernel(model.loss_kernel, tc.loss_chunk_tokens) +
                  (" (train.strategy=fsdp)" if tc.chunked_loss and not chunked else ""))
