@@ -58,8 +58,8 @@ def timed_saves(mgr: CheckpointManager, model_state: dict, train_state: dict, re
 
 
 def restart_times(root: str, env: dict) -> tuple[float, float]:
-    from tests.integration.runner import CONFIG, Trainer, voxrelay
-    from tests.integration.tiny import tiny
+    from tests.helpers.runner import CONFIG, Trainer, voxrelay
+    from tests.helpers.tiny import tiny
 
     assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
     args = ("train.max_steps=100000", "train.eval_every=100000", "checkpoint.every_steps=5", "train.log_every=1")

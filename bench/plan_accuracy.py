@@ -102,8 +102,8 @@ def cpu_parler_rows(tokens: int = 256, description: int = 32) -> tuple[int, int]
 
     from voxrelay.models.parler.model import Parler
     from voxrelay.models.parler.modeling import build_parler
+    from voxrelay.models.parler.plan import cross_description_bytes
     from voxrelay.models.parler.shapes import ParlerConfig, ParlerDecoderConfig
-    from voxrelay.plan.formulas import cross_description_bytes
 
     t5 = dict(model_type="t5", vocab_size=64, d_model=48, d_kv=16, d_ff=64, num_layers=1, num_heads=2,
               feed_forward_proj="gated-gelu", dropout_rate=0.0)

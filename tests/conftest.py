@@ -20,6 +20,27 @@ def _server(cls: type[S3Server] | type[GCSServer]) -> Iterator[S3Server | GCSSer
         yield server
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _global_state() -> Iterator[None]:
+    """Each test module leaves the process as it found it (torn down after the module's own fixtures, which may
+    hold an Accelerator or a group for all its tests): accelerate's singletons (an Accelerator built with bf16
+    makes every later one in the worker bf16) and a torch.distributed group it created (FSDP's world of one)."""
+    import sys
+
+    yield
+    if "accelerate" in sys.modules:
+        from accelerate.state import AcceleratorState, GradientState, PartialState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        PartialState._reset_state()
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     """moto S3 server for the whole session: ``.endpoint``, ``.bucket``, ``.env()``, ``.stop()``, ``.start()``."""

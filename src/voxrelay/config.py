@@ -18,9 +18,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from voxrelay.config_fields import Section
 from voxrelay.config_source import apply_overrides, read_config_text  # noqa: F401 (apply_overrides: public here)
 from voxrelay.cost.config import CostConfig
-from voxrelay.errors import UserError, one_line
-from voxrelay.models.configs import DEFAULT_FAMILY, FAMILY_CONFIGS
+from voxrelay.errors import ConfigError, UserError, one_line  # noqa: F401 (ConfigError: public here)
 from voxrelay.models.lora_config import LoraConfig
+from voxrelay.models.registry import DEFAULT_FAMILY, FAMILIES, unknown_family
 from voxrelay.quality.config import EvalConfig
 from voxrelay.train.config import TrainConfig, parse_duration
 
@@ -31,10 +31,6 @@ def _check_name(v: str, what: str) -> str:
     if not _NAME_RE.fullmatch(v):
         raise ValueError(f"{v!r} is not a usable {what}; use letters, digits, '.', '_' or '-' (no '/', no '..')")
     return v
-
-
-class ConfigError(UserError, ValueError):
-    """A configuration problem; the message names the key, the bad value and the fix."""
 
 
 class SourceConfig(Section):
@@ -144,8 +140,9 @@ class CodecConfig(Section):
     griffin_lim_iters: int = Field(32, gt=0, description="mel_kmeans: Griffin-Lim iterations when decoding")
 
 
-# One typed `model:` section per family, told apart by `model.family` (voxrelay.models.configs).
-ModelConfig = Annotated[Union[tuple(FAMILY_CONFIGS.values())], Field(discriminator="family")]  # noqa: UP007
+# One typed `model:` section per family, told apart by `model.family` (voxrelay.models.registry).
+ModelConfig = Annotated[Union[tuple(spec.config for spec in FAMILIES.values())],  # noqa: UP007
+                        Field(discriminator="family")]
 
 
 class CheckpointConfig(Section):
@@ -235,7 +232,7 @@ class RunConfig(Section):
     )
     data: DataConfig = Field(default_factory=DataConfig)
     codec: CodecConfig = Field(default_factory=CodecConfig)
-    model: ModelConfig = Field(default_factory=FAMILY_CONFIGS[DEFAULT_FAMILY])
+    model: ModelConfig = Field(default_factory=FAMILIES[DEFAULT_FAMILY].config)
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -256,17 +253,15 @@ class RunConfig(Section):
         if not isinstance(v, dict):
             return v
         family = v.get("family", DEFAULT_FAMILY)
-        if family not in FAMILY_CONFIGS:
-            raise ValueError(f"model.family={family!r} is not a model family; set model.family to one of: "
-                             f"{', '.join(sorted(FAMILY_CONFIGS))}")
+        if family not in FAMILIES:
+            raise ValueError(unknown_family(family))
         return {**v, "family": family}
 
     @model_validator(mode="after")
-    def _code_vectors(self) -> RunConfig:
-        # (a codec without code vectors is refused when the model is built: the prepared data names the codec)
-        if getattr(self.model, "audio_embedding", "free") == "codec" and self.train.lora is not None:
-            raise ValueError("model.audio_embedding=codec learns its audio inputs from scratch, which LoRA's frozen "
-                             "model cannot; set model.audio_embedding=free to train with train.lora")
+    def _family_trains(self) -> RunConfig:
+        refusal = self.model.train_refusal(self.train.lora is not None)
+        if refusal:
+            raise ValueError(refusal)
         return self
 
     @property
@@ -325,8 +320,8 @@ def with_added_defaults(data: dict[str, Any]) -> dict[str, Any]:
     by an older voxrelay still resumes; a family config's ADDED_WITH_NEW_BEHAVIOUR gives the values its keys
     stand for where that is not so (TrainConfig's too). A config that no longer validates is compared as it is."""
     if isinstance(model := data.get("model"), dict):
-        family = FAMILY_CONFIGS.get(model.get("family", DEFAULT_FAMILY))
-        data = {**data, "model": {**getattr(family, "ADDED_WITH_NEW_BEHAVIOUR", {}), **model}}
+        spec = FAMILIES.get(model.get("family", DEFAULT_FAMILY))
+        data = {**data, "model": {**(spec.config.ADDED_WITH_NEW_BEHAVIOUR if spec else {}), **model}}
     if isinstance(train := data.get("train"), dict):
         if isinstance(lora := train.get("lora"), dict):
             train = {**train, "lora": {**LoraConfig.ADDED_WITH_NEW_BEHAVIOUR, **lora}}
@@ -350,7 +345,7 @@ def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid configuration ({source}):"]
     for e in err.errors():
         loc = list(e["loc"])
-        if loc[:1] == ["model"] and len(loc) > 1 and loc[1] in FAMILY_CONFIGS:
+        if loc[:1] == ["model"] and len(loc) > 1 and loc[1] in FAMILIES:
             del loc[1]  # pydantic puts the union's tag in the path: model.<family>.hidden_size
         key = ".".join(str(p) for p in loc) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")

@@ -10,7 +10,7 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from voxrelay.config import RunConfig, SourceConfig
-from voxrelay.models.configs import FAMILY_CONFIGS
+from voxrelay.models.registry import FAMILIES
 
 
 def reference_markdown() -> str:
@@ -33,7 +33,7 @@ def reference_markdown() -> str:
             rows.append(f"| `{prefix}{name}` | `{json.dumps(default)}` | {field.description or ''} |")
         if rows:
             title = f"**{prefix.rstrip('.') or 'top level'}**"
-            if model in FAMILY_CONFIGS.values():  # one table per family, all under `model.`
+            if model in [spec.config for spec in FAMILIES.values()]:  # one table per family, all under `model.`
                 title += f" (when `model.family: {model.model_fields['family'].default}`)"
             lines.extend([title, "", "| key | default | meaning |", "|---|---|---|", *rows, ""])
         for sub, sub_prefix in subs:

@@ -11,6 +11,11 @@ class UserError(Exception):
     what is wrong, where (file/row/key/bucket) and how to fix it."""
 
 
+class ConfigError(UserError, ValueError):
+    """A configuration problem; the message names the key, the bad value and the fix (also
+    importable as ``voxrelay.config.ConfigError``)."""
+
+
 def one_line(err: BaseException) -> str:
     """``err`` as one line: library messages (transformers, huggingface_hub, PyYAML) span several."""
     return " ".join(str(err).split())

@@ -39,7 +39,7 @@ from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request, sampling_options
 from voxrelay.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_key_mapping, module_keys
 from voxrelay.models.qlora import dequantise_base, quantise_base
-from voxrelay.models.registry import as_trained, build_model, load_model
+from voxrelay.models.registry import as_trained, build_model, get_family, load_model
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem, write_file, writing
 from voxrelay.precision import compute_as_trained
 from voxrelay.train.resume import BASE_HASH
@@ -84,7 +84,7 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     data = DataSpec.from_prepared(index, codec)
     model_cfg = as_trained(cfg.model, cfg.train)  # the dtypes the run trained in
     model = build_model(model_cfg, data, cfg.train.seed)
-    if getattr(model, "uses_corpus", False):  # e.g. voice prompts of the training data's voices, as in training
+    if model.uses_corpus:  # e.g. voice prompts of the training data's voices, as in training
         from voxrelay.data.loader import PreparedDataset
 
         model.use_corpus(PreparedDataset.open(cfg.prepared_uri, "train", index,
@@ -217,7 +217,7 @@ def synthesize(
         raise InferenceError(f"unknown voice {speaker!r}; this model knows: {', '.join(model.speakers)}")
     if speaker is None and model.speakers:
         request = dataclasses.replace(request, speaker=model.speakers[0])
-    max_frames = int(max_seconds * (getattr(model, "frame_rate", None) or codec.frame_rate))
+    max_frames = int(max_seconds * (model.frame_rate or codec.frame_rate))
     speech = model.speak(request, codec, max_frames=max_frames, temperature=temperature, top_k=top_k, seed=seed,
                          **options)
     wav = io.BytesIO()  # written whole, then put in place: libsndfile's errors on a file lose the errno
@@ -369,8 +369,8 @@ def export(model: FamilyModel, codec: AudioCodec, out_dir: str | Path, lora_note
            adapter_only: bool = False, fmt: str = VOXRELAY_FORMAT) -> Path:
     """Write ``model`` (and the codec) into ``out_dir``. A LoRA model (``lora_note`` from the run) is merged
     first unless ``adapter_only``: then the folder holds peft's adapter files and the note. ``fmt`` other than
-    ``voxrelay``: a format of the family's upstream (``model.export_formats``), which voxrelay does not read."""
-    formats = getattr(model, "export_formats", ())
+    ``voxrelay``: a format of the family's upstream (its spec's ``export_formats``), which voxrelay does not read."""
+    formats = get_family(model.family).export_formats
     if fmt != VOXRELAY_FORMAT and fmt not in formats:
         raise InferenceError(f"--format {fmt}: model.family={model.family} exports as "
                              f"{', '.join((VOXRELAY_FORMAT, *formats))}")

@@ -224,7 +224,7 @@ class VoiceInput:
 
 def voice_input(source: str) -> VoiceInput:
     """What a run folder or an export folder takes as voices (JSON/YAML only: no model is loaded)."""
-    from voxrelay.models.configs import DEFAULT_FAMILY, FAMILY_CONFIGS
+    from voxrelay.models.registry import DEFAULT_FAMILY, FAMILIES
 
     if storage.is_local(source) and (Path(storage.local_path(source)) / EXPORT_META).is_file():
         meta = json.loads((Path(storage.local_path(source)) / EXPORT_META).read_text())
@@ -242,5 +242,6 @@ def voice_input(source: str) -> VoiceInput:
             raise StatusError(f"the prepared data of {source} ({index_uri}) is gone; re-run `voxrelay prepare` with "
                               "the run's config to restore it")
         names = list(storage.read_json(index_uri).get("speakers", []))
-    section = FAMILY_CONFIGS.get(family)
-    return VoiceInput(family, bool(section is not None and section().data_needs().voice_prompts), names)
+    spec = FAMILIES.get(family)
+    return VoiceInput(family, bool(spec is not None and spec.config().data_needs().voice_prompts),
+                      names)

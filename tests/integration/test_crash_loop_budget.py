@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.integration.runner import CONFIG, Trainer, env_for, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, Trainer, env_for, voxrelay
+from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.cost.config import CostConfig
 from voxrelay.cost.estimate import training_spend

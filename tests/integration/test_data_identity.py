@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runner import CONFIG, env_for, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, env_for, voxrelay
+from tests.helpers.tiny import tiny
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, bytes]]:

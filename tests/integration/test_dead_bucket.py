@@ -12,8 +12,8 @@ import os
 
 import pytest
 
+from tests.helpers.runner import CONFIG, voxrelay
 from tests.helpers.servers import apply_env, free_port, reset_storage_cache
-from tests.integration.runner import CONFIG, voxrelay
 from voxrelay import storage
 
 BOUND_S = 60  # credentials lookup + one refused/unresolved request; before the fix: minutes

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runner import CONFIG, Trainer, env_for, final_weights, session_seconds, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, Trainer, env_for, final_weights, session_seconds, voxrelay
+from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.preemption import EXIT_PREEMPTED_STAGED, EXIT_TIME_LIMIT
 

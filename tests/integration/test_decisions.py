@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runner import CONFIG, Trainer, env_for, session_seconds, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, Trainer, env_for, session_seconds, voxrelay
+from tests.helpers.tiny import tiny
 from voxrelay import host, storage
 from voxrelay.checkpoint.preemption import EXIT_PREEMPTED, EXIT_TIME_LIMIT
 from voxrelay.checkpoint.store import CommittedStore

@@ -12,8 +12,8 @@ import os
 import pytest
 
 from tests.helpers.gate import WriteGate
-from tests.integration.runner import CONFIG, Trainer, env_for, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, Trainer, env_for, voxrelay
+from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.preemption import EXIT_FAILED_FOR_GOOD
 
 

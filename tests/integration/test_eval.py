@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.integration.runner import CONFIG, env_for, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, env_for, voxrelay
+from tests.helpers.tiny import tiny
 from voxrelay.cli import app
 
 # the demo's phoneme input end to end (train, checkpoint, eval, export, eval of the export)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.runner import CONFIG, Trainer, assert_same_weights, env_for, final_weights, torchrun, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, Trainer, assert_same_weights, env_for, final_weights, torchrun, voxrelay
+from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.manager import STATE_FILE, CheckpointManager, load_state
 from voxrelay.checkpoint.sharded import read_model
 

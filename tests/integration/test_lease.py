@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runner import CONFIG, Trainer, env_for, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, Trainer, env_for, voxrelay
+from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.checkpoint.preemption import EXIT_PREEMPTED

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from tests.integration.runner import CONFIG, env_for, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, env_for, voxrelay
+from tests.helpers.tiny import tiny
 from voxrelay.config import load_config
 from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.models.base import DataSpec

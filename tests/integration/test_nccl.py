@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.runner import CONFIG, Trainer, env_for, final_weights, torchrun, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, Trainer, env_for, final_weights, torchrun, voxrelay
+from tests.helpers.tiny import tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                 reason="needs two GPUs (NCCL)")

@@ -13,8 +13,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
-from tests.integration.runner import CONFIG, env_for, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, env_for, voxrelay
+from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, CheckpointManager
 from voxrelay.checkpoint.sharded import DCP, DCP_METADATA, SHARDED, rank_files
 from voxrelay.checkpoint.store import sha256_file

@@ -16,7 +16,7 @@ import soundfile as sf
 import torch
 
 from tests.helpers.orpheus import save_llama3_tokenizer, save_tiny_llama, save_tiny_snac
-from tests.integration.runner import (
+from tests.helpers.runner import (
     Trainer,
     assert_same_weights,
     env_for,

@@ -15,8 +15,7 @@ import pytest
 import soundfile as sf
 
 from tests.helpers.parler import make_parler_corpus, save_parts
-from tests.helpers.speech import SENTENCES
-from tests.integration.runner import (
+from tests.helpers.runner import (
     Trainer,
     assert_same_weights,
     env_for,
@@ -24,6 +23,7 @@ from tests.integration.runner import (
     kill_once_a_checkpoint_exists,
     voxrelay,
 )
+from tests.helpers.speech import SENTENCES
 from voxrelay.metrics import silent_fraction
 
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "parler-mini-v0.1.yaml")
@@ -128,7 +128,7 @@ def test_parler_prepare_train_kill_resume_synthesize_eval_export(setup, tmp_path
 def test_parler_on_two_processes_resumes_exactly(setup, strategy):
     """2-process FSDP2 (decoder layers and the frozen T5's blocks as units): a run stopped halfway and
     resumed in a new session ends with the straight run's weights."""
-    from tests.integration.runner import torchrun
+    from tests.helpers.runner import torchrun
 
     base, tiny, env = setup
 

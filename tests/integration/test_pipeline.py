@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
-from tests.integration.tiny import tiny as tiny_args
+from tests.helpers.tiny import tiny as tiny_args
 from voxrelay.cli import app, demo_config_path
 
 runner = CliRunner()

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.integration.tiny import tiny
+from tests.helpers.tiny import tiny
 from voxrelay.cli import demo_config_path
 
 VOXRELAY = [sys.executable, "-m", "voxrelay"]

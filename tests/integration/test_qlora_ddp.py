@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runner import CONFIG, assert_same_weights, env_for, final_weights, torchrun
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, assert_same_weights, env_for, final_weights, torchrun
+from tests.helpers.tiny import tiny
 
 pytest.importorskip("bitsandbytes")
 

@@ -7,7 +7,7 @@ import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
-from tests.integration.tiny import tiny
+from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.cli import app, demo_config_path
 

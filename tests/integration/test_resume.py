@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.proxy import TcpProxy, s3_env_through
-from tests.integration.runner import (
+from tests.helpers.runner import (
     CONFIG,
     FAST_FAIL,
     Trainer,
@@ -33,7 +33,7 @@ from tests.integration.runner import (
     torchrun,
     voxrelay,
 )
-from tests.integration.tiny import tiny
+from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.manager import STATE_FILE, CheckpointManager, load_state
 from voxrelay.checkpoint.store import MANIFEST, CommittedStore, parse_step, read_local_manifest, step_name

@@ -9,8 +9,8 @@ import random
 import signal
 import time
 
-from tests.integration.runner import CONFIG, Trainer, assert_same_weights, env_for, final_weights, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, Trainer, assert_same_weights, env_for, final_weights, voxrelay
+from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.preemption import EXIT_TIME_LIMIT
 

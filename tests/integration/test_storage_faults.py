@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.proxy import TcpProxy, s3_env_through
-from tests.helpers.servers import HOST
-from tests.integration.runner import (
+from tests.helpers.runner import (
     CONFIG,
     FAST_FAIL,
     Trainer,
@@ -30,7 +29,8 @@ from tests.integration.runner import (
     staging_dir,
     voxrelay,
 )
-from tests.integration.tiny import tiny
+from tests.helpers.servers import HOST
+from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.preemption import EXIT_PREEMPTED
 from voxrelay.checkpoint.store import MANIFEST, CommittedStore, sha256_file

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.integration.runner import CONFIG, Trainer, assert_same_weights, env_for, final_weights, torchrun, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, Trainer, assert_same_weights, env_for, final_weights, torchrun, voxrelay
+from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.store import CommittedStore
 from voxrelay.data.rowindex import LENGTHS_DIR, rows_file

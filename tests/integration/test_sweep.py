@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.runner import CONFIG, _kill_tree, env_for, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, _kill_tree, env_for, voxrelay
+from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.store import CommittedStore
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.tiny import tiny
+from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.cli import demo_config_path
 from voxrelay.config import load_config

@@ -11,7 +11,7 @@ import re
 import time
 from pathlib import Path
 
-from tests.integration.runner import (
+from tests.helpers.runner import (
     CONFIG,
     Trainer,
     assert_same_weights,
@@ -22,7 +22,7 @@ from tests.integration.runner import (
     node_launcher,
     voxrelay,
 )
-from tests.integration.tiny import tiny
+from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.store import ELSEWHERE, CommittedStore
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runner import CONFIG, can_hide_folders, env_for, in_mount_namespace, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, can_hide_folders, env_for, in_mount_namespace, voxrelay
+from tests.helpers.tiny import tiny
 
 
 @dataclass

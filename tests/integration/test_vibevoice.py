@@ -15,8 +15,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from tests.helpers.vibevoice import save_tiny_vibevoice
-from tests.integration.runner import (
+from tests.helpers.runner import (
     Trainer,
     assert_same_weights,
     env_for,
@@ -24,6 +23,7 @@ from tests.integration.runner import (
     kill_once_a_checkpoint_exists,
     voxrelay,
 )
+from tests.helpers.vibevoice import save_tiny_vibevoice
 
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "vibevoice-lora.yaml")
 STEPS = 6
@@ -159,7 +159,7 @@ def test_vibevoice_on_two_processes_resumes_exactly(setup, strategy):
     """2-process DDP with LoRA + EMA + family generators: a run stopped halfway and resumed in a new session ends
     with the straight run's weights and EMA (a constant learning rate: the split run's first half has max_steps
     halved)."""
-    from tests.integration.runner import torchrun
+    from tests.helpers.runner import torchrun
 
     base, tiny, env, _ = setup
 

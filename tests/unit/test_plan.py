@@ -22,13 +22,13 @@ from tests.helpers.orpheus import save_llama3_tokenizer
 from voxrelay.cli import app, demo_config_path
 from voxrelay.config import load_config
 from voxrelay.models.base import DataSpec
+from voxrelay.models.parler.plan import cross_description_bytes
 from voxrelay.models.registry import as_trained, build_model
 from voxrelay.plan import PlanError, Strategy, make_plan, parse_gpu_memory, per_gpu
 from voxrelay.plan.formulas import (
     GB,
     Shape,
     activation_bytes,
-    cross_description_bytes,
     grad_bytes,
     layer_activation_bytes,
     logits_bytes,
@@ -378,7 +378,7 @@ def test_plan_json_prices_every_strategy(tmp_path: Path) -> None:
 def test_lengths_come_from_the_prepared_data(tmp_path: Path, monkeypatch) -> None:
     """Without --seq-len the micro-batch is the batch budget (or the longest example, when longer); the
     longest and 95th-percentile examples are the family's lengths of the prepared rows."""
-    from tests.integration.tiny import tiny
+    from tests.helpers.tiny import tiny
     from voxrelay.data.loader import PreparedDataset
     from voxrelay.data.prepare import prepare
     from voxrelay.plan.model import lengths, read_index

@@ -1,7 +1,7 @@
 """The seam between training/inference and a model family.
 
-A :class:`Family` (registered by name in :mod:`voxrelay.models.registry`, chosen by
-``model.family``) builds or loads a :class:`FamilyModel`: the module plus everything that turns
+A family (a :class:`~voxrelay.models.seam.FamilySpec` registered by name in :mod:`voxrelay.models.registry`,
+chosen by ``model.family``) builds or loads a :class:`FamilyModel`: the module plus everything that turns
 prepared rows into batches, batches into a loss, and text into codes. ``train/``, evaluation,
 ``inference`` and ``export`` use only what is declared here, so a family with continuous latents
 (VibeVoice), an encoder-decoder with a delay pattern (Parler) or a pretrained LM layout (Orpheus)
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
@@ -195,10 +195,10 @@ class FamilyModel(Protocol):
     max_length_key: str  # the config key that sets max_length (named in warnings and errors)
     request_fields: tuple[str, ...]  # which of REQUEST_FIELDS its speak() uses (others are refused)
     # which of SAMPLING_OPTIONS its speak() takes as keywords, its defaults being upstream's (others are refused;
-    # FamilyState: none)
+    # FamilyModelBase: none)
     sampling_options: tuple[str, ...]
     # where the upstream (transformers) model sits inside ``module`` ("" when module is it): an adapter-only
-    # export's keys are laid out for that model, so peft applies them to the upstream class (FamilyState: "")
+    # export's keys are laid out for that model, so peft applies them to the upstream class (FamilyModelBase: "")
     upstream_prefix: str
 
     def length(self, row: Row) -> int:
@@ -228,7 +228,7 @@ class FamilyModel(Protocol):
         ...
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
-        """Write a self-contained folder that :meth:`Family.load` reads (``voxrelay.json`` last, naming
+        """Write a self-contained folder that the spec's ``load`` reads (``voxrelay.json`` last, naming
         the family); this is also the export format."""
         ...
 
@@ -242,72 +242,31 @@ class FamilyModel(Protocol):
 
     def new_token_rows(self) -> list[int]:
         """Ids of the input embeddings (and output head) that the pretrained checkpoint lacked and the build added
-        (e.g. audio ids grown onto a plain LM): what ``train.lora.embeddings=new_rows`` trains (FamilyState: the
+        (e.g. audio ids grown onto a plain LM): what ``train.lora.embeddings=new_rows`` trains (FamilyModelBase: the
         range ``new_rows`` the family's build sets, none by default)."""
         ...
 
+    # the hooks below have defaults in voxrelay.models.seam.FamilyModelBase, which every family's model subclasses
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
-        """The layer classes FSDP shards as units (e.g. the decoder layer)."""
+        """The layer classes FSDP shards as units (default: the transformers model's ``_no_split_modules``)."""
         ...
 
-    # state beside the weights: see FamilyState, whose defaults a family without any inherits
+    uses_corpus: bool  # use_corpus() also when a run is loaded for synthesis and evaluation
+    chunked_heads: bool  # its loss goes through linear_ce.head_loss (train.chunked_loss)
+    loss_kernel: str
+    loss_chunk_tokens: int
+    frame_rate: float | None  # frames per second of Speech.frames (None: the codec's)
+
     def generators(self) -> dict[str, torch.Generator]: ...
     def extra_state(self) -> dict[str, torch.Tensor]: ...
     def load_extra_state(self, state: dict[str, torch.Tensor]) -> None: ...
     def after_optimizer_step(self) -> None: ...
     def eval_weights(self) -> AbstractContextManager[None]: ...
     def use_corpus(self, rows: Sequence[Row]) -> None: ...
-
-
-class FamilyState:
-    """State a family keeps beside its weights, with defaults for a family that has none; a family with
-    some (VibeVoice's diffusion noise, an EMA of its head) overrides these.
-
-    - :meth:`generators`: its own ``torch.Generator`` s, by name (e.g. diffusion noise and timesteps).
-      The trainer seeds each per process from ``train.seed``, the process rank and the name, and saves and
-      restores their states per rank with the RNG state, so a resumed run draws the same numbers.
-    - :meth:`extra_state` / :meth:`load_extra_state`: tensors saved in every checkpoint beside the
-      optimizer state (e.g. an EMA of some weights).
-    - :meth:`after_optimizer_step`: called after each applied optimizer step (not after a skipped one).
-    - :meth:`eval_weights`: a context in which the module holds the weights evaluation, synthesis and export
-      use (e.g. an EMA swapped in); the training weights are back when it ends.
-    - :meth:`use_corpus`: the training rows, given once before any example is made, for a family whose example
-      of a row draws on other rows (VibeVoice's voice prompts: another clip of the same voice); a family that
-      sets ``uses_corpus`` also gets them when a run is loaded for synthesis and evaluation.
-    """
-
-    uses_corpus = False
-    sampling_options: tuple[str, ...] = ()
-    upstream_prefix = ""
-    # the output head's loss (voxrelay.models.linear_ce): the trainer sets the kernel from train.chunked_loss
-    # (voxrelay.train.strategies.choose_loss); a family whose loss calls head_loss says so with chunked_heads
-    # (voxrelay plan then prices a chunk of logits, not all of them)
-    chunked_heads = False
-    loss_kernel = "materialised"
-    loss_chunk_tokens = 256
-    new_rows: tuple[int, int] = (0, 0)  # [start, end) of the ids the build added to a pretrained vocabulary
-
-    def new_token_rows(self) -> list[int]:
-        return list(range(*self.new_rows))
-
-    def generators(self) -> dict[str, torch.Generator]:
-        return {}
-
-    def extra_state(self) -> dict[str, torch.Tensor]:
-        return {}
-
-    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
-        if state:
-            raise ValueError(f"this model keeps no extra state, but the checkpoint holds {sorted(state)[:3]}")
-
-    def after_optimizer_step(self) -> None:
-        return None
-
-    def eval_weights(self) -> AbstractContextManager[None]:
-        return nullcontext()
-
-    def use_corpus(self, rows: Sequence[Row]) -> None:
-        return None
+    def voice_references(self, request: Request) -> list | None: ...
+    def spoken_text(self, text: str) -> str: ...
+    def plan_shape(self, lora_rank: int = 0) -> Any: ...
+    def save_as(self, fmt: str, folder: Any, codec: Any) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -375,23 +334,6 @@ class DataNeeds:
                     "(codec.type=pcm); set codec.type to a codec with codes (mel_kmeans, snac, dac), "
                     "under another data.name")
         return None
-
-
-class Family(Protocol):
-    """A model family: builds new models and loads saved ones."""
-
-    name: str
-
-    def build(self, cfg: Any, data: DataSpec, seed: int, meta: bool = False) -> FamilyModel:
-        """A model for ``cfg`` (this family's ``model:`` section) and ``data``: random init seeded by
-        ``seed``, or the weights of ``cfg.init_from`` (a local folder or hub id). ``meta=True``
-        builds on the meta device (shapes only: no weights read, no memory) for
-        planning. The global RNG is left untouched."""
-        ...
-
-    def load(self, folder: str | os.PathLike[str]) -> FamilyModel:
-        """A model saved by :meth:`FamilyModel.save_pretrained` (no network access)."""
-        ...
 
 
 def module_classes(module: torch.nn.Module, names: Sequence[str]) -> tuple[type[torch.nn.Module], ...]:

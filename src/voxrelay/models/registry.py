@@ -1,8 +1,11 @@
-"""Model families by name (``model.family``): a dict of implementations, each imported only when
-used, so that ``--help`` and ``config show`` import no torch.
+"""The model families by name (``model.family``): one :class:`~voxrelay.models.seam.FamilySpec` each, the only
+place a family is named outside its folder. Importing this module imports no torch (``--help`` and ``config show``
+read it): a spec names its build and load functions, imported when first used.
 
-The names are the tags of the ``model:`` union (:data:`voxrelay.models.configs.FAMILY_CONFIGS`);
-a test keeps the two in step.
+A family outside this package registers itself through ``VOXRELAY_FAMILIES``: comma-separated ``module:ATTRIBUTE``
+references to :class:`~voxrelay.models.seam.FamilySpec` objects, read when this module is first imported (a
+plugin, or a test's family), so every voxrelay command and child process knows it. One that cannot be imported is
+left out and named where its ``model.family`` is asked for.
 """
 
 from __future__ import annotations
@@ -13,25 +16,49 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from voxrelay.config import ConfigError
+from voxrelay.errors import ConfigError
+from voxrelay.models import codec_lm, orpheus, parler, vibevoice
+from voxrelay.models.seam import FamilySpec
 from voxrelay.paths import EXPORT_META
 
 if TYPE_CHECKING:
-    from voxrelay.models.base import DataSpec, Family, FamilyModel
+    from voxrelay.models.base import DataSpec, FamilyModel
 
-# name -> "module:attribute" of a class implementing voxrelay.models.base.Family
-FAMILIES: dict[str, str] = {
-    "codec_lm": "voxrelay.models.codec_lm.family:CodecLMFamily",
-    "orpheus": "voxrelay.models.orpheus.family:OrpheusFamily",
-    "parler": "voxrelay.models.parler.family:ParlerFamily",
-    "vibevoice": "voxrelay.models.vibevoice.family:VibeVoiceFamily",
-}
+PLUGINS_ENV = "VOXRELAY_FAMILIES"
+DEFAULT_FAMILY = "codec_lm"  # a `model:` section without `family` (configs older than families)
 
+
+PLUGIN_ERRORS: list[str] = []  # why a VOXRELAY_FAMILIES entry was not registered (named where its family is asked for)
+
+
+def _plugins() -> list[FamilySpec]:
+    specs = []
+    for ref in filter(None, (r.strip() for r in os.environ.get(PLUGINS_ENV, "").split(","))):
+        module, _, attr = ref.partition(":")
+        try:
+            spec = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as err:
+            PLUGIN_ERRORS.append(f"{PLUGINS_ENV}={ref!r} could not be imported ({err}); give module:ATTRIBUTE of a "
+                                 "voxrelay.models.seam.FamilySpec importable here")
+            continue
+        if not isinstance(spec, FamilySpec):
+            PLUGIN_ERRORS.append(f"{PLUGINS_ENV}={ref!r} is a {type(spec).__name__}, not a FamilySpec")
+            continue
+        specs.append(spec)
+    return specs
+
+
+def unknown_family(name: str) -> str:
+    """The message for a ``model.family`` no spec is registered as: the known ones, and any plugin that failed."""
+    return (f"model.family={name!r} is not a model family; set model.family to one of: {', '.join(sorted(FAMILIES))}"
+            + "".join(f" ({why})" for why in PLUGIN_ERRORS))
+
+
+FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in
+                                   (codec_lm.SPEC, orpheus.SPEC, parler.SPEC, vibevoice.SPEC, *_plugins())}
 
 # `voxrelay import KIND FILE`: KIND -> "module:function" turning an upstream file into (YAML text, notes)
-IMPORTERS: dict[str, str] = {
-    "parler-config": "voxrelay.models.parler.importer:import_config",
-}
+IMPORTERS: dict[str, str] = {kind: ref for spec in FAMILIES.values() for kind, ref in spec.importers.items()}
 
 
 def get_importer(kind: str):
@@ -46,13 +73,11 @@ class ModelFolderError(ConfigError):
     """A saved model folder whose ``voxrelay.json`` does not say which family wrote it."""
 
 
-def get_family(name: str) -> Family:
+def get_family(name: str) -> FamilySpec:
     """The family registered as ``name``, or a ConfigError naming ``model.family`` and the known ones."""
     if name not in FAMILIES:
-        raise ConfigError(f"model.family={name!r} is not a model family; set model.family to one of: "
-                          f"{', '.join(sorted(FAMILIES))}")
-    module, attr = FAMILIES[name].split(":")
-    return getattr(importlib.import_module(module), attr)()
+        raise ConfigError(unknown_family(name))
+    return FAMILIES[name]
 
 
 def as_trained(cfg: Any, train: Any) -> Any:
@@ -60,7 +85,7 @@ def as_trained(cfg: Any, train: Any) -> Any:
     (:func:`~voxrelay.models.lora_config.resolve_weights_dtype`): what training, planning and loading a run build."""
     from voxrelay.models.lora_config import resolve_weights_dtype
 
-    value = getattr(cfg, "weights_dtype", None)
+    value = getattr(cfg, "weights_dtype", None)  # a family without the key: its own dtypes
     if value != "auto":
         return cfg
     dtype = resolve_weights_dtype(value, train.precision, train.lora is not None)
@@ -68,14 +93,14 @@ def as_trained(cfg: Any, train: Any) -> Any:
 
 
 def build_model(cfg: Any, data: DataSpec, seed: int, meta: bool = False) -> FamilyModel:
-    """Build the model of ``cfg`` (a ``model:`` section) for ``data``; see :meth:`Family.build`."""
-    return get_family(cfg.family).build(cfg, data, seed, meta=meta)
+    """Build the model of ``cfg`` (a ``model:`` section) for ``data``; see :attr:`FamilySpec.build`."""
+    return get_family(cfg.family).builder()(cfg, data, seed, meta=meta)
 
 
 def load_model(folder: str | os.PathLike[str]) -> FamilyModel:
     """Load a folder written by ``save_pretrained``/``export``, by the family its voxrelay.json names."""
     meta = Path(folder) / EXPORT_META
-    family = "codec_lm"  # the only family before voxrelay.json named one
+    family = DEFAULT_FAMILY  # the only family before voxrelay.json named one
     if meta.is_file():
         try:
             family = json.loads(meta.read_text()).get("family", family)
@@ -84,4 +109,4 @@ def load_model(folder: str | os.PathLike[str]) -> FamilyModel:
     if family not in FAMILIES:
         raise ModelFolderError(f"{meta} names model family {family!r}, which this voxrelay does not know "
                                f"(known: {', '.join(sorted(FAMILIES))}); load it with the voxrelay that wrote it")
-    return get_family(family).load(folder)
+    return get_family(family).loader()(folder)

@@ -61,7 +61,8 @@ store the tracker does not count (tests/helpers/peak.py, row ``ddp-gc-offload-au
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 GB = 10**9
 # CUDA context + cuBLAS/cuDNN workspaces + NCCL buffers seen by nvidia-smi but not by torch's allocator
@@ -118,8 +119,8 @@ class Param:
 @dataclass(frozen=True)
 class Shape:
     """Sizes of a Llama-style decoder: the activation formula's inputs. A family of another layout maps its
-    layer onto these (``FamilyModel.plan_shape``), e.g. a plain GELU MLP of width F as ``intermediate`` F / 2
-    (two saved tensors of F instead of four)."""
+    layer onto these (``FamilyModelBase.plan_shape``), e.g. a plain GELU MLP of width F as ``intermediate`` F / 2
+    (two saved tensors of F instead of four), and prices what the table lacks with ``layer_extra`` / ``outside``."""
 
     hidden: int
     intermediate: int
@@ -129,10 +130,11 @@ class Shape:
     layers: int
     vocab: int  # logits per token (a multi-head model: every head's vocabulary, e.g. Parler's K x V)
     lora_targets: int = 0  # LoRA rank x adapted Linears per layer (0 = no LoRA)
-    # "llama" (the table); "cross": Parler-TTS' decoder layer (LayerNorms, GELU MLP, cross-attention, grouped
-    # K/V repeated to every head), priced by :func:`_cross_layer_extra` and :func:`_cross_outside`
-    layer: str = "llama"
-    codebooks: int = 1  # token ids per position (Parler: one per codebook)
+    codebooks: int = 1  # token ids per position (e.g. one per codebook)
+    # a layer unlike Llama's (the family's plan_shape sets these): bytes per token one layer saves beyond the table,
+    # and per token outside the layers instead of the Llama decoder's; each (shape, compute) -> bytes
+    layer_extra: Callable[[Shape, str], int] | None = field(default=None, compare=False)
+    outside: Callable[[Shape, str], int] | None = field(default=None, compare=False)
 
 
 def quantised_params(params: list[Param], bits: int) -> list[Param]:
@@ -208,37 +210,14 @@ def layer_activation_bytes(s: Shape, compute: str) -> int:
     """Bytes saved for backward per token by one decoder layer (the table in the module docstring)."""
     ch, ckv, ci, cnh, const, cr = ACTIVATION_COEFFS[(compute, s.lora_targets > 0)]
     table = ch * s.hidden + ckv * s.kv_dim + ci * s.intermediate + cnh * s.heads + const + cr * s.lora_targets
-    return table + (_cross_layer_extra(s, compute) if s.layer == "cross" else 0)
-
-
-def _cross_layer_extra(s: Shape, compute: str) -> int:
-    """What Parler's decoder layer saves per token beyond the Llama table, counted on CPU (saved tensors of 4
-    widths, 1 vs 2 layers at 64 vs 128 tokens): the cross-attention's log-sum-exp and LayerNorm statistics,
-    fp32's un-fused norms (8h), and the self-attention's K/V repeated from ``kv_dim`` to every head."""
-    element = 4 if compute == "fp32" else 2
-    repeated_kv = 2 * (s.heads * s.head_dim - s.kv_dim) * element
-    fixed = {"bf16": 4, "autocast": 16, "fp32": 16}[compute]
-    return (8 * s.hidden if compute == "fp32" else 0) + 4 * s.heads + fixed + repeated_kv
-
-
-def cross_description_bytes(s: Shape, description_tokens: int, compute: str) -> int:
-    """What each cross-attention layer saves per token of the description (not per decoder position): its input
-    and the K/V repeated to every head. ~1-2% of a Parler micro-batch's activations (50 description tokens per
-    600+ positions), so ``plan`` leaves it out of its per-position price."""
-    return s.layers * description_tokens * (12 if compute == "fp32" else 6) * s.hidden
-
-
-def _cross_outside(s: Shape, compute: str) -> int:
-    """Per token outside Parler's layers: the summed codebook embeddings with sinusoids (no RoPE tables), the
-    final LayerNorm's input, the int64 ids of every codebook."""
-    return (2 if compute == "bf16" else 4) * s.hidden + 8 * s.codebooks + (4 if compute == "bf16" else 8)
+    return table + (s.layer_extra(s, compute) if s.layer_extra is not None else 0)
 
 
 def outside_activation_bytes(s: Shape, compute: str, checkpointing: bool = False) -> int:
     """Per token, outside the layers: final norm, RoPE tables (cos, sin; under gradient checkpointing only
     the recomputed layer keeps them), input ids."""
-    if s.layer == "cross":
-        return _cross_outside(s, compute)
+    if s.outside is not None:
+        return s.outside(s, compute)
     rope = 0 if checkpointing else (4 if compute == "bf16" else 8) * s.head_dim
     return (6 if compute == "bf16" else 8) * s.hidden + rope + 12
 

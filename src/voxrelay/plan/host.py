@@ -46,7 +46,7 @@ def host_bytes(cfg: Any, facts: Any, st: Any, tokens: int, cuda: bool = True, ac
         largest = max((p.shard_numel(shards) * p.itemsize for p in params if p.trainable), default=0)
         offload = (weight_bytes(params, shards) + grad_bytes(params, shards)
                    + optimizer_bytes(params, st.optimizer, shards) + 2 * largest)
-    caches = int(float(getattr(cfg.model, "feature_cache_gb", 0) or 0) * GIB)
+    caches = cfg.model.host_cache_bytes()
     data = int(cfg.cache.ram_gb * GIB) + (cfg.train.prefetch_batches + 1) * tokens * BATCH_BYTES_PER_TOKEN
     process = PROCESS_CPU + (CUDA_HOST if cuda else 0)
     total = process + max(load, offload) + data + caches + activations

@@ -4,7 +4,6 @@ sequence lengths of the prepared data (or ``--seq-len``)."""
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import numpy as np
@@ -12,6 +11,7 @@ import numpy as np
 from voxrelay.config import RunConfig
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.qlora import frozen_linears
+from voxrelay.models.seam import module_shape
 from voxrelay.plan import Lengths, ModelFacts, PlanError
 from voxrelay.plan.formulas import Param, Shape
 
@@ -64,23 +64,9 @@ def collect(module: Any, layer_classes: tuple[type, ...]) -> tuple[list[Param], 
     return params, max(units)
 
 
-def family_shape(model: FamilyModel, lora_rank: int = 0) -> Shape:
-    """The family's own :class:`Shape` (``plan_shape``, e.g. an encoder-decoder's), else the Llama-style one."""
-    if hasattr(model, "plan_shape"):
-        return model.plan_shape(lora_rank)
-    return shape_of(model.module, lora_rank)
-
-
 def shape_of(module: Any, lora_rank: int = 0) -> Shape:
     """The decoder sizes from the (HF Llama-style) config; ``lora_rank`` x adapted Linears per layer."""
-    base = module.get_base_model() if hasattr(module, "get_base_model") else module
-    c = base.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    adapted = sum(1 for name, _ in module.named_modules() if name.endswith("lora_A"))
-    per_layer = math.ceil(adapted / c.num_hidden_layers) if adapted else 0
-    return Shape(c.hidden_size, c.intermediate_size, c.num_attention_heads, kv_heads * head_dim, head_dim,
-                 c.num_hidden_layers, c.vocab_size, lora_rank * per_layer)
+    return module_shape(module, lora_rank)
 
 
 def model_facts(cfg: RunConfig, index: dict | None) -> tuple[ModelFacts, FamilyModel]:
@@ -98,7 +84,7 @@ def model_facts(cfg: RunConfig, index: dict | None) -> tuple[ModelFacts, FamilyM
     model = build_model(full_cfg, data_spec(cfg, index), cfg.train.seed, meta=True)
     layers = model.fsdp_layer_classes()
     full_params, full_unit = collect(model.module, layers)
-    full_shape = family_shape(model)
+    full_shape = model.plan_shape()
     base = model.module
     if lora_model_cfg != full_cfg:
         model.module = build_model(lora_model_cfg, data_spec(cfg, index), cfg.train.seed, meta=True).module
@@ -114,7 +100,7 @@ def model_facts(cfg: RunConfig, index: dict | None) -> tuple[ModelFacts, FamilyM
         lora_log.setLevel(level)
     lora_params, lora_unit = collect(model.module, layers)
     facts = ModelFacts({False: full_params, True: lora_params},
-                       {False: full_shape, True: family_shape(model, rank)},
+                       {False: full_shape, True: model.plan_shape(rank)},
                        {False: full_unit, True: lora_unit}, full_shape.vocab,
                        cfg.train.loss_chunk_tokens if cfg.train.chunked_loss and model.chunked_heads else None)
     model.module = base

@@ -93,16 +93,10 @@ def _with_other_texts(model, rows: list) -> list[tuple]:
     return pairs
 
 
-def _frame_rate(model) -> float | None:
-    """Frames per second of what ``model`` generates when they are not its codec's (a family with continuous
-    latents sets ``frame_rate``); None: the codec's frames."""
-    return getattr(model, "frame_rate", None)
-
-
 def _ref_frames(model, codec, row) -> int:
     """How many frames ``model`` would generate for ``row``'s recording: its codes' count, or for a family
     with its own frame rate the row's duration at that rate."""
-    rate = _frame_rate(model)
+    rate = model.frame_rate  # a family with its own latents; None: the codec's frames
     return int(row.codes.shape[1]) if rate is None else max(1, round(row.duration * rate))
 
 
@@ -124,12 +118,12 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
     for i, row in enumerate(rows):
         has_ref = row.codes is not None
         ref_frames = _ref_frames(model, codec, row) if has_ref else 0
-        max_frames = 2 * ref_frames + 20 if has_ref else int(max_seconds * (_frame_rate(model) or codec.frame_rate))
+        max_frames = 2 * ref_frames + 20 if has_ref else int(max_seconds * (model.frame_rate or codec.frame_rate))
         prompts = tuple(codec.decode(np.asarray(p)) for p in getattr(row, "voice_prompts", None) or ())
         request = request_for(model, row.text, row.speaker or speaker, row.description, prompts)
         speech = model.speak(request, codec, max_frames=max_frames, seed=seed_base + i, temperature=temperature,
                              top_k=top_k, **sampling_options(model, **options))
-        voices = model.voice_references(request) if hasattr(model, "voice_references") else None
+        voices = model.voice_references(request)
         frames = speech.frames
         wav = np.asarray(speech.wav, dtype=np.float32) if frames else np.zeros(0, dtype=np.float32)
         silent.append(silent_fraction(wav, speech.sample_rate))  # 1.0 for no audio
@@ -141,7 +135,7 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
             ref = row.ref_audio if row.ref_audio is not None else codec.decode(row.codes)
             if wav.size:
                 mcds.append(mcd_dtw(ref, wav, codec.sample_rate))
-        spoken = model.spoken_text(row.text) if hasattr(model, "spoken_text") else row.text
+        spoken = model.spoken_text(row.text)
         samples.append(Sample(row.id, spoken, wav, speech.sample_rate, ref, codec.sample_rate,
                               voices if voices and len(voices) > 1 else None))
         progress()

@@ -32,7 +32,7 @@ from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel
 from voxrelay.models.lora_config import LoraConfig
 from voxrelay.models.qlora import compute_dtype
-from voxrelay.models.registry import as_trained, build_model
+from voxrelay.models.registry import as_trained, build_model, get_family
 from voxrelay.monitor.sinks import TB_DIR, WANDB_RUN_FILE, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, USAGE_FILE, cache_dir, uri_key
 from voxrelay.plan.fit import check_fits, gpu_memory
@@ -215,7 +215,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     st.seed_everything(cfg.train.seed)
     model = build_model(as_trained(cfg.model, cfg.train), DataSpec.from_prepared(index, codec), cfg.train.seed)
     train_rows = None  # streamed from the shards, unless the family's examples draw on other rows
-    if getattr(model, "uses_corpus", False):
+    if model.uses_corpus:
         cap = int(cfg.cache.max_gb * 2**30)
         train_rows = PreparedDataset.open(cfg.prepared_uri, "train", index, max_bytes=cap).rows
         model.use_corpus(train_rows)  # e.g. voice prompts from other clips of a voice
@@ -270,7 +270,7 @@ def keep_started(cfg: RunConfig, saved: dict, main: bool) -> None:
     kept = {f"train.{k}": v for k, v in started_schedule(cfg.train, saved).items()}
     if kept:
         cfg.train = cfg.train.model_copy(update={k.removeprefix("train."): v for k, v in kept.items()})
-    model = _unset_and_different(cfg.model, old.get("model"), getattr(type(cfg.model), "CHANGED_DEFAULTS", {}))
+    model = _unset_and_different(cfg.model, old.get("model"), type(cfg.model).CHANGED_DEFAULTS)
     if model and (old.get("model") or {}).get("family") == cfg.model.family:
         cfg.model = cfg.model.model_copy(update=model)
         kept |= {f"model.{k}": v for k, v in model.items()}
@@ -333,7 +333,8 @@ def wrap_model(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator):
     if tc.strategy == "fsdp":
         mesh = fsdp_mesh(tc.fsdp_sharding, accelerator.device.type)
         model.module = apply_fsdp(model.module.to(accelerator.device), model.fsdp_layer_classes(), tc.fsdp_sharding,
-                                  tc.precision, tc.cpu_offload, mesh, getattr(model, "fsdp_forward_methods", ()))
+                                  tc.precision, tc.cpu_offload, mesh,
+                                  get_family(model.family).fsdp_forward_methods)
         return model.module, build_optimizer(tc, optimizer_groups(model, tc))
     return accelerator.prepare(model.module, build_optimizer(tc, optimizer_groups(model, tc)))
 

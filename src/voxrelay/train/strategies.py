@@ -101,7 +101,7 @@ def base_hash(module: torch.nn.Module) -> str:
 
 def describe_base(model_cfg, seed: int) -> str:
     """How the run's config says to build the base: ``model.init_from=...`` or the seeded random init."""
-    init_from = getattr(model_cfg, "init_from", None)
+    init_from = model_cfg.pretrained()
     return f"model.init_from={init_from!r}" if init_from else f"the random init of train.seed={seed}"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.datasets import make_wav
-from tests.integration.runner import CONFIG, env_for, voxrelay
+from tests.helpers.runner import CONFIG, env_for, voxrelay
 from voxrelay.models.base import DataNeeds
 from voxrelay.models.codec_lm.config import CodecLMConfig
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tests.integration.runner import can_hide_folders
+from tests.helpers.runner import can_hide_folders
 from voxrelay import storage
 from voxrelay.data import rowindex as ri
 from voxrelay.data import shards as sh

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import pytest
@@ -16,7 +17,6 @@ from voxrelay.config import ConfigError, load_config
 from voxrelay.data.shards import EncodedUtterance
 from voxrelay.models.base import LOSS_COUNT, DataSpec, FamilyModel
 from voxrelay.models.codec_lm.config import CodecLMConfig
-from voxrelay.models.configs import FAMILY_CONFIGS
 from voxrelay.models.registry import FAMILIES, ModelFolderError, build_model, get_family, load_model
 
 K, C = 2, 16
@@ -34,10 +34,14 @@ def row(text: str, frames: int, speaker: str | None = "a", seed: int = 0) -> Enc
 
 
 def test_registry_and_config_union_name_the_same_families() -> None:
-    assert set(FAMILIES) == set(FAMILY_CONFIGS)
-    for name in FAMILIES:
-        assert get_family(name).name == name
-        assert FAMILY_CONFIGS[name].model_fields["family"].default == name
+    from voxrelay.config import RunConfig
+
+    union = {c.model_fields["family"].default for c in get_args(RunConfig.model_fields["model"].annotation)}
+    assert union == set(FAMILIES) and len(FAMILIES) >= 4
+    for name, spec in FAMILIES.items():
+        assert get_family(name) is spec and spec.name == name
+        assert spec.config.model_fields["family"].default == name
+        assert callable(spec.builder()) and callable(spec.loader())
 
 
 @pytest.mark.parametrize("where", ["registry", "config"])

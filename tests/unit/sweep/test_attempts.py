@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import yaml
 
-from tests.integration.runner import CONFIG
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG
+from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.sweep import state as st
 from voxrelay.sweep.spec import load_sweep

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.runner import CONFIG, env_for, voxrelay
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, env_for, voxrelay
+from tests.helpers.tiny import tiny
 
 
 def test_init_from_trains_with_dropout_on(tmp_path, monkeypatch):

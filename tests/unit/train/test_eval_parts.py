@@ -9,8 +9,8 @@ import logging
 
 from typer.testing import CliRunner
 
-from tests.integration.runner import CONFIG
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG
+from tests.helpers.tiny import tiny
 
 
 def _jsonl(path) -> list[dict]:

@@ -4,16 +4,19 @@ every term reaches the training and eval metrics, and no file outside models/ na
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.integration.runner import CONFIG
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG
+from tests.helpers.tiny import tiny
 from voxrelay.models.base import LOSS_COUNT, LossTerm
 
 SRC = Path(__file__).parents[3] / "src" / "voxrelay"
+# getattr(x, "name" ...) / hasattr(x.y(), "name"): the string is what is probed
+PROBE = re.compile(r"\b(?:getattr|hasattr)\([^,()]+(?:\([^()]*\))?,\s*[\"'](\w+)[\"']")
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +153,44 @@ def test_no_file_outside_models_names_a_family():
              for path in sorted(SRC.rglob("*.py")) if path.relative_to(SRC).parts[0] != "models"
              for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert len(FAMILIES) >= 2 and not named, "\n".join(named)
+
+
+def _hook_names() -> set[str]:
+    """Every name a family declares: its built model's hooks (FamilyModel, FamilyModelBase), its config section's
+    hooks and keys (FamilyConfig and each family's own), and its spec's fields."""
+    import dataclasses
+
+    from voxrelay.models.base import FamilyModel
+    from voxrelay.models.registry import FAMILIES
+    from voxrelay.models.seam import FamilyConfig, FamilyModelBase, FamilySpec
+
+    names = {n for cls in (FamilyModel, FamilyModelBase, FamilyConfig) for n in vars(cls) if not n.startswith("_")}
+    names |= set(FamilyModel.__annotations__) | {f.name for f in dataclasses.fields(FamilySpec)}
+    names |= {key for spec in FAMILIES.values() for key in spec.config.model_fields}
+    names |= {n for spec in FAMILIES.values() for n in vars(spec.config) if n.isupper()}  # CHANGED_DEFAULTS ...
+    return names - {"model_config", "name"}
+
+
+def test_no_file_outside_models_probes_a_family_hook():
+    """Outside models/, a family hook or a family's config key is called as declared (with its default in
+    models/seam.py), never probed with hasattr/getattr: a family that lacks one is a bug the seam shows, not a
+    silent default (a forgotten frame_rate once meant frame limits in codec frames, 24,000 a second)."""
+    hooks = _hook_names()
+    assert {"frame_rate", "uses_corpus", "plan_shape", "export_formats", "fsdp_forward_methods",
+            "voice_references", "spoken_text", "ADDED_WITH_NEW_BEHAVIOUR", "data_needs", "audio_embedding",
+            "feature_cache_gb", "init_from"} <= hooks
+    found = [f"{path.relative_to(SRC)}:{n}: {line.strip()}"
+             for path in sorted(SRC.rglob("*.py")) if path.relative_to(SRC).parts[0] != "models"
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             for name in PROBE.findall(line) if name in hooks]
+    assert not found, "\n".join(found)
+
+
+def test_the_probe_check_sees_a_probe():
+    """The pattern above catches the probes it was written for (a check that matches nothing proves nothing)."""
+    assert PROBE.findall('rate = getattr(model, "frame_rate", None) or codec.frame_rate') == ["frame_rate"]
+    assert PROBE.findall('if hasattr(type(cfg.model), "CHANGED_DEFAULTS"):') == ["CHANGED_DEFAULTS"]
+    assert PROBE.findall("x = getattr(self.model, 'audio_embedding', 'free')") == ["audio_embedding"]
 
 
 def test_an_eval_gives_training_its_rng_back(run):

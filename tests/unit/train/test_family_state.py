@@ -1,4 +1,4 @@
-"""A family's own state beside its weights (FamilyState): its generators (seeded per process, saved and
+"""A family's own state beside its weights (FamilyModelBase): its generators (seeded per process, saved and
 restored with the RNG state), its extra state (an EMA, saved in every checkpoint) and its after-step
 hook. A run of such a family resumed from a checkpoint ends exactly as a straight run."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.runner import CONFIG
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG
+from tests.helpers.tiny import tiny
 from voxrelay.models.base import LossTerm
 
 

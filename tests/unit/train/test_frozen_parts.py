@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tests.integration.runner import CONFIG
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG
+from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.manager import MODEL_FILE
 
 FROZEN = "model.embed_tokens.weight"

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.integration.runner import CONFIG
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG
+from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.lease import read_lease
 from voxrelay.checkpoint.preemption import EXIT_FAILED_FOR_GOOD
 

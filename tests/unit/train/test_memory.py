@@ -11,8 +11,8 @@ import logging
 import pytest
 import torch
 
-from tests.integration.runner import CONFIG
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG
+from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.preemption import EXIT_OUT_OF_MEMORY
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.runner import CONFIG
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG
+from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.preemption import EXIT_NON_FINITE
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.runner import CONFIG, assert_same_weights, final_weights
-from tests.integration.tiny import tiny
+from tests.helpers.runner import CONFIG, assert_same_weights, final_weights
+from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.plan import Strategy, strategies
 

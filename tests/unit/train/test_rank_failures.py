@@ -22,8 +22,8 @@ WORLD, FAILING_STEP = 2, 2
 
 
 def _config(root: str, fault: str = "eval"):
-    from tests.integration.runner import CONFIG
-    from tests.integration.tiny import tiny
+    from tests.helpers.runner import CONFIG
+    from tests.helpers.tiny import tiny
     from voxrelay.config import load_config
 
     sharded = ("train.strategy=fsdp", "train.schedule=constant") if fault == "sharded" else ()
@@ -33,8 +33,8 @@ def _config(root: str, fault: str = "eval"):
 
 @pytest.mark.parametrize("fault", ["eval", "save", "sharded"])
 def test_an_error_on_one_rank_in_eval_or_save_is_agreed_on_and_nobody_hangs(tmp_path, fault):
+    from tests.helpers.runner import _kill_tree
     from tests.helpers.servers import free_port
-    from tests.integration.runner import _kill_tree
     from voxrelay.checkpoint.store import CommittedStore
     from voxrelay.data.prepare import prepare
 

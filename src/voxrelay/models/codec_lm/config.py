@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from voxrelay.models.base import DataNeeds
+from voxrelay.models.seam import FamilyConfig
 
 
-class CodecLMConfig(BaseModel):
+class CodecLMConfig(FamilyConfig):
     """A decoder-only Llama over ``[BOS, text, AUDIO_START, codes frame by frame, AUDIO_END]``."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -62,6 +63,13 @@ class CodecLMConfig(BaseModel):
                 f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
             )
         return self
+
+    def train_refusal(self, lora: bool) -> str | None:
+        # (a codec without code vectors is refused when the model is built: the prepared data names the codec)
+        if self.audio_embedding == "codec" and lora:
+            return ("model.audio_embedding=codec learns its audio inputs from scratch, which LoRA's frozen model "
+                    "cannot; set model.audio_embedding=free to train with train.lora")
+        return None
 
     def data_needs(self) -> DataNeeds:
         """Any codec's codes: the vocabulary is sized from the prepared data."""

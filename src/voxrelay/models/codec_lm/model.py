@@ -24,7 +24,6 @@ from transformers import LlamaForCausalLM, PreTrainedModel
 from voxrelay.errors import UserError
 from voxrelay.models.base import (
     Example,
-    FamilyState,
     LoraDefaults,
     LossTerm,
     LossTerms,
@@ -32,7 +31,6 @@ from voxrelay.models.base import (
     Row,
     Speech,
     decay_groups,
-    module_classes,
     num_frames,
     speak_codes,
     with_counts,
@@ -55,6 +53,7 @@ from voxrelay.models.codec_lm.vocab import VocabLayout
 from voxrelay.models.hf import write_meta
 from voxrelay.models.linear_ce import causal_lm_hidden, chunkable, head_loss
 from voxrelay.models.sampling import sample
+from voxrelay.models.seam import FamilyModelBase
 
 IGNORE_INDEX = -100
 # Llama's projections: what LoRA adapts by default (attention and MLP of every layer)
@@ -65,7 +64,7 @@ class SequenceTooLongError(UserError, ValueError):
     """An utterance does not fit in ``model.max_seq_len`` tokens."""
 
 
-class CodecLM(FamilyState):
+class CodecLM(FamilyModelBase):
     """A causal LM over text + codec ids, with its tokenizer, id layout and known speakers
     (a :class:`~voxrelay.models.base.FamilyModel` of the ``codec_lm`` family).
 
@@ -333,11 +332,6 @@ class CodecLM(FamilyState):
         both matrices in full)."""
         return LoraDefaults(r=32, alpha=64, dropout=0.0, rslora=True, target_modules=list(LORA_TARGETS),
                             modules_to_save=[], embeddings=["lm_head", "embed_tokens"])
-
-    def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
-        """The decoder layer class of whichever causal LM this is (transformers lists it in
-        ``_no_split_modules``: the blocks that must stay whole)."""
-        return module_classes(self.module, getattr(self.module, "_no_split_modules", None) or [])
 
     # ---------------------------------------------------------------- synthesis
 

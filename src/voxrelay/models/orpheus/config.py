@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from voxrelay.models.base import DataNeeds
 from voxrelay.models.lora_config import WEIGHTS_DTYPE_HELP, WeightsDtype
+from voxrelay.models.seam import FamilyConfig
 
 
-class OrpheusConfig(BaseModel):
+class OrpheusConfig(FamilyConfig):
     """Orpheus-TTS (canopyai): a Llama-3 causal LM over ``[start_of_human, BOS, text, eot, end_of_human,
     start_of_ai, start_of_speech, SNAC codes (7 per frame), end_of_speech, end_of_ai]``, ids exactly as upstream.
 

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from voxrelay.errors import UserError
 from voxrelay.models.base import (
     Example,
-    FamilyState,
     LoraDefaults,
     LossTerm,
     LossTerms,
@@ -28,7 +27,6 @@ from voxrelay.models.base import (
     Row,
     Speech,
     decay_groups,
-    module_classes,
     num_frames,
     speak_codes,
     with_counts,
@@ -38,6 +36,7 @@ from voxrelay.models.linear_ce import causal_lm_hidden, chunkable, head_loss
 from voxrelay.models.orpheus import layout as L
 from voxrelay.models.orpheus.loading import load_tokenizer
 from voxrelay.models.sampling import sample, sample_processed
+from voxrelay.models.seam import FamilyModelBase
 
 FORMAT_VERSION = 1
 # upstream's inference of a fine-tuned model with transformers' generate (the fine-tuning notebook Orpheus' README
@@ -72,7 +71,7 @@ class OrpheusPromptError(UserError, ValueError):
     """A text (or voice) that cannot be turned into an Orpheus prompt."""
 
 
-class Orpheus(FamilyState):
+class Orpheus(FamilyModelBase):
     """A :class:`~voxrelay.models.base.FamilyModel` of the ``orpheus`` family.
 
     ``module``: a ``LlamaForCausalLM`` with 156,940 embedding rows; ``tokenizer``: the Llama-3 tokenizer with
@@ -179,9 +178,6 @@ class Orpheus(FamilyState):
         a plain Llama-3 lacked train (``train.lora.embeddings``; ``full``: both in full, still tied)."""
         return LoraDefaults(r=32, alpha=64, dropout=0.0, rslora=True, target_modules=list(LORA_TARGETS),
                             modules_to_save=[], embeddings=["lm_head", "embed_tokens"])
-
-    def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
-        return module_classes(self.module, getattr(self.module, "_no_split_modules", None) or [])
 
     # ---------------------------------------------------------------- synthesis
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from voxrelay.models.base import DataNeeds
 from voxrelay.models.lora_config import WEIGHTS_DTYPE_HELP, WeightsDtype
+from voxrelay.models.seam import FamilyConfig
 
 # Upstream's sizes and ids (helpers/model_init_scripts/init_model_600M.py, training_configs/*.json, the model
 # cards): one decoder for the minis (1024 wide, 24 layers, 16 heads, FFN 4096, 4096 positions, dropout 0.1),
@@ -45,7 +46,7 @@ KNOWN_T5: dict[str, dict[str, Any]] = {
 SIZE_KEYS = ("hidden_size", "num_layers", "num_heads", "ffn_dim", "max_position_embeddings", "dropout")
 
 
-class ParlerFamilyConfig(BaseModel):
+class ParlerFamilyConfig(FamilyConfig):
     """Parler-TTS (huggingface/parler-tts 0.2.3, weight-compatible): a T5 encoder reads the ``description``
     (voice, style, recording conditions), the transcript's embeddings are prepended to the decoder's input,
     and a Musicgen-style decoder predicts DAC codes (9 codebooks x 1024, 44.1 kHz at 86 frames/s) with

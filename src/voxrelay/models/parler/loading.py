@@ -11,6 +11,7 @@ A LoRA model saves its adapter instead of ``model.safetensors`` (peft's files on
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -301,8 +302,9 @@ def _from_voxrelay(cfg: ParlerFamilyConfig, data: DataSpec) -> Parler:
     return model
 
 
-def load_folder(folder: Path) -> Parler:
+def load_folder(folder: str | os.PathLike[str]) -> Parler:
     """A folder written by :func:`save_folder`."""
+    folder = Path(folder)
     meta = read_meta(folder, "parler", FORMAT_VERSION)
     config = keymap.config_from_upstream(json.loads((folder / "config.json").read_text()))
     module = build_parler(config, device="meta")

@@ -20,7 +20,6 @@ import torch
 from voxrelay.errors import UserError
 from voxrelay.models.base import (
     Example,
-    FamilyState,
     LoraDefaults,
     LossTerm,
     LossTerms,
@@ -35,6 +34,7 @@ from voxrelay.models.base import (
 )
 from voxrelay.models.parler import delay
 from voxrelay.models.parler.modeling import ParlerDecoderLayer, ParlerModule
+from voxrelay.models.seam import FamilyModelBase
 
 
 class DescriptionMissingError(RequestError, UserError):
@@ -50,7 +50,7 @@ class ParlerSettings:
     codebook_weights: tuple[float, ...] | None = None
 
 
-class Parler(FamilyState):
+class Parler(FamilyModelBase):
     """Parler-TTS: ``module`` (T5 + decoder), the two tokenizers, the data's speakers (descriptions carry
     the voice: speakers are informational) and :class:`ParlerSettings`."""
 
@@ -155,21 +155,11 @@ class Parler(FamilyState):
         return LoraDefaults(r=16, alpha=32, dropout=0.05, rslora=False, target_modules=targets, modules_to_save=[])
 
     def plan_shape(self, lora_rank: int = 0):
-        """The decoder mapped onto ``voxrelay plan``'s Llama-style layer: the GELU MLP (fc1 output and its GELU
-        saved, 2 tensors of F) as ``intermediate`` F / 2, the rest of the layer (cross-attention, LayerNorms,
-        repeated K/V) priced as ``layer="cross"``; logits are K heads of V. The frozen T5 runs under no_grad
-        (nothing saved); its weights count as parameters."""
-        from voxrelay.plan.formulas import Shape
+        """The decoder as ``voxrelay plan`` prices it (:mod:`voxrelay.models.parler.plan`). The frozen T5 runs
+        under no_grad (nothing saved); its weights count as parameters."""
+        from voxrelay.models.parler.plan import plan_shape
 
-        dec = self.config.decoder
-        head_dim = dec.hidden_size // dec.num_attention_heads
-        adapted = sum(1 for name, _ in self.module.named_modules() if name.endswith("lora_A"))
-        per_layer = -(-adapted // dec.num_hidden_layers) if adapted else 0
-        return Shape(dec.hidden_size, dec.ffn_dim // 2, dec.num_attention_heads, dec.num_key_value_heads * head_dim,
-                     head_dim, dec.num_hidden_layers, dec.num_codebooks * dec.vocab_size, lora_rank * per_layer,
-                     layer="cross", codebooks=dec.num_codebooks)
-
-    fsdp_forward_methods = ("encode", "decode")  # generation calls these instead of forward
+        return plan_shape(self.config.decoder, self.module, lora_rank)
 
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """Decoder layers and T5 blocks shard as their own units (a frozen T5 block holds no gradient)."""
@@ -211,14 +201,12 @@ class Parler(FamilyState):
 
     # ---------------------------------------------------------------- files
 
-    export_formats: tuple[str, ...] = ("parler",)  # `voxrelay export --format parler`: upstream's own layout
-
     def save_as(self, fmt: str, folder: str | os.PathLike[str], codec) -> None:
         """``fmt`` "parler": a folder upstream's ``ParlerTTSForConditionalGeneration.from_pretrained`` loads."""
         from voxrelay.models.parler.export import save_upstream
 
-        if fmt not in self.export_formats:
-            raise ValueError(f"unknown export format {fmt!r}; this family writes {self.export_formats}")
+        if fmt != "parler":
+            super().save_as(fmt, folder, codec)
         save_upstream(self, Path(folder), codec)
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:

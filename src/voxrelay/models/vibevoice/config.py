@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from voxrelay.models.base import DataNeeds
 from voxrelay.models.lora_config import WEIGHTS_DTYPE_HELP, WeightsDtype
+from voxrelay.models.seam import FamilyConfig
 from voxrelay.models.vibevoice.script import check_transcript
 
 SAMPLE_RATE = 24000  # every released VibeVoice: 24 kHz audio, one latent per 3200 samples (7.5 per second)
@@ -22,7 +23,7 @@ HOP = 3200
 FIXED_TOKENS = 64
 
 
-class VibeVoiceFamilyConfig(BaseModel):
+class VibeVoiceFamilyConfig(FamilyConfig):
     """VibeVoice (microsoft, as converted to transformers 5.x: ``VibeVoiceForConditionalGeneration``): a Qwen2
     LM reads a chat-format script (speakers as roles 0, 1, ...) and voice prompts, then emits one audio token
     per acoustic latent (7.5 per second of 24 kHz audio); a diffusion head turns each such position's hidden
@@ -91,6 +92,10 @@ class VibeVoiceFamilyConfig(BaseModel):
     def max_seconds(self) -> float:
         """Longest audio whose latents fit ``max_length`` with the fixed tokens (text and prompts come on top)."""
         return math.floor((self.max_length - FIXED_TOKENS) * HOP / SAMPLE_RATE * 10) / 10
+
+    def host_cache_bytes(self) -> int:
+        """The encoded-feature cache (``feature_cache_gb``) each process keeps."""
+        return int(self.feature_cache_gb * 2**30)
 
     def data_needs(self) -> DataNeeds:
         """The audio itself at 24 kHz (the family encodes it with its own frozen tokenizers), transcripts whose

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
-from voxrelay.models.base import FamilyState
+from voxrelay.models.seam import FamilyModelBase
 
 HEAD = "diffusion_head."
 PEFT_COPY = "modules_to_save.default."
@@ -39,7 +39,7 @@ def _assign(p: torch.Tensor, value: torch.Tensor) -> None:
     p.data.copy_(value)
 
 
-class DiffusionEma(FamilyState):
+class DiffusionEma(FamilyModelBase):
     """The EMA part of :class:`~voxrelay.models.vibevoice.model.VibeVoice` (``self.module`` is set by it)."""
 
     module: torch.nn.Module

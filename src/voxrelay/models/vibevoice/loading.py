@@ -5,6 +5,7 @@ frozen; on the meta device (``plan``) from init_from's config.json or the preset
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -185,10 +186,11 @@ def assemble(net: Any, tokenizer: Any, seed: int, max_length: int, drop_rate: fl
     return VibeVoice(module, maker, max_length, settings)
 
 
-def load_folder(folder: Path) -> Any:
+def load_folder(folder: str | os.PathLike[str]) -> Any:
     """A folder written by ``VibeVoice.save_pretrained`` (no network access)."""
     from voxrelay.models.vibevoice.model import load_meta
 
+    folder = Path(folder)
     meta = load_meta(folder)
     what = f"model folder {str(folder)!r}"
     net = load_net(str(folder), what)

@@ -27,6 +27,7 @@ from voxrelay.models.base import (
 )
 from voxrelay.models.hf import read_meta, write_meta
 from voxrelay.models.lora import save_adapter
+from voxrelay.models.seam import decoder_shape
 from voxrelay.models.vibevoice import examples as ex
 from voxrelay.models.vibevoice.config import SAMPLE_RATE
 from voxrelay.models.vibevoice.ema import DiffusionEma
@@ -108,16 +109,7 @@ class VibeVoice(DiffusionEma):
         """The Qwen2 LM as ``voxrelay plan``'s Llama-style layer (logits over its vocabulary). The frozen
         tokenizers run under no_grad (nothing saved for backward); the diffusion head's activations (per target
         latent x ddpm_batch_multiplier, 4 small layers) are left out; every weight counts as a parameter."""
-        from voxrelay.plan.formulas import Shape
-
-        c = self.net.config.text_config
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        adapted = sum(1 for name, _ in self.module.named_modules() if name.endswith("lora_A"))
-        per_layer = -(-adapted // c.num_hidden_layers) if adapted else 0
-        return Shape(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads * head_dim,
-                     head_dim, c.num_hidden_layers, c.vocab_size, lora_rank * per_layer)
-
-    fsdp_forward_methods = ("generate_speech",)  # synthesis runs transformers' generate through the root
+        return decoder_shape(self.net.config.text_config, self.module, lora_rank)
 
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """The LM's decoder layers and the diffusion head; the frozen tokenizers stay in the root unit."""

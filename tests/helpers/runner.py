@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from tests.integration.tiny import tiny
+from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.cli import demo_config_path
 from voxrelay.paths import uri_key

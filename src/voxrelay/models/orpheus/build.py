@@ -1,4 +1,4 @@
-"""The ``orpheus`` entry of the family registry."""
+"""Build and load :class:`Orpheus` models (the ``orpheus`` spec's ``build`` and ``load``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from voxrelay.config import ConfigError
+from voxrelay.errors import ConfigError
 from voxrelay.models.base import DataSpec
 from voxrelay.models.hf import ModelLoadError, auto_config
 from voxrelay.models.orpheus import layout as L
@@ -15,32 +15,27 @@ from voxrelay.models.orpheus.loading import build_module, load_tokenizer, meta_m
 from voxrelay.models.orpheus.model import Orpheus
 
 
-class OrpheusFamily:
-    """A :class:`~voxrelay.models.base.Family`: Orpheus-TTS over SNAC 24 kHz codes (3 codebooks x 4096)."""
-
-    name = "orpheus"
-
-    def build(self, cfg: OrpheusConfig, data: DataSpec, seed: int, meta: bool = False) -> Orpheus:
-        check_data(data)
-        source = tokenizer_source(cfg)
-        what = "model.tokenizer" if cfg.tokenizer else "model.init_from"
-        if meta:  # `plan`: the shapes come from config.json; a tokenizer only sizes examples (--seq-len needs none)
-            try:
-                tokenizer = load_tokenizer(source, what)
-            except ModelLoadError as err:
-                tokenizer = MissingTokenizer(f"{err}; or give `voxrelay plan` --seq-len N (tokens per GPU micro-batch)")
-            module = meta_module(cfg)
-        else:
+def build(cfg: OrpheusConfig, data: DataSpec, seed: int, meta: bool = False) -> Orpheus:
+    check_data(data)
+    source = tokenizer_source(cfg)
+    what = "model.tokenizer" if cfg.tokenizer else "model.init_from"
+    if meta:  # `plan`: the shapes come from config.json; a tokenizer only sizes examples (--seq-len needs none)
+        try:
             tokenizer = load_tokenizer(source, what)
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                module = build_module(cfg)
-        model = Orpheus(module, tokenizer, list(data.speakers), cfg.max_seq_len, cfg.loss_on, cfg.drop_duplicate_frames)
-        model.new_rows = new_rows(cfg)
-        return model
+        except ModelLoadError as err:
+            tokenizer = MissingTokenizer(f"{err}; or give `voxrelay plan` --seq-len N (tokens per GPU micro-batch)")
+        module = meta_module(cfg)
+    else:
+        tokenizer = load_tokenizer(source, what)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            module = build_module(cfg)
+    model = Orpheus(module, tokenizer, list(data.speakers), cfg.max_seq_len, cfg.loss_on, cfg.drop_duplicate_frames)
+    model.new_rows = new_rows(cfg)
+    return model
 
-    def load(self, folder: str | os.PathLike[str]) -> Orpheus:
-        return Orpheus.from_pretrained(folder)
+def load(folder: str | os.PathLike[str]) -> Orpheus:
+    return Orpheus.from_pretrained(folder)
 
 
 def new_rows(cfg: OrpheusConfig) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""The ``codec_lm`` entry of the family registry: builds and loads :class:`CodecLM` models."""
+"""Build and load :class:`CodecLM` models (the ``codec_lm`` spec's ``build`` and ``load``)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,15 @@ from voxrelay.models.codec_lm.model import CodecLM
 from voxrelay.models.hf import auto_config
 
 
-class CodecLMFamily:
-    """A :class:`~voxrelay.models.base.Family`: a Llama over text ids + per-codebook audio ids."""
+def build(cfg: CodecLMConfig, data: DataSpec, seed: int, meta: bool = False) -> CodecLM:
+    model = CodecLM.build(cfg, data.num_codebooks, data.codebook_size, data.speakers, seed, meta=meta,
+                          code_vectors=data.code_vectors)
+    model.new_rows = new_rows(cfg, model)
+    return model
 
-    name = "codec_lm"
 
-    def build(self, cfg: CodecLMConfig, data: DataSpec, seed: int, meta: bool = False) -> CodecLM:
-        model = CodecLM.build(cfg, data.num_codebooks, data.codebook_size, data.speakers, seed, meta=meta,
-                              code_vectors=data.code_vectors)
-        model.new_rows = new_rows(cfg, model)
-        return model
-
-    def load(self, folder: str | os.PathLike[str]) -> CodecLM:
-        return CodecLM.from_pretrained(folder)
+def load(folder: str | os.PathLike[str]) -> CodecLM:
+    return CodecLM.from_pretrained(folder)
 
 
 def new_rows(cfg: CodecLMConfig, model: CodecLM) -> tuple[int, int]:

@@ -1,0 +1,202 @@
+"""Everything a family declares, each with its default: what training, planning, inference and export may
+ask of a family, and nothing else (a test refuses a ``hasattr``/``getattr`` probe of these names outside
+``models/``).
+
+A family is one folder ``models/<family>/`` and one :class:`FamilySpec` in
+:data:`voxrelay.models.registry.FAMILIES`:
+
+- :class:`FamilySpec` (torch-free, like torchtitan's ``TrainSpec``): the name, the ``model:`` section's class,
+  where its build and load functions live, its export formats and the methods FSDP must route through the root;
+- :class:`FamilyConfig`: the base of that ``model:`` section, with the hooks ``prepare``, ``plan`` and the config
+  ask before any model exists (what the data must hold, what the host caches, a training setting it refuses);
+- :class:`FamilyModelBase`: the base of a built model, with the hooks of a built model that most families leave
+  at their defaults (state beside the weights, frame rate, voice references, the plan's layer shape).
+
+Importing this module imports no torch (``--help`` and ``config show`` read the registry).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from voxrelay.models.base import DataNeeds, Request, Row
+
+if TYPE_CHECKING:
+    import torch
+
+    from voxrelay.plan.formulas import Shape
+
+
+class FamilyConfig(BaseModel):
+    """The base of a family's ``model:`` section. A family's section sets ``family`` to a ``Literal`` of its
+    name and adds its keys; the hooks below are asked before any model is built (no torch)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    family: str
+    # model.* keys added since runs were saved, with the value that keeps the behaviour such a run had (a resumed
+    # run compares against it), and keys whose default changed since, with the old default
+    ADDED_WITH_NEW_BEHAVIOUR: ClassVar[dict[str, object]] = {}
+    CHANGED_DEFAULTS: ClassVar[dict[str, object]] = {}
+
+    def pretrained(self) -> str | None:
+        """The pretrained weights the model starts from (``model.init_from``), None for a random init."""
+        return getattr(self, "init_from", None)
+
+    def data_needs(self) -> DataNeeds:
+        """What ``prepare`` must produce for this family (any codec's codes by default)."""
+        return DataNeeds()
+
+    def train_refusal(self, lora: bool) -> str | None:
+        """Why this section cannot train as configured (``lora``: ``train.lora`` is set), with the fix; None
+        when it can. The config refuses such a run before anything is prepared."""
+        return None
+
+    def host_cache_bytes(self) -> int:
+        """Host memory the family keeps per process beyond the data loader's (e.g. encoded features), for
+        ``voxrelay plan``'s host column."""
+        return 0
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One model family, declared once: ``name`` (``model.family``), its ``config`` section class, ``build`` and
+    ``load`` as ``"module:function"`` (imported only when used), and its torch-free facts."""
+
+    name: str
+    config: type[FamilyConfig]
+    # (cfg, data: DataSpec, seed: int, meta: bool = False) -> FamilyModel: random init seeded by ``seed``, or
+    # ``cfg.init_from``'s weights; ``meta`` builds shapes only (planning); the global RNG is left untouched
+    build: str
+    load: str  # (folder) -> FamilyModel: a folder its save_pretrained wrote (no network access)
+    summary: str  # one line: what the family is (the registry's listing, errors)
+    # `voxrelay export --format X`: upstream layouts FamilyModelBase.save_as writes beside voxrelay's own
+    export_formats: tuple[str, ...] = ()
+    # methods other than forward that synthesis calls on the root module; FSDP must route them through it
+    fsdp_forward_methods: tuple[str, ...] = ()
+    # `voxrelay import KIND FILE`: KIND -> "module:function" turning an upstream file into (YAML text, notes)
+    importers: Mapping[str, str] = field(default_factory=dict)
+
+    def builder(self) -> Callable[..., Any]:
+        return _resolve(self.build)
+
+    def loader(self) -> Callable[..., Any]:
+        return _resolve(self.load)
+
+
+def _resolve(ref: str) -> Callable[..., Any]:
+    module, attr = ref.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class FamilyModelBase:
+    """The defaults of every hook a built model may override (see :class:`voxrelay.models.base.FamilyModel` for
+    the ones it must implement).
+
+    State beside the weights:
+
+    - :meth:`generators`: its own ``torch.Generator`` s, by name (e.g. diffusion noise and timesteps).
+      The trainer seeds each per process from ``train.seed``, the process rank and the name, and saves and
+      restores their states per rank with the RNG state, so a resumed run draws the same numbers.
+    - :meth:`extra_state` / :meth:`load_extra_state`: tensors saved in every checkpoint beside the
+      optimizer state (e.g. an EMA of some weights).
+    - :meth:`after_optimizer_step`: called after each applied optimizer step (not after a skipped one).
+    - :meth:`eval_weights`: a context in which the module holds the weights evaluation, synthesis and export
+      use (e.g. an EMA swapped in); the training weights are back when it ends.
+    - :meth:`use_corpus`: the training rows, given once before any example is made, for a family whose example
+      of a row draws on other rows (VibeVoice's voice prompts: another clip of the same voice); a family that
+      sets ``uses_corpus`` also gets them when a run is loaded for synthesis and evaluation.
+
+    Synthesis and evaluation: ``frame_rate`` (frames of ``Speech.frames`` per second, None: the codec's),
+    :meth:`voice_references`, :meth:`spoken_text`. Planning: :meth:`plan_shape`. Export: :meth:`save_as`.
+    """
+
+    uses_corpus = False
+    sampling_options: tuple[str, ...] = ()
+    upstream_prefix = ""
+    # the output head's loss (voxrelay.models.linear_ce): the trainer sets the kernel from train.chunked_loss
+    # (voxrelay.train.strategies.choose_loss); a family whose loss calls head_loss says so with chunked_heads
+    # (voxrelay plan then prices a chunk of logits, not all of them)
+    chunked_heads = False
+    loss_kernel = "materialised"
+    loss_chunk_tokens = 256
+    new_rows: tuple[int, int] = (0, 0)  # [start, end) of the ids the build added to a pretrained vocabulary
+    # frames per second of what speak() counts in Speech.frames and limits by max_frames (a family generating its
+    # own latents sets it); None: the prepared data's codec's frames
+    frame_rate: float | None = None
+
+    def new_token_rows(self) -> list[int]:
+        return list(range(*self.new_rows))
+
+    def generators(self) -> dict[str, torch.Generator]:
+        return {}
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        if state:
+            raise ValueError(f"this model keeps no extra state, but the checkpoint holds {sorted(state)[:3]}")
+
+    def after_optimizer_step(self) -> None:
+        return None
+
+    def eval_weights(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def use_corpus(self, rows: Sequence[Row]) -> None:
+        return None
+
+    def voice_references(self, request: Request) -> list | None:
+        """The recordings whose voices a sample of ``request`` should have (mono float32, one per speaker), for
+        speaker similarity; None: the request's speaker's clips in the data."""
+        return None
+
+    def spoken_text(self, text: str) -> str:
+        """What a listener hears of ``text`` (a dialogue's words without its speaker tags), for WER."""
+        return text
+
+    def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
+        """The decoder layer class of whichever transformers model the module is (transformers lists it in
+        ``_no_split_modules``: the blocks that must stay whole)."""
+        from voxrelay.models.base import module_classes
+
+        module = self.module  # type: ignore[attr-defined]
+        return module_classes(module, getattr(module, "_no_split_modules", None) or [])
+
+    def plan_shape(self, lora_rank: int = 0) -> Shape:
+        """The sizes ``voxrelay plan`` prices a layer by: the module's (HF Llama-style) config by default."""
+        return module_shape(self.module, lora_rank)  # type: ignore[attr-defined]
+
+    def save_as(self, fmt: str, folder: Any, codec: Any) -> None:
+        """Write ``folder`` in the upstream layout ``fmt`` (one of its spec's ``export_formats``; ``voxrelay
+        export --format``): a family with such formats overrides this."""
+        raise ValueError(f"unknown export format {fmt!r}; model.family={self.family} writes only voxrelay's own")
+
+
+def module_shape(module: Any, lora_rank: int = 0) -> Shape:
+    """The sizes of a transformers decoder ``module`` (a peft model's base) from its config."""
+    base = module.get_base_model() if hasattr(module, "get_base_model") else module
+    return decoder_shape(base.config, module, lora_rank)
+
+
+def decoder_shape(config: Any, module: Any, lora_rank: int = 0, **overrides: Any) -> Shape:
+    """A decoder's sizes from its HF ``config`` (``hidden_size``, ``num_attention_heads``, optional ``head_dim`` and
+    ``num_key_value_heads`` ...; ``overrides`` replace any of :class:`Shape`'s fields, e.g. a GELU MLP's
+    ``intermediate``), with ``lora_rank`` x the adapted Linears per layer counted in ``module``."""
+    from voxrelay.plan.formulas import Shape
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    adapted = sum(1 for name, _ in module.named_modules() if name.endswith("lora_A"))
+    per_layer = -(-adapted // config.num_hidden_layers) if adapted else 0
+    sizes = {"hidden": config.hidden_size, "intermediate": getattr(config, "intermediate_size", 0),
+             "heads": config.num_attention_heads, "kv_dim": kv_heads * head_dim, "head_dim": head_dim,
+             "layers": config.num_hidden_layers, "vocab": config.vocab_size, "lora_targets": lora_rank * per_layer}
+    return Shape(**(sizes | overrides))
