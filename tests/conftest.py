@@ -1,4 +1,9 @@
-"""Shared fixtures. Object-storage tests run against real servers on 127.0.0.1 (tests/helpers/servers.py)."""
+"""Shared fixtures. Object-storage tests run against real servers on 127.0.0.1 (tests/helpers/servers.py).
+
+Tiers: a module whose tests run whole trainings, several processes or seconds each sets ``pytestmark =
+pytest.mark.slow`` (and ``distributed`` when it starts torch.distributed jobs); a test that uses the S3/GCS servers
+is marked ``servers`` here. ``bash scripts/test.sh --fast`` runs ``-m "not slow"`` (minutes, for the edit-test
+loop); ``bash scripts/test.sh`` runs everything (what CI runs)."""
 
 from __future__ import annotations
 
@@ -18,6 +23,17 @@ def _server(cls: type[S3Server] | type[GCSServer]) -> Iterator[S3Server | GCSSer
         pytest.skip(str(err))
     with cls() as server:
         yield server
+
+
+SERVER_FIXTURES = {"s3_server", "gcs_server", "s3_root", "gcs_root"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        named = set(getattr(item, "fixturenames", ())) | {v for v in params.values() if isinstance(v, str)}
+        if SERVER_FIXTURES & named:  # a fixture, or a parameter naming one (request.getfixturevalue)
+            item.add_marker(pytest.mark.servers)
 
 
 @pytest.fixture(scope="module", autouse=True)

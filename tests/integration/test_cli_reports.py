@@ -13,6 +13,8 @@ from tests.helpers.runner import CONFIG, env_for, voxrelay
 from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.preemption import EXIT_TIME_LIMIT
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> tuple[str, dict]:

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.runner import CONFIG, Trainer, env_for, voxrelay
 from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.cost.config import CostConfig
 from voxrelay.cost.estimate import training_spend
 from voxrelay.cost.usage import read_sessions, usage_of
+
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
 PRICE = ["cost.gpu_hour=3600"]  # $1 per process-second: the spend is the seconds the sessions recorded
 

@@ -12,6 +12,8 @@ import pytest
 from tests.helpers.runner import CONFIG, env_for, voxrelay
 from tests.helpers.tiny import tiny
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, bytes]]:
     return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.read_bytes())

@@ -16,6 +16,8 @@ from tests.helpers.runner import CONFIG, voxrelay
 from tests.helpers.servers import apply_env, free_port, reset_storage_cache
 from voxrelay import storage
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 BOUND_S = 60  # credentials lookup + one refused/unresolved request; before the fix: minutes
 SDK_ENV = ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
            "AWS_PROFILE", "VOXRELAY_RETRY_ATTEMPTS", "VOXRELAY_RETRY_BASE_DELAY", "AWS_MAX_ATTEMPTS",

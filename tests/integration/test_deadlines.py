@@ -17,6 +17,8 @@ from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.preemption import EXIT_PREEMPTED_STAGED, EXIT_TIME_LIMIT
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 ENDLESS = ("train.max_steps=100000", "checkpoint.every_steps=100000", "train.eval_every=100000")
 
 

@@ -22,6 +22,8 @@ from voxrelay import host, storage
 from voxrelay.checkpoint.preemption import EXIT_PREEMPTED, EXIT_TIME_LIMIT
 from voxrelay.checkpoint.store import CommittedStore
 
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py
+
 HARNESS = str(Path(__file__).resolve().parents[1] / "helpers" / "skewed_clock.py")
 
 

@@ -16,6 +16,8 @@ from tests.helpers.runner import CONFIG, Trainer, env_for, voxrelay
 from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.preemption import EXIT_FAILED_FOR_GOOD
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 
 def _env(tmp_path, kind: str, gate: WriteGate) -> dict:
     env = env_for(tmp_path / "cache") | {k: v for k, v in os.environ.items()

@@ -16,6 +16,8 @@ from tests.helpers.runner import CONFIG, env_for, voxrelay
 from tests.helpers.tiny import tiny
 from voxrelay.cli import app
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 # the demo's phoneme input end to end (train, checkpoint, eval, export, eval of the export)
 SCORED = ("eval.asr={}", "eval.speaker_similarity=true", "train.eval_synth=2", "eval.temperature=0.5",
           "model.tokenizer=phonemes", "model.dropout=0.1")

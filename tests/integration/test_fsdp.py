@@ -24,6 +24,8 @@ from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.manager import STATE_FILE, CheckpointManager, load_state
 from voxrelay.checkpoint.sharded import read_model
 
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py
+
 STEPS = 12
 FSDP = ("train.strategy=fsdp", "model.dropout=0.1", "train.eval_every=100", "train.schedule=constant")
 LORA = ("train.lora.r=4", "train.lora.dropout=0.1")

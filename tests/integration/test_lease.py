@@ -25,6 +25,8 @@ from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.checkpoint.preemption import EXIT_PREEMPTED
 from voxrelay.checkpoint.store import CommittedStore
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 ENDLESS = ("train.max_steps=100000", "train.eval_every=100000", "train.log_every=1", "checkpoint.every_steps=2")
 
 

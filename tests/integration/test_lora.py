@@ -22,6 +22,8 @@ from voxrelay.models.base import DataSpec
 from voxrelay.models.registry import build_model
 from voxrelay.train.strategies import base_hash
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 TEXT, VOICE = "The quiet river carries seven boats.", "en-us"
 
 

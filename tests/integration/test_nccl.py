@@ -18,8 +18,9 @@ import torch
 from tests.helpers.runner import CONFIG, Trainer, env_for, final_weights, torchrun, voxrelay
 from tests.helpers.tiny import tiny
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                                reason="needs two GPUs (NCCL)")
+pytestmark = [pytest.mark.slow, pytest.mark.distributed,  # tiers: see tests/conftest.py
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                                 reason="needs two GPUs (NCCL)")]
 STEPS = 12
 ARGS = ("model.dropout=0.1", "train.eval_every=100", "train.schedule=constant", f"train.max_steps={STEPS}")
 

@@ -9,6 +9,7 @@ import pickle
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
@@ -18,6 +19,8 @@ from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, CheckpointManager
 from voxrelay.checkpoint.sharded import DCP, DCP_METADATA, SHARDED, rank_files
 from voxrelay.checkpoint.store import sha256_file
+
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
 
 class Payload:

@@ -25,6 +25,8 @@ from tests.helpers.runner import (
     voxrelay,
 )
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "orpheus-lora.yaml")
 STEPS = 8
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import soundfile as sf
 import yaml
 
@@ -15,6 +16,8 @@ from tests.helpers.fake_family_model import build
 from tests.helpers.runner import CONFIG, assert_same_weights, env_for, final_weights, staging_dir, voxrelay
 from tests.helpers.tiny import TINY
 from voxrelay.models.base import DataSpec
+
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
 SRC = Path(__file__).parents[2] / "src" / "voxrelay"
 FAMILY = {"VOXRELAY_FAMILIES": "tests.helpers.fake_family:SPEC"}

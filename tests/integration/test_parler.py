@@ -26,6 +26,8 @@ from tests.helpers.runner import (
 from tests.helpers.speech import SENTENCES
 from voxrelay.metrics import silent_fraction
 
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py
+
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "parler-mini-v0.1.yaml")
 STEPS = 6
 

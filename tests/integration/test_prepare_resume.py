@@ -11,8 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.tiny import tiny
 from voxrelay.cli import demo_config_path
+
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
 VOXRELAY = [sys.executable, "-m", "voxrelay"]
 

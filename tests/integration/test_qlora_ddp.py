@@ -12,6 +12,8 @@ import pytest
 from tests.helpers.runner import CONFIG, assert_same_weights, env_for, final_weights, torchrun
 from tests.helpers.tiny import tiny
 
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py
+
 pytest.importorskip("bitsandbytes")
 
 QLORA = ("train.eval_every=100", "model.dropout=0.1", "train.lora.r=4", "train.lora.dropout=0.1",
@@ -19,7 +21,6 @@ QLORA = ("train.eval_every=100", "model.dropout=0.1", "train.lora.r=4", "train.l
          "train.max_steps=3")
 
 
-@pytest.mark.slow
 def test_two_process_qlora_resumes_bit_for_bit(tmp_path: Path, monkeypatch):
     from voxrelay.config import load_config
     from voxrelay.data.prepare import prepare

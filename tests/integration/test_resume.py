@@ -38,6 +38,8 @@ from voxrelay import storage
 from voxrelay.checkpoint.manager import STATE_FILE, CheckpointManager, load_state
 from voxrelay.checkpoint.store import MANIFEST, CommittedStore, parse_step, read_local_manifest, step_name
 
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py
+
 STEPS = 12
 DROPOUT = "model.dropout=0.1"  # the steps draw from the RNG (see the module docstring)
 LORA = ("train.lora.r=4", "train.lora.dropout=0.1")

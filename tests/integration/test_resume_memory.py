@@ -21,6 +21,8 @@ import pytest
 from tests.helpers.runner import CONFIG, env_for, voxrelay
 from tests.helpers.tiny import tiny
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 BIG = ("model.hidden_size=768", "model.num_layers=4", "model.num_heads=8", "model.intermediate_size=3072",
        "train.eval_every=100000", "checkpoint.every_steps=100000", "train.batch_tokens=600")
 

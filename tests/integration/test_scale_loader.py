@@ -5,7 +5,11 @@ memory, as the loader did before streaming, would add the ~180 MB of codes."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench import scale_loader as bench
+
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
 
 def test_peak_memory_of_the_streaming_reader_does_not_grow_with_the_corpus(tmp_path):

@@ -9,10 +9,14 @@ import random
 import signal
 import time
 
+import pytest
+
 from tests.helpers.runner import CONFIG, Trainer, assert_same_weights, env_for, final_weights, voxrelay
 from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.preemption import EXIT_TIME_LIMIT
+
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
 STEPS = 240
 # dropout > 0: the RNG state must really be restored; saves every 5 steps, no evals (speed)

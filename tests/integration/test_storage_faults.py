@@ -35,6 +35,8 @@ from voxrelay import storage
 from voxrelay.checkpoint.preemption import EXIT_PREEMPTED
 from voxrelay.checkpoint.store import MANIFEST, CommittedStore, sha256_file
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 
 def _env(tmp_path, fast_fail: bool = True) -> dict:
     env = env_for(tmp_path / "cache")

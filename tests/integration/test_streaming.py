@@ -17,6 +17,8 @@ from voxrelay import storage
 from voxrelay.checkpoint.store import CommittedStore
 from voxrelay.data.rowindex import LENGTHS_DIR, rows_file
 
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py
+
 CAP_GB = 0.00002  # ~21 KB: a few of the ~3 KB shards; the split is larger
 SETTINGS = ("data.shard_size=2", "train.shuffle_window=2", f"cache.max_gb={CAP_GB}", "cache.ram_gb=0.000001",
             "cache.prefetch_shards=2", "train.prefetch_batches=2", "train.max_steps=24", "checkpoint.every_steps=2",

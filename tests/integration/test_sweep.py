@@ -22,6 +22,8 @@ from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.store import CommittedStore
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 LONG, SHORT = 60, 6  # steps of the experiment that is killed (it must outlast the wait for its first commit)
 
 

@@ -15,6 +15,8 @@ from voxrelay import storage
 from voxrelay.cli import demo_config_path
 from voxrelay.config import load_config
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 EXAMPLES = Path(__file__).parents[2] / "examples"
 NOTEBOOK = EXAMPLES / "colab.ipynb"
 # no evals, no periodic saves: a session saves once, when it stops

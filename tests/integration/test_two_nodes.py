@@ -11,6 +11,8 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.runner import (
     CONFIG,
     Trainer,
@@ -25,6 +27,8 @@ from tests.helpers.runner import (
 from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.store import ELSEWHERE, CommittedStore
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py
 
 STEPS = 12
 SETTINGS = ("train.strategy=fsdp", "model.dropout=0.1", "train.eval_every=100", "train.schedule=constant",

@@ -1,22 +1,29 @@
 """Every command, driven as a user would with bad input: exit code 2, a one-paragraph message that names
 the bad key/file/value, and no traceback.
 
-One tiny prepared root and a 2-step run are made once for the module; each case is one
-`python -m voxrelay ...` child process. No network: hub lookups run with HF_HUB_OFFLINE=1.
+One tiny prepared root and a 2-step run are made once for the module; the cases run as `voxrelay.cli.main()` with
+their command line, all in one child process (tests/helpers/cli_batch.py: the start-up of torch paid once), but a
+case with an environment of its own, which gets a `python -m voxrelay ...` process. No network: hub lookups run
+with HF_HUB_OFFLINE=1.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests.helpers.runner import CONFIG, can_hide_folders, env_for, in_mount_namespace, voxrelay
 from tests.helpers.tiny import tiny
+
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
 
 @dataclass
@@ -186,10 +193,25 @@ def _message(stderr: str) -> str:
 # Messages not yet one paragraph; each has a strict xfail below that turns red once it is fixed.
 
 
-def _run_case(world: World, name: str) -> tuple[str, str]:
-    """Run a case; returns (message, all output) after the checks every case passes."""
+@pytest.fixture(scope="module")
+def batch(world: World) -> dict[str, dict]:
+    """Every case without an environment of its own, run in one process: name -> returncode, stdout, stderr."""
+    built = {name: case(world) for name, case in CASES.items()}
+    commands = {name: args for name, (args, _, extra_env) in built.items() if not extra_env}
+    res = subprocess.run([sys.executable, "-m", "tests.helpers.cli_batch"], input=json.dumps(commands),
+                         env=world.env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout)
+
+
+def _run_case(world: World, name: str, batch: dict[str, dict] | None = None) -> tuple[str, str]:
+    """Run a case (its result in ``batch``, when there); returns (message, all output) after the checks every
+    case passes."""
     args, expected, extra_env = CASES[name](world)
-    res = voxrelay(*args, env={**world.env, **extra_env}, timeout=300)
+    if batch is not None and name in batch:
+        res = SimpleNamespace(**batch[name])
+    else:
+        res = voxrelay(*args, env={**world.env, **extra_env}, timeout=300)
     out = res.stdout + res.stderr
     assert res.returncode == 2, out
     assert "Traceback" not in out
@@ -200,8 +222,8 @@ def _run_case(world: World, name: str) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_user_error_exits_2_with_a_message(world: World, name: str) -> None:
-    message, _ = _run_case(world, name)
+def test_user_error_exits_2_with_a_message(world: World, batch: dict[str, dict], name: str) -> None:
+    message, _ = _run_case(world, name, batch)
     assert all(line.strip() for line in message.splitlines()), message  # one paragraph: no blank line
 
 

@@ -25,6 +25,8 @@ from tests.helpers.runner import (
 )
 from tests.helpers.vibevoice import save_tiny_vibevoice
 
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py
+
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "vibevoice-lora.yaml")
 STEPS = 6
 

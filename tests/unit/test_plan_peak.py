@@ -24,6 +24,8 @@ from voxrelay.config import load_config
 from voxrelay.plan import Strategy, per_gpu
 from voxrelay.plan.model import model_facts
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -42,8 +42,11 @@ def test_another_machines_part_upload_stops_once_the_run_is_taken_over(tmp_path:
     other.upload_part(2, part, ["__1_0.distcp"])  # the job's own lease: written
     assert "__1_0.distcp" in storage.file_sizes(storage.join(run, "checkpoints", "step-00000002"))
 
-    # a new session takes the run over (the old lease looks expired to it: no wait)
-    assert RunLease(run, 60, clock=lambda: time.time() + 1000).acquire(take_over=True)
+    # a new session takes the run over (the old lease looks expired to it by the clock, but it is live: the new
+    # session waits the old lease's 60 s for a write in flight, here recorded instead of slept)
+    waits: list[float] = []
+    assert RunLease(run, 60, clock=lambda: time.time() + 1000, pause=waits.append).acquire(take_over=True)
+    assert waits == [60]
     part = other.staging.new_folder(4)
     (part / "__1_0.distcp").write_bytes(b"b" * 50)
     with pytest.raises(LeaseLost, match="took over"):

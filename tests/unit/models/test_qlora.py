@@ -18,6 +18,8 @@ from voxrelay.codecs.pcm import PcmCodec
 from voxrelay.models.base import DataSpec
 from voxrelay.models.lora_config import LoraConfig
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 bnb = pytest.importorskip("bitsandbytes")
 
 DATA = {"vibevoice": DataSpec(1, 65536, [], 24000.0, 24000), "orpheus": DataSpec(7, 4096, ["tara"], 11.71875, 24000),

@@ -10,6 +10,8 @@ from tests.unit.models.test_codec_lm import random_codes, tiny_model, train_on
 from voxrelay.data.shards import EncodedUtterance
 from voxrelay.quality.samples import held_out_loss
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 
 def _row(text: str, codes: np.ndarray) -> EncodedUtterance:
     return EncodedUtterance(text, text, None, None, 1.0, codes)

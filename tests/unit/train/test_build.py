@@ -8,6 +8,8 @@ import pytest
 from tests.helpers.runner import CONFIG, env_for, voxrelay
 from tests.helpers.tiny import tiny
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 
 def test_init_from_trains_with_dropout_on(tmp_path, monkeypatch):
     env, root = env_for(tmp_path / "cache"), str(tmp_path / "root")

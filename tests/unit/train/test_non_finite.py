@@ -18,6 +18,8 @@ from tests.helpers.runner import CONFIG
 from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.preemption import EXIT_NON_FINITE
 
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py
+
 
 def _config(root: Path):
     from voxrelay.config import load_config

@@ -19,6 +19,8 @@ from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.plan import Strategy, strategies
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 
 def _flags(st: Strategy) -> tuple:
     return (st.strategy, st.lora, st.optimizer, st.gradient_checkpointing, st.cpu_offload, st.base_bits,

@@ -23,6 +23,8 @@ from types import SimpleNamespace
 
 import pytest
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 WORLD = 2
 
 
