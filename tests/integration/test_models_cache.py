@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
 REPO = "voxrelay-test/tiny-lm"
 SESSION = """
 import logging
@@ -20,8 +22,6 @@ import sys
 logging.basicConfig(level=logging.INFO)
 from voxrelay.config import load_config
 from voxrelay.models import hub_cache
-
-pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 hub_cache.use_local_hub_cache()
 cfg = load_config(None, [f"root={sys.argv[1]}"])
 if sys.argv[2] == "first":
