@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from voxrelay.checkpoint.stops import EXIT_ABORTED, EXIT_USER_ERROR
 from voxrelay.cli_paths import reads, user_message, writes
 from voxrelay.errors import UserError
 from voxrelay.paths import GIVEN
@@ -318,7 +319,7 @@ def main() -> None:
         if (message := user_message(e, OWN_LINES.verbose)) is None:
             raise  # an OSError not on a path of the user's: a bug, shown whole
         err.print(f"[red]error:[/red] {escape(message)}", highlight=False)  # a message is text, not markup
-        sys.exit(2)
+        sys.exit(EXIT_USER_ERROR)
     except KeyboardInterrupt:
         err.print("interrupted", highlight=False)
-        sys.exit(130)
+        sys.exit(EXIT_ABORTED)

@@ -15,6 +15,7 @@ import yaml
 from voxrelay import storage
 from voxrelay.checkpoint.lease import describe, glance, read_lease
 from voxrelay.checkpoint.staging import Staging
+from voxrelay.checkpoint.stops import EARLY_STOP
 from voxrelay.checkpoint.store import Checkpoint, CommittedStore
 from voxrelay.errors import UserError
 from voxrelay.monitor.limits import what_limits
@@ -81,7 +82,7 @@ class RunStatus:
 
     @property
     def finished(self) -> bool:
-        if self.stop_reason == "early stopping":
+        if self.stop_reason == EARLY_STOP.reason:
             return True
         return self.max_steps is not None and self.durable_step is not None and self.durable_step >= self.max_steps
 
@@ -181,7 +182,7 @@ def format_status(s: RunStatus) -> str:
         lines.append(f"local cache  {_size(c.total)} (prepared {_size(c.prepared)}, staging {_size(c.staging)}) "
                      f"in {c.folder}")
     lines.append(f"writer       {_writer(s.writer)}")
-    done = "no" if not s.finished else "yes (early stopping)" if s.stop_reason == "early stopping" else "yes"
+    done = "no" if not s.finished else "yes (early stopping)" if s.stop_reason == EARLY_STOP.reason else "yes"
     if not s.finished and s.stop_reason:
         done += f" (the last session stopped: {s.stop_reason})"
     lines.append(f"finished     {done}")

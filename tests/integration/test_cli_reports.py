@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.runner import CONFIG, env_for, voxrelay
 from tests.helpers.tiny import tiny
-from voxrelay.checkpoint.preemption import EXIT_TIME_LIMIT
+from voxrelay.checkpoint.stops import EXIT_TIME_LIMIT
 
 pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 

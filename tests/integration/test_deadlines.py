@@ -15,7 +15,7 @@ import pytest
 from tests.helpers.runner import CONFIG, Trainer, env_for, final_weights, session_seconds, voxrelay
 from tests.helpers.tiny import tiny
 from voxrelay import storage
-from voxrelay.checkpoint.preemption import EXIT_PREEMPTED_STAGED, EXIT_TIME_LIMIT
+from voxrelay.checkpoint.stops import EXIT_PREEMPTED_STAGED, EXIT_TIME_LIMIT
 
 pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 

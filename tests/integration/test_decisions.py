@@ -19,7 +19,7 @@ import pytest
 from tests.helpers.runner import CONFIG, Trainer, env_for, session_seconds, voxrelay
 from tests.helpers.tiny import tiny
 from voxrelay import host, storage
-from voxrelay.checkpoint.preemption import EXIT_PREEMPTED, EXIT_TIME_LIMIT
+from voxrelay.checkpoint.stops import EXIT_PREEMPTED, EXIT_TIME_LIMIT
 from voxrelay.checkpoint.store import CommittedStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py

@@ -14,7 +14,7 @@ import pytest
 from tests.helpers.gate import WriteGate
 from tests.helpers.runner import CONFIG, Trainer, env_for, voxrelay
 from tests.helpers.tiny import tiny
-from voxrelay.checkpoint.preemption import EXIT_FAILED_FOR_GOOD
+from voxrelay.checkpoint.stops import EXIT_FAILED_FOR_GOOD
 
 pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 

@@ -22,7 +22,7 @@ from tests.helpers.runner import CONFIG, Trainer, env_for, voxrelay
 from tests.helpers.tiny import tiny
 from voxrelay import storage
 from voxrelay.checkpoint.manager import CheckpointManager
-from voxrelay.checkpoint.preemption import EXIT_PREEMPTED
+from voxrelay.checkpoint.stops import EXIT_PREEMPTED
 from voxrelay.checkpoint.store import CommittedStore
 
 pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py

@@ -14,7 +14,7 @@ import pytest
 from tests.helpers.runner import CONFIG, Trainer, assert_same_weights, env_for, final_weights, voxrelay
 from tests.helpers.tiny import tiny
 from voxrelay import storage
-from voxrelay.checkpoint.preemption import EXIT_TIME_LIMIT
+from voxrelay.checkpoint.stops import EXIT_TIME_LIMIT
 
 pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 

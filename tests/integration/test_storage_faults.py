@@ -32,7 +32,7 @@ from tests.helpers.runner import (
 from tests.helpers.servers import HOST
 from tests.helpers.tiny import tiny
 from voxrelay import storage
-from voxrelay.checkpoint.preemption import EXIT_PREEMPTED
+from voxrelay.checkpoint.stops import EXIT_PREEMPTED
 from voxrelay.checkpoint.store import MANIFEST, CommittedStore, sha256_file
 
 pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
@@ -135,7 +135,7 @@ def test_sigterm_saves_uploads_and_exits_with_code(tmp_path, gcs_root):
 
 
 def test_second_sigint_aborts_at_once_and_leaves_no_broken_checkpoint(tmp_path):
-    from voxrelay.checkpoint.preemption import EXIT_ABORTED
+    from voxrelay.checkpoint.stops import EXIT_ABORTED
 
     root = str(tmp_path / "root")
     env = _env(tmp_path, fast_fail=False)

@@ -2,12 +2,12 @@
 
 * SIGTERM / SIGINT / SIGUSR1 (Colab shutting down, a spot VM's notice, `kill`, Ctrl-C): the loop
   finishes its current step, saves synchronously, waits for the upload up to a grace period and
-  exits with :data:`EXIT_PREEMPTED` (durable) or :data:`EXIT_PREEMPTED_STAGED` (saved only on local
-  disk). A second SIGINT aborts at once (exit 130); a checkpoint is committed by its manifest
-  alone, so an abort never leaves a committed-but-broken one.
+  exits with ``EXIT_PREEMPTED`` (durable) or ``EXIT_PREEMPTED_STAGED`` (saved only on local
+  disk); the exit codes are in :mod:`voxrelay.checkpoint.stops`. A second SIGINT aborts at once (exit
+  130); a checkpoint is committed by its manifest alone, so an abort never leaves a committed-but-broken one.
 * ``train.time_limit`` (e.g. ``23h30m``): a deadline per session, counted from the process start
   (imports included): the loop stops before a step would end past it, saves and exits with
-  :data:`EXIT_TIME_LIMIT`. ``train.total_time_limit`` is a budget over all sessions of the run.
+  ``EXIT_TIME_LIMIT``. ``train.total_time_limit`` is a budget over all sessions of the run.
 * Optional polling of the cloud metadata endpoints that announce a preemption: GCP
   ``instance/preempted`` and AWS ``spot/instance-action``.
 """
@@ -25,18 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from voxrelay import host
+from voxrelay.checkpoint import stops
 
 log = logging.getLogger(__name__)
-
-# a permanent failure a new machine would meet too (storage refusing uploads: HTTP 403, no such bucket; or
-# checkpoint.max_failed_saves saves in a row not staged): never "run it again" (sysexits' EX_IOERR, beside 75)
-EXIT_FAILED_FOR_GOOD = 74
-EXIT_PREEMPTED = 75  # stopped by a signal or a preemption notice; the checkpoint is durable
-EXIT_PREEMPTED_STAGED = 76  # stopped; the checkpoint is on local disk only (upload did not finish)
-EXIT_TIME_LIMIT = 77  # train.time_limit (this session), train.total_time_limit or cost.budget reached; durable
-EXIT_NON_FINITE = 78  # train.max_bad_steps non-finite steps in a row; checkpoint (last good weights) durable
-EXIT_OUT_OF_MEMORY = 79  # a step ran out of GPU memory; the last good state is saved (one process) or committed
-EXIT_ABORTED = 130  # second SIGINT: aborted without saving
 
 GCP_METADATA = "http://metadata.google.internal/computeMetadata/v1"
 AWS_METADATA = "http://169.254.169.254/latest"
@@ -118,7 +109,7 @@ class PreemptionWatcher:
         if self.stop_reason is not None and signum == signal.SIGINT:
             # second Ctrl-C: the user wants out now. Nothing half-written is ever committed.
             os.write(2, b"\nvoxrelay: second SIGINT, aborting without saving\n")
-            os._exit(EXIT_ABORTED)
+            os._exit(stops.EXIT_ABORTED)
         if self.stop_reason is None:
             self._notice(name)
             os.write(2, f"\nvoxrelay: {name} received; finishing the step, saving, then exiting\n".encode())
@@ -138,7 +129,7 @@ class PreemptionWatcher:
                 log.debug("metadata poll failed: %s: %s", type(err).__name__, err)
 
 
-TIME_LIMIT, TOTAL_TIME_LIMIT = "train.time_limit", "train.total_time_limit"
+TIME_LIMIT, TOTAL_TIME_LIMIT = stops.TIME_LIMIT.reason, stops.TOTAL_TIME_LIMIT.reason
 
 
 def process_start_time() -> float:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from voxrelay import storage
+from voxrelay.checkpoint import stops
 from voxrelay.checkpoint.preemption import process_start_time
 from voxrelay.cost.config import CostConfig
 from voxrelay.cost.estimate import Usage, training_spend, usd
@@ -30,7 +31,7 @@ from voxrelay.storage.counters import KEYS
 
 log = logging.getLogger(__name__)
 
-BUDGET = "cost.budget"  # the stop reason (a checkpoint manifest's "stopped", a session's entry)
+BUDGET = stops.BUDGET.reason  # the stop reason (a checkpoint manifest's "stopped", a session's entry)
 SESSIONS = "sessions"
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import yaml
 
 from voxrelay import storage
+from voxrelay.checkpoint import stops
 from voxrelay.checkpoint.lease import LeaseWatch, lease_state, read_lease
 from voxrelay.checkpoint.store import CommittedStore
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, LEASE_FILE
@@ -35,10 +36,10 @@ ATTEMPTS_DIR = "attempts"
 # preemption without notice) before the experiment counts as failed: one is bad luck, three is the experiment
 MAX_UNSEEN_ENDS = 3
 PENDING, RUNNING, RESUMABLE = "pending", "running", "resumable"  # not ended: a worker will (go on to) train it
-FINISHED, EARLY_STOPPED, STOPPED, FAILED = "finished", "early-stopped", "stopped", "failed"  # ended
+FINISHED, EARLY_STOPPED, STOPPED, FAILED = "finished", stops.SWEEP_EARLY_STOPPED, stops.SWEEP_STOPPED, "failed"  # ended
 ENDED = (FINISHED, EARLY_STOPPED, STOPPED)
 # a run stopped by one of these (the manifest's `stopped`) cannot go on without a config change: it has ended
-_FINAL_STOPS = {"early stopping": EARLY_STOPPED, "train.total_time_limit": STOPPED, "cost.budget": STOPPED}
+_FINAL_STOPS = {s.reason: s.sweep_state for s in stops.STOPS.values() if s.sweep_state}
 
 
 def sweep_uri(root: str, sweep: Sweep) -> str:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from voxrelay import storage
 from voxrelay.checkpoint import preemption as pre
+from voxrelay.checkpoint import stops
 from voxrelay.checkpoint.lease import LeaseWatch, check_root_for_leases, read_lease
 from voxrelay.config import ConfigError, load_config
 from voxrelay.host import set_parent_death_signal
@@ -38,7 +39,7 @@ from voxrelay.train.config import parse_duration
 
 log = logging.getLogger(__name__)
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-_GOING_AWAY = (pre.EXIT_PREEMPTED, pre.EXIT_PREEMPTED_STAGED, pre.EXIT_ABORTED)
+_GOING_AWAY = (stops.EXIT_PREEMPTED, stops.EXIT_PREEMPTED_STAGED, stops.EXIT_ABORTED)
 HUNG_GRACE_S = 60.0  # a hung trainer's SIGTERM handler may still save; past this it is killed
 
 
@@ -182,7 +183,7 @@ class Worker:
         left = self.seconds_left()
         if left is not None and left < 1:
             log.info("this session's train.time_limit is reached; re-run the sweep in a new session to go on")
-            return pre.EXIT_TIME_LIMIT
+            return stops.EXIT_TIME_LIMIT
         limit = [] if left is None else [f"train.time_limit={int(left)}s"]
         log.info("experiment %s (%s): %s", e.name, e.label(), "resuming" if s.state == st.RESUMABLE else "starting")
         if s.state == st.FAILED:
@@ -209,7 +210,7 @@ class Worker:
             return None
         if child.signalled is not None or code in _GOING_AWAY:
             return code if code else 128 + (child.signalled or 0)
-        if code == pre.EXIT_TIME_LIMIT and after.stop_reason == pre.TIME_LIMIT:
+        if code == stops.EXIT_TIME_LIMIT and after.stop_reason == stops.TIME_LIMIT.reason:
             log.info("this session's train.time_limit is reached; re-run the sweep in a new session to go on")
             return code
         if code == 2 and after.state == st.RUNNING:
@@ -223,8 +224,9 @@ class Worker:
 
 
 def _why(code: int, tail) -> str:
-    known = {pre.EXIT_NON_FINITE: "non-finite losses (train.max_bad_steps)", pre.EXIT_OUT_OF_MEMORY: "out of memory",
-             pre.EXIT_FAILED_FOR_GOOD: "storage refused or saves kept failing", 2: "refused"}
+    known = {stops.EXIT_NON_FINITE: "non-finite losses (train.max_bad_steps)",
+             stops.EXIT_OUT_OF_MEMORY: "out of memory",
+             stops.EXIT_FAILED_FOR_GOOD: "storage refused or saves kept failing", stops.EXIT_USER_ERROR: "refused"}
     errors = [line for line in tail if line.lstrip().startswith(("error:", "ERROR"))]
     what = known.get(code, "crashed")
     return f"exit {code}: {what}" + (f": {errors[-1].strip()}" if errors else "")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from voxrelay.checkpoint import preemption as pre
+from voxrelay.checkpoint.stops import EXIT_OUT_OF_MEMORY, exit_code
 from voxrelay.config import parse_duration
 from voxrelay.cost.usage import BUDGET
 from voxrelay.models.base import LossTerms, pop_counts, weighted_mean
@@ -25,17 +26,13 @@ from voxrelay.train.stops import (
     LEASE_LOST,
     NON_FINITE,
     OUT_OF_MEMORY,
-    SAVES_FAILED,
-    STORAGE,
     TIME_LIMIT,
-    TOTAL_TIME_LIMIT,
     Decision,
     Stops,
     is_preemption,
 )
 
 log = logging.getLogger(__name__)
-EXIT_USER_ERROR = 2  # as the CLI's for a UserError: this session may not write the run (taken over)
 
 
 @dataclass
@@ -250,7 +247,7 @@ def _out_of_memory(run: Run, err: torch.OutOfMemoryError, cursor: dict, stops: S
     log.error("step %d ran out of memory (%s); %s", run.loop.step + 1, str(err).split("\n")[0][:200], advice)
     if acc.num_processes > 1:
         logging.shutdown()
-        os._exit(pre.EXIT_OUT_OF_MEMORY)
+        os._exit(EXIT_OUT_OF_MEMORY)
     save_checkpoint(run, {}, background=False, stopped=OUT_OF_MEMORY)
     return _finish(run, Decision(OUT_OF_MEMORY), stops, bar)
 
@@ -291,7 +288,7 @@ def _finish(run: Run, decision: Decision, stops: Stops, bar: ProgressLine) -> Tr
         _report_end(run, stop, durable, bar)
     _record_usage(run, stop, final=True)  # the last upload's requests included
     refused = run.ranks.main and run.checkpoints.uploader.fatal is not None  # e.g. HTTP 403 on an upload
-    code = run.ranks.broadcast(_exit_code(stop, durable, refused) if run.ranks.main else None)
+    code = run.ranks.broadcast(exit_code(stop, durable, refused) if run.ranks.main else None)
     return TrainResult(step, stop, durable, code)
 
 
@@ -333,18 +330,3 @@ def _report_end(run: Run, stop: str | None, durable: bool, bar: ProgressLine) ->
 
 def _step_or_none(step: int | None) -> str:
     return "none yet" if step is None else f"step {step}"
-
-
-def _exit_code(stop: str | None, durable: bool, refused: bool = False) -> int:
-    """75/76 only where a new machine can do better (a signal, an upload that did not finish in time); a cause
-    that follows the run to any machine (storage refusing the upload, saves that keep failing) is final: 74."""
-    if stop == LEASE_LOST:
-        return EXIT_USER_ERROR
-    if refused or stop in (STORAGE, SAVES_FAILED):
-        return pre.EXIT_FAILED_FOR_GOOD
-    if not durable:
-        return pre.EXIT_PREEMPTED_STAGED
-    if is_preemption(stop):
-        return pre.EXIT_PREEMPTED
-    return {TIME_LIMIT: pre.EXIT_TIME_LIMIT, TOTAL_TIME_LIMIT: pre.EXIT_TIME_LIMIT, BUDGET: pre.EXIT_TIME_LIMIT,
-            NON_FINITE: pre.EXIT_NON_FINITE, OUT_OF_MEMORY: pre.EXIT_OUT_OF_MEMORY}.get(stop, 0)

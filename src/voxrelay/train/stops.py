@@ -17,25 +17,18 @@ import time
 from dataclasses import dataclass, field
 
 from voxrelay.checkpoint import preemption as pre
-from voxrelay.cost.usage import BUDGET
+from voxrelay.checkpoint import stops as S
+from voxrelay.checkpoint.stops import is_preemption  # noqa: F401 (the loop's)
 
-TIME_LIMIT, TOTAL_TIME_LIMIT, EARLY_STOP = pre.TIME_LIMIT, pre.TOTAL_TIME_LIMIT, "early stopping"
-NON_FINITE, STORAGE, OUT_OF_MEMORY = "non-finite steps", "storage error", "out of memory"
-LEASE_LOST = "the run was taken over by another session"
-SAVES_FAILED = "checkpoint.max_failed_saves"
-# anything else is a signal or a preemption notice (its name): the machine is going away
-_RANKS = {LEASE_LOST: 0, STORAGE: 2, SAVES_FAILED: 3, TIME_LIMIT: 4, TOTAL_TIME_LIMIT: 5, BUDGET: 6, NON_FINITE: 7,
-          EARLY_STOP: 8, OUT_OF_MEMORY: 9}
-CLEAN_STOPS = (TIME_LIMIT, TOTAL_TIME_LIMIT, BUDGET, EARLY_STOP, NON_FINITE, OUT_OF_MEMORY)
+# the reasons, as the processes exchange them (voxrelay.checkpoint.stops has each one's exit code and meaning)
+TIME_LIMIT, TOTAL_TIME_LIMIT, EARLY_STOP = S.TIME_LIMIT.reason, S.TOTAL_TIME_LIMIT.reason, S.EARLY_STOP.reason
+NON_FINITE, STORAGE, OUT_OF_MEMORY = S.NON_FINITE.reason, S.STORAGE.reason, S.OUT_OF_MEMORY.reason
+LEASE_LOST, SAVES_FAILED, BUDGET = S.LEASE_LOST.reason, S.SAVES_FAILED.reason, S.BUDGET.reason
 
 
 def severity(reason: str) -> int:
     """Lower is more serious; a signal or notice ranks right after a lost lease."""
-    return _RANKS.get(reason, 1)
-
-
-def is_preemption(reason: str | None) -> bool:
-    return reason is not None and reason not in _RANKS
+    return S.stop_of(reason).severity
 
 
 @dataclass(frozen=True)

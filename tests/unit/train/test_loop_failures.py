@@ -13,7 +13,7 @@ import pytest
 from tests.helpers.runner import CONFIG
 from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.lease import read_lease
-from voxrelay.checkpoint.preemption import EXIT_FAILED_FOR_GOOD
+from voxrelay.checkpoint.stops import EXIT_FAILED_FOR_GOOD
 
 
 def _run(tmp_path, monkeypatch, *extra):
@@ -29,7 +29,8 @@ def _run(tmp_path, monkeypatch, *extra):
 
 
 def test_saves_that_keep_failing_stop_the_run_naming_why(tmp_path, monkeypatch, capsys):
-    from voxrelay.train.loop import SAVES_FAILED, train
+    from voxrelay.train.loop import train
+    from voxrelay.train.stops import SAVES_FAILED
 
     run = _run(tmp_path, monkeypatch, "checkpoint.every_steps=1", "checkpoint.max_failed_saves=3")
     blocker = tmp_path / "not-a-folder"

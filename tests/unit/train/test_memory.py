@@ -13,7 +13,7 @@ import torch
 
 from tests.helpers.runner import CONFIG
 from tests.helpers.tiny import tiny
-from voxrelay.checkpoint.preemption import EXIT_OUT_OF_MEMORY
+from voxrelay.checkpoint.stops import EXIT_OUT_OF_MEMORY
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import torch
 
 from tests.helpers.runner import CONFIG
 from tests.helpers.tiny import tiny
-from voxrelay.checkpoint.preemption import EXIT_NON_FINITE
+from voxrelay.checkpoint.stops import EXIT_NON_FINITE
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py
 

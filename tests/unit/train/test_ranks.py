@@ -193,10 +193,10 @@ def _collectives(rank: int) -> dict:
 def _decisions(rank: int, tmp: Path, clock: FakeClock, signal_at: int | None) -> dict:
     from voxrelay.checkpoint import preemption as pre
     from voxrelay.checkpoint.manager import CheckpointManager
+    from voxrelay.checkpoint.stops import exit_code
     from voxrelay.cli import demo_config_path
     from voxrelay.config import load_config
     from voxrelay.data.loader import Cursor
-    from voxrelay.train.loop import _exit_code
     from voxrelay.train.ranks import Ranks
     from voxrelay.train.state import LoopState
     from voxrelay.train.stops import Stops
@@ -220,7 +220,7 @@ def _decisions(rank: int, tmp: Path, clock: FakeClock, signal_at: int | None) ->
             stops.trigger.saved(0.01)
         decisions.append([run.loop.step, decision.stop, decision.save])
         if decision.stop:
-            return {"decisions": decisions, "exit_code": _exit_code(decision.stop, True),
+            return {"decisions": decisions, "exit_code": exit_code(decision.stop, True),
                     "notice_age": decision.notice_age}
 
 
