@@ -28,6 +28,8 @@ import soundfile as sf
 import yaml
 
 from voxrelay import storage
+from voxrelay.checkpoint.format import BASE_HASH
+from voxrelay.checkpoint.frozen import base_hash, check_base, describe_base, has_frozen, load_trainable
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.codecs.base import AudioCodec, FittableCodec
 from voxrelay.codecs.registry import codec_from_description
@@ -37,22 +39,19 @@ from voxrelay.data.prepare import load_index, load_prepared_codec
 from voxrelay.errors import UserError, one_line
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request, sampling_options
-from voxrelay.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_key_mapping, module_keys
+from voxrelay.models.linear_ce import choose_loss
+from voxrelay.models.lora import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    adapter_key_mapping,
+    apply_lora,
+    module_keys,
+    quiet_peft,
+)
 from voxrelay.models.qlora import dequantise_base, quantise_base
 from voxrelay.models.registry import as_trained, build_model, get_family, load_model
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem, write_file, writing
 from voxrelay.precision import compute_as_trained
-from voxrelay.train.resume import BASE_HASH
-from voxrelay.train.strategies import (
-    apply_lora,
-    base_hash,
-    check_base,
-    choose_loss,
-    describe_base,
-    has_frozen,
-    load_trainable,
-    quiet_peft,
-)
 
 CODEC_JSON = "codec.json"
 CODEC_STATE = "codec.safetensors"
@@ -72,7 +71,6 @@ def load_from_run(run_uri: str, step: int | None = None) -> tuple[FamilyModel, A
     model, codec, at, _ = _load_run(run_uri, step)
     compute_as_trained(model.module, run_config(run_uri).train.precision)
     return model, codec, at
-
 
 
 def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, int, dict[str, Any] | None]:

@@ -118,7 +118,7 @@ def test_every_text_parameter_is_a_checked_path_or_listed_as_not_one() -> None:
                 assert (name, p.name) not in ROLES
                 continue
             assert (name, p.name) in ROLES, (
-                f"`voxrelay {name}` has a new text parameter {p.name!r}: a path gets a role (voxrelay.cli_paths: "
+                f"`voxrelay {name}` has a new text parameter {p.name!r}: a path gets a role (voxrelay.cli.paths: "
                 "reads/writes) and a line in ROLES here; anything else a line in NOT_PATHS")
             assert _declared_role(cmd, p.name) == ROLES[name, p.name][0], (name, p.name)
     assert set(ROLES) <= seen, sorted(set(ROLES) - seen)  # no stale line

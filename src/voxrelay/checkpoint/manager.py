@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from voxrelay import storage
+from voxrelay.checkpoint.format import FETCHED_DIR, MODEL_FILE, STATE_FILE  # noqa: F401 (defined in checkpoint/format.py)
 from voxrelay.checkpoint.safe_dcp import UnsafeCheckpoint, refusal
 from voxrelay.checkpoint.sharded import is_sharded, read_model
 from voxrelay.checkpoint.staging import Staging, Uploader, Writer
@@ -54,9 +55,6 @@ from voxrelay.paths import CKPT_DIR, cache_dir, rank_world, uri_key
 
 log = logging.getLogger(__name__)
 
-MODEL_FILE = "model.safetensors"
-STATE_FILE = "train_state.pt"
-FETCHED_DIR = "fetched"
 
 __all__ = ["CheckpointError", "CheckpointManager", "MODEL_FILE", "STATE_FILE", "model_writer", "state_writer"]
 

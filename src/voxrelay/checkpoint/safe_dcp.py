@@ -30,9 +30,9 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from voxrelay.checkpoint.format import DCP_METADATA  # noqa: F401 (defined in checkpoint/format.py)
 from voxrelay.checkpoint.store import CheckpointError
 
-DCP_METADATA = ".metadata"
 _META = "torch.distributed.checkpoint.metadata"
 # (module, name) of every class or function a .metadata written by torch 2.13's DCP refers to; each builds
 # plain records (no side effect), whatever arguments a forged file gives it

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import torch
 
+from voxrelay.checkpoint.format import DCP, SHARDED  # noqa: F401 (defined in checkpoint/format.py)
 from voxrelay.checkpoint.safe_dcp import DCP_METADATA  # noqa: F401  (imported from here by others)
 
-SHARDED = "sharded"  # manifest key; value DCP for a sharded checkpoint
-DCP = "dcp"
 MODEL_KEY, OPTIM_KEY = "model", "optim"  # top-level keys of the DCP state
 
 

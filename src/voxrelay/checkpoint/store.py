@@ -18,14 +18,10 @@ from pathlib import Path
 
 from voxrelay import storage
 from voxrelay.checkpoint.fence import FencedWriter
+from voxrelay.checkpoint.format import ELSEWHERE, FORMAT_VERSION, MANIFEST, PART_SUFFIX  # noqa: F401 (defined in checkpoint/format.py)
 from voxrelay.errors import UserError
 
 log = logging.getLogger(__name__)
-
-MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
-PART_SUFFIX = ".part.json"  # a machine's record of the parts it uploaded (name -> size, sha256), written after them
-ELSEWHERE = "elsewhere"  # manifest key: files of the checkpoint staged (and uploaded) by other machines of the job
 
 
 class CheckpointError(UserError, RuntimeError):

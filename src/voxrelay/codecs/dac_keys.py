@@ -70,8 +70,6 @@ def dac_config_from_upstream(audio_encoder: Mapping[str, Any]) -> DacConfig:
     )
 
 
-
-
 def _dac_module_pairs(enc_blocks: int, dec_blocks: int, quantizers: int) -> list[tuple[str, str]]:
     """(descript module path, DacModel module path) for every module holding tensors."""
     pairs = [

@@ -359,7 +359,6 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
         yield utt
 
 
-
 def demo_folder(src: SourceConfig, workdir: str | Path) -> Path:
     """Where the demo corpus of ``src`` lives: one folder per (seed, minutes, voices)."""
     voices_tag = hashlib.sha256(json.dumps(src.voices).encode()).hexdigest()[:8]

@@ -257,3 +257,21 @@ def _final_norm(module: torch.nn.Module) -> torch.nn.Module | None:
     decoder = inner.get_decoder() if hasattr(inner, "get_decoder") else None
     norm = getattr(decoder, "norm", None)
     return norm if isinstance(norm, torch.nn.Module) else None
+
+
+def choose_loss(model: Any, tc: Any, device_type: str, say: bool = True) -> None:
+    """``train.chunked_loss``: the kernel of the family's head loss (:func:`voxrelay.models.linear_ce.pick_kernel`:
+    Liger-Kernel's on CUDA when installed, else the portable chunked one, or the materialised logits), said in
+    the run's first lines (``say``). A family whose loss has no such head (``chunked_heads`` false) keeps its own."""
+    # FSDP2 gathers the head's shard only inside the root's forward, and the causal LMs' loss runs after it
+    chunked = tc.chunked_loss and tc.strategy != "fsdp"
+    model.loss_kernel = pick_kernel(device_type, chunked)
+    model.loss_chunk_tokens = tc.loss_chunk_tokens
+    if not say:
+        return
+    if model.chunked_heads:
+        log.info(describe_kernel(model.loss_kernel, tc.loss_chunk_tokens) +
+                 (" (train.strategy=fsdp)" if tc.chunked_loss and not chunked else ""))
+    elif tc.chunked_loss:  # said too, so the first lines always name the loss
+        log.info("loss: this %s model's own, logits materialised (train.chunked_loss applies to one output "
+                 "head over the vocabulary, which this model's loss does not have)", model.family)

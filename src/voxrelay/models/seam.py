@@ -121,7 +121,7 @@ class FamilyModelBase:
     sampling_options: tuple[str, ...] = ()
     upstream_prefix = ""
     # the output head's loss (voxrelay.models.linear_ce): the trainer sets the kernel from train.chunked_loss
-    # (voxrelay.train.strategies.choose_loss); a family whose loss calls head_loss says so with chunked_heads
+    # (voxrelay.models.linear_ce.choose_loss); a family whose loss calls head_loss says so with chunked_heads
     # (voxrelay plan then prices a chunk of logits, not all of them)
     chunked_heads = False
     loss_kernel = "materialised"

@@ -222,7 +222,7 @@ def phases(facts: ModelFacts, st: Strategy, tokens: int, compute: str, fused: bo
     - ``loss``: the log-softmax's backward, before any weight gradient exists (FSDP2 has resharded every
       unit after the forward: none is gathered); with the chunked loss (``facts.loss_chunk``) one chunk of
       logits beside the head's gradient, which it makes as it goes (``head`` then has no logits; not under
-      FSDP, where the head's loss stays materialised: see :func:`voxrelay.train.strategies.choose_loss`);
+      FSDP, where the head's loss stays materialised: see :func:`voxrelay.models.linear_ce.choose_loss`);
     - ``head``: the output layer's backward: its weight gradient in the compute dtype and in fp32 (FSDP: the
       largest unit gathered, with its unsharded gradient), the logits' fp32 gradient;
     - ``layers``: under gradient checkpointing, a recomputed layer with every gradient (an upper bound);

@@ -16,6 +16,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from voxrelay.checkpoint.format import BASE_HASH, WRITER  # noqa: F401 (defined in checkpoint/format.py)
+from voxrelay.checkpoint.frozen import check_base, describe_base, trainable_state
 from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, model_writer, state_writer
 from voxrelay.checkpoint.reader import read_into
 from voxrelay.checkpoint.sharded import is_sharded
@@ -23,10 +25,6 @@ from voxrelay.config import ConfigError, config_changes
 from voxrelay.data import identity as ident
 from voxrelay.train import state as st
 from voxrelay.train.sharded import load_sharded
-from voxrelay.train.strategies import check_base, describe_base, trainable_state
-
-BASE_HASH = "base_hash"  # manifest key: the LoRA base's hash, read by synthesis and export
-WRITER = "writer"  # manifest key: the lease token of the session that saved it (voxrelay.checkpoint.lease)
 
 log = logging.getLogger(__name__)
 

@@ -11,19 +11,20 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-# keys of the train_state.pt dict
-K_LOOP = "loop"
-K_OPTIMIZER = "optimizer"
-K_SCHEDULER = "scheduler"
-K_DATA = "data"
-K_RNG = "rng"
-K_CONFIG_HASH = "config_hash"
-K_CONFIG = "config"
-K_SCALER = "grad_scaler"
-K_DATA_FINGERPRINT = "data_fingerprint"
-K_BASE_HASH = "base_hash"  # some part frozen: fingerprint of the model as built (strategies.base_hash); else None
-K_FAMILY = "family"  # the family's extra state (FamilyState.extra_state), when it has any
-RNG_FAMILY = "family"  # key of an RNG state: the family's own generators (FamilyState.generators), if any
+from voxrelay.checkpoint.format import (  # noqa: F401 (defined in checkpoint/format.py)
+    K_BASE_HASH,
+    K_CONFIG,
+    K_CONFIG_HASH,
+    K_DATA,
+    K_DATA_FINGERPRINT,
+    K_FAMILY,
+    K_LOOP,
+    K_OPTIMIZER,
+    K_RNG,
+    K_SCALER,
+    K_SCHEDULER,
+    RNG_FAMILY,
+)
 
 
 @dataclass

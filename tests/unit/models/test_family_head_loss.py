@@ -141,13 +141,13 @@ def test_the_run_says_which_loss_it_uses(orpheus_folder: Path, caplog: pytest.Lo
              (["train.strategy=fsdp"], MATERIALISED, "materialised logits (train.strategy=fsdp)")]
     for overrides, kernel, words in cases:
         caplog.clear()
-        with caplog.at_level("INFO", logger="voxrelay.train.strategies"):
+        with caplog.at_level("INFO", logger="voxrelay.models.linear_ce"):
             choose_loss(model, load_config(None, ["model.family=orpheus", *overrides]).train, "cpu")
         assert model.loss_kernel == kernel and words in caplog.text, (overrides, caplog.text)
     # a model whose loss has no single head to chunk says so too (the demo's grouped codec_lm)
     grouped = build_model(load_config(None, ["model.frames_per_position=2"]).model, DataSpec(4, 256), 0, meta=True)
     assert not grouped.chunked_heads
     caplog.clear()
-    with caplog.at_level("INFO", logger="voxrelay.train.strategies"):
+    with caplog.at_level("INFO", logger="voxrelay.models.linear_ce"):
         choose_loss(grouped, load_config(None, []).train, "cpu")
     assert "loss: this codec_lm model's own, logits materialised" in caplog.text, caplog.text

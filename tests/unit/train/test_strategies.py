@@ -10,24 +10,21 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from voxrelay.checkpoint.frozen import (
+    HASH_SAMPLE,
+    BaseModelChangedError,
+    base_hash,
+    check_base,
+    load_trainable,
+    trainable_state,
+)
 from voxrelay.checkpoint.store import CheckpointError
 from voxrelay.data.shards import EncodedUtterance
 from voxrelay.models.base import DataSpec, FamilyModel, LoraDefaults, pop_counts
 from voxrelay.models.codec_lm.config import CodecLMConfig
 from voxrelay.models.lora_config import LoraConfig
 from voxrelay.models.registry import build_model
-from voxrelay.train.strategies import (
-    HASH_SAMPLE,
-    BaseModelChangedError,
-    LoraSettingsError,
-    apply_lora,
-    base_hash,
-    check_base,
-    load_trainable,
-    lora_settings,
-    ties_embeddings,
-    trainable_state,
-)
+from voxrelay.train.strategies import LoraSettingsError, apply_lora, lora_settings, ties_embeddings
 
 K, C = 2, 16
 TINY = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_seq_len=256)

@@ -59,7 +59,6 @@ def upstream_config(config: ParlerConfig, audio_encoder: dict | None = None) -> 
             "decoder_start_token_id": bos, "is_encoder_decoder": True}
 
 
-
 def save_upstream(model: Parler, folder: Path, codec: Any) -> None:
     """Upstream's own format (``export --format parler``): ``config.json`` with the DAC as upstream's descript
     wrapper (``dac_on_the_hub``), ``model.safetensors`` with every weight under upstream's names (the DAC

@@ -6,8 +6,8 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from voxrelay.cli import CONFIG, OVERRIDES, app, err, out
-from voxrelay.cli_paths import reads, sweep_file
+from voxrelay.cli.app import CONFIG, OVERRIDES, app, err, out
+from voxrelay.cli.paths import reads, sweep_file
 
 
 @app.command("doctor")

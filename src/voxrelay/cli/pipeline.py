@@ -1,88 +1,12 @@
-"""The ``voxrelay`` command. Thin: parse -> config -> call the library."""
+"""``voxrelay config show``, ``prepare``, ``train``, ``plan`` and ``status``."""
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-from importlib import resources
-from pathlib import Path
-
 import typer
 from rich.console import Console
-from rich.markup import escape
 
-from voxrelay.checkpoint.stops import EXIT_ABORTED, EXIT_USER_ERROR
-from voxrelay.cli_paths import reads, user_message, writes
-from voxrelay.errors import UserError
-from voxrelay.paths import GIVEN
-
-app = typer.Typer(
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-    help="Train TTS models on ephemeral GPUs with data and checkpoints in object storage.",
-)
-config_app = typer.Typer(no_args_is_help=True, help="Inspect configurations.")
-app.add_typer(config_app, name="config")
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-
-OVERRIDES = typer.Argument(None, help="key.sub=value overrides, e.g. root=/tmp/vr train.max_steps=100")
-# a str, not a Path: Path("gs://b/x.yaml") is "gs:/b/x.yaml"
-CONFIG = typer.Argument(..., help="YAML config: a local path, or a gs:// / s3:// URI of one in the bucket",
-                        callback=reads("pass the path (or gs:// / s3:// URI) of a YAML config file"))
-# every path parameter checks its path as it is parsed (voxrelay.cli_paths), before any model loads
-A_RUN = reads("pass a run folder <root>/runs/<name> or a folder written by `voxrelay export`", folder=True)
-
-
-class OwnLines(logging.Filter):
-    """What reaches the terminal: voxrelay's log lines, and other libraries' errors; with ``--verbose`` (or
-    VOXRELAY_VERBOSE=1, which torchrun's workers inherit) everything (matplotlib's font cache, transformers,
-    faster-whisper, Python warnings)."""
-
-    def __init__(self):
-        super().__init__()
-        self.verbose = os.environ.get("VOXRELAY_VERBOSE", "") not in ("", "0")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.verbose or record.levelno >= logging.ERROR or record.name.split(".")[0] == "voxrelay"
-
-
-OWN_LINES = OwnLines()
-
-
-def _setup_logging() -> None:
-    from rich.logging import RichHandler
-
-    handler = RichHandler(console=err, show_path=False)
-    handler.addFilter(OWN_LINES)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[handler])
-    for noisy in ("httpx", "urllib3", "botocore", "s3fs", "gcsfs", "aiobotocore", "fsspec", "accelerate"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    logging.captureWarnings(True)  # FutureWarnings and the like: through the filter above
-    if not OWN_LINES.verbose:  # transformers and the hub print through handlers of their own
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        os.environ.setdefault("HF_HUB_VERBOSITY", "error")
-        # transformers' "Loading weights"/"Writing model shards" bars (every from_pretrained) and the hub's: both
-        # read this once, at import, so it is set before any loader imports them
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from voxrelay.models.hub_cache import use_local_hub_cache
-
-    use_local_hub_cache()  # not ~/.cache/huggingface on a small root disk
-
-
-@app.callback()
-def _global_options(
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show other libraries' log lines "
-                                 "(transformers, matplotlib, faster-whisper, warnings); same as VOXRELAY_VERBOSE=1"),
-) -> None:
-    if verbose:
-        OWN_LINES.verbose = True
-        os.environ["VOXRELAY_VERBOSE"] = "1"  # torchrun's workers, child processes
-
-
-def demo_config_path() -> Path:
-    return Path(str(resources.files("voxrelay") / "examples" / "demo.yaml"))
+from voxrelay.cli.app import CONFIG, OVERRIDES, app, config_app, err, out
+from voxrelay.cli.paths import reads
 
 
 @config_app.command("show")
@@ -157,7 +81,7 @@ def train_cmd(
     from voxrelay.train.stops import LEASE_LOST
 
     run = build_run(cfg, fresh=fresh, take_over=take_over)
-    _say_resumed(run)
+    say_resumed(run)
     result = train(run)
     if run.accelerator.is_main_process and result.stop_reason != LEASE_LOST:  # taken over: the run is not ours
         out.print(f"trained to step {result.step}; run folder {run.cfg.run_uri}", highlight=False)
@@ -165,7 +89,7 @@ def train_cmd(
     raise typer.Exit(result.exit_code)
 
 
-def _say_resumed(run) -> None:
+def say_resumed(run) -> None:
     if run.resumed_from is not None and run.accelerator.is_main_process:  # once per job, not per process
         err.print(f"resuming {run.cfg.run_uri} from step {run.resumed_from}", highlight=False)
 
@@ -249,77 +173,3 @@ def status_cmd(
     from voxrelay.status import format_status, run_status
 
     out.print(format_status(run_status(run, cost=cost)), highlight=False)
-
-
-from voxrelay import cli_speech  # noqa: E402,F401 (registers synthesize, eval, voices, export, import)
-
-
-@app.command("demo")
-def demo_cmd(
-    root: str = typer.Option("./voxrelay-data", "--root", help="Storage root (local folder, gs://, s3://)",
-                             callback=writes("pass another --root, or a gs:// / s3:// URI", folder=True)),
-    steps: int = typer.Option(None, "--steps", min=1, help="Training steps (default: the demo config's)"),
-    list_voices: bool = typer.Option(False, "--list-voices", help="Print the eSpeak NG voices a demo source can use"),
-):
-    """Demo corpus -> prepare -> train -> synthesize, on CPU; prints the wav path last."""
-    if list_voices:
-        from voxrelay.data.demo_corpus import list_voices as voices
-
-        out.print(" ".join(voices()), highlight=False)
-        out.print("(each alone or with a variant: +m1 .. +m7, +f1 .. +f5, e.g. en-gb+f3)", highlight=False)
-        return
-    from voxrelay.config import load_config
-    from voxrelay.data.prepare import prepare
-    from voxrelay.inference import load_from_run, synthesize
-    from voxrelay.train.build import build_run, local_run_dir
-    from voxrelay.train.loop import train
-
-    overrides = [f"root={root}"] + ([f"train.max_steps={steps}"] if steps is not None else [])
-    cfg = load_config(demo_config_path(), overrides)
-    print_prepare_report(prepare(cfg))
-    run = build_run(cfg)
-    _say_resumed(run)  # a second `voxrelay demo` continues the first
-    result = train(run)
-    if result.exit_code:
-        raise typer.Exit(result.exit_code)
-    _demo_scores(cfg.run_uri)
-    model, codec, _ = load_from_run(cfg.run_uri)
-    wav = local_run_dir(cfg.run_uri) / "demo.wav"
-    synthesize(model, codec, "The quiet river carries seven small boats to the old town.", wav,
-               temperature=cfg.eval.temperature, top_k=cfg.eval.top_k or 0)  # as its evals speak
-    out.print(str(wav.resolve()), highlight=False)
-
-
-def _demo_scores(run_uri: str) -> None:
-    """The demo's last word: does it speak? The final checkpoint on every held-out text, and the plot."""
-    from voxrelay.quality.report import evaluate_source, format_table
-
-    (at, metrics), = evaluate_source(run_uri, progress=lambda m: err.print(m, highlight=False))
-    err.print(format_table([(at, metrics)]), highlight=False)
-    if "eval/wer" in metrics:
-        err.print(f"held-out WER {metrics['eval/wer']:.2f} (Whisper; 1.0 = no word right, 0 = every word); "
-                  f"curves: {run_uri.rstrip('/')}/eval.png", highlight=False)
-
-
-from voxrelay import cli_ops  # noqa: E402,F401 (registers `doctor` and `sweep` on app)
-
-
-def main() -> None:
-    """Entry point: a :class:`UserError`, or an OSError on a path the user gave (a disk full at the end), exits
-    2 with one line, Ctrl-C exits 130; neither prints a traceback.
-
-    Training handles SIGINT itself (saves, exit 130); typer turns a KeyboardInterrupt inside a
-    command into exit 130 as well; this catches the ones outside (start-up, logging set-up).
-    """
-    GIVEN.clear()
-    try:
-        _setup_logging()
-        app()
-    except (UserError, OSError) as e:
-        if (message := user_message(e, OWN_LINES.verbose)) is None:
-            raise  # an OSError not on a path of the user's: a bug, shown whole
-        err.print(f"[red]error:[/red] {escape(message)}", highlight=False)  # a message is text, not markup
-        sys.exit(EXIT_USER_ERROR)
-    except KeyboardInterrupt:
-        err.print("interrupted", highlight=False)
-        sys.exit(EXIT_ABORTED)

@@ -84,8 +84,6 @@ def writes(fix: str, folder: bool = False) -> Callable[..., Any]:
     return _role(True, folder, fix, _values)
 
 
-
-
 def user_message(err: UserError | OSError, verbose: bool = False) -> str | None:
     """The one line to exit 2 with: a user error's message, or an OSError's on a path the user gave (with
     ``verbose`` its traceback too, to stderr); None for any other OSError (a bug: shown whole)."""

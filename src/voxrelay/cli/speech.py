@@ -8,8 +8,8 @@ from pathlib import Path
 
 import typer
 
-from voxrelay.cli import A_RUN, app, err, out
-from voxrelay.cli_paths import reads, voice_files, writes
+from voxrelay.cli.app import A_RUN, app, err, out
+from voxrelay.cli.paths import reads, voice_files, writes
 from voxrelay.models.registry import IMPORTERS  # torch-free: names only
 
 

@@ -1,0 +1,76 @@
+"""The package's structure, checked: no import cycle between modules, and the layers that must not reach up (plan and
+inference never import train; nothing outside models/ names a family: tests/unit/train/test_family_seam.py)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+SRC = Path(__file__).parents[2] / "src" / "voxrelay"
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """Module -> the voxrelay modules it imports when it is imported (module level, not under TYPE_CHECKING; an
+    import inside a function runs later and makes no cycle)."""
+    names = {".".join(p.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in SRC.rglob("*.py")}
+    graph = {}
+    for name, path in names.items():
+        deps = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("voxrelay"):
+                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else node.module
+                         for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("voxrelay")}
+        graph[name] = {d for d in deps if d in names and d != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while (w := stack.pop()) != v:
+                part.append(w)
+            if part:
+                found.append(sorted([v, *part]))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_itself_back_through_others():
+    graph = _module_imports()
+    assert len(graph) > 100 and "voxrelay.cli.app" in graph["voxrelay.cli.pipeline"]
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_plan_and_inference_never_import_train():
+    """plan/ is what train calls to check a run fits, and inference loads what training wrote: neither reaches into
+    train/ (the ``train:`` section's config, voxrelay.train.config, is the config's)."""
+    reach = re.compile(r"^\s*(?:from|import) voxrelay\.train(?!\.config\b)\b", re.M)
+    files = [*(SRC / "plan").rglob("*.py"), SRC / "inference.py"]
+    offenders = [str(p.relative_to(SRC)) for p in files if reach.search(p.read_text())]
+    assert len(files) > 5 and not offenders, offenders
