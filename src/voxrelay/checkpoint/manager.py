@@ -22,19 +22,19 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from voxrelay import storage
+from voxrelay.checkpoint.files import load_state, model_writer, state_writer  # noqa: F401 (re-exported)
 from voxrelay.checkpoint.format import FETCHED_DIR, MODEL_FILE, STATE_FILE  # noqa: F401 (defined in checkpoint/format.py)
-from voxrelay.checkpoint.safe_dcp import UnsafeCheckpoint, refusal
 from voxrelay.checkpoint.sharded import is_sharded, read_model
 from voxrelay.checkpoint.staging import Staging, Uploader, Writer
 from voxrelay.checkpoint.store import (
@@ -56,28 +56,18 @@ from voxrelay.paths import CKPT_DIR, cache_dir, rank_world, uri_key
 log = logging.getLogger(__name__)
 
 
-__all__ = ["CheckpointError", "CheckpointManager", "MODEL_FILE", "STATE_FILE", "model_writer", "state_writer"]
+__all__ = ["CheckpointError", "CheckpointManager", "MODEL_FILE", "STATE_FILE", "load_state", "model_writer",
+           "state_writer"]
 
 
-def model_writer(state: dict[str, torch.Tensor]) -> Writer:
-    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
-    return lambda path: save_file(tensors, str(path))
+class ResumePoint(NamedTuple):
+    """The checkpoint a session resumes from, as :meth:`CheckpointManager.open` gives it: the committed or staged
+    ``checkpoint``, its verified local ``folder`` (the weights, or DCP's shards, still in their files) and the
+    ``state`` of ``train_state.pt`` (keys in :mod:`voxrelay.checkpoint.format`)."""
 
-
-def state_writer(obj: dict) -> Writer:
-    snapshot = _copy_tensors(obj)
-    return lambda path: torch.save(snapshot, path)
-
-
-def _copy_tensors(obj):
-    """A copy of a nested state whose tensors no longer change as training goes on."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _copy_tensors(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_copy_tensors(v) for v in obj)
-    return obj
+    checkpoint: Checkpoint
+    folder: Path
+    state: dict
 
 
 class CheckpointManager:
@@ -337,8 +327,8 @@ class CheckpointManager:
         log.info("committed the checkpoint of step %d, staged here and on the job's other machines", ckpt.step)
         return committed, self.store.fetch(committed, folder)
 
-    def open(self, step: int | None = None, mmap: bool = False) -> tuple[Checkpoint, Path, dict] | None:
-        """(checkpoint, verified local folder, train state) of the newest valid checkpoint (or ``step``), or None;
+    def open(self, step: int | None = None, mmap: bool = False) -> ResumePoint | None:
+        """The :class:`ResumePoint` of the newest valid checkpoint (or ``step``), or None;
         the weights stay in the folder (:func:`voxrelay.checkpoint.reader.read_into` reads them into a built
         model, DCP into a sharded one); :meth:`release` the folder once they are loaded. ``mmap``: the train
         state's tensors stay in the file until used (moved one by one to a GPU, no second copy in memory)."""
@@ -346,13 +336,14 @@ class CheckpointManager:
         if found is None:
             return None
         ckpt, folder = found
-        return ckpt, folder, load_state(folder / STATE_FILE, mmap=mmap, where=storage.join(ckpt.uri, STATE_FILE))
+        return ResumePoint(ckpt, folder, load_state(folder / STATE_FILE, mmap=mmap,
+                                                    where=storage.join(ckpt.uri, STATE_FILE)))
 
     def load(self, step: int | None = None) -> tuple[Checkpoint, dict[str, torch.Tensor] | Path, dict] | None:
         """(checkpoint, model tensors, train state) of the newest valid checkpoint, or None. For a sharded
         checkpoint the model tensors are the verified local folder that DCP loads from."""
         found = self.open(step)
-        if found is None or is_sharded(found[0].manifest):  # DCP loads it into the sharded model; start() cleans up
+        if found is None or is_sharded(found.checkpoint.manifest):  # DCP loads it into the sharded model
             return found
         ckpt, folder, state = found
         weights = load_file(str(folder / MODEL_FILE))
@@ -389,16 +380,3 @@ class CheckpointIncomplete(CheckpointError):
 
 def _hashes(ckpt: Checkpoint) -> dict[str, str]:
     return {name: meta["sha256"] for name, meta in ckpt.manifest["files"].items()}
-
-
-def load_state(path: Path, mmap: bool = False, where: str | None = None) -> dict:
-    """train_state.pt on the CPU, unpickling nothing but tensors and plain containers (``mmap``: tensors
-    backed by the file's pages, read when used); ``where``: the file's name in errors (its URI in the bucket)."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as err:  # what weights_only refuses: a global, a reduce that is not plain data
-        raise UnsafeCheckpoint(f"{where or path} is refused: torch.load(weights_only=True) found more than tensors "
-                               f"and plain containers in it ({refusal(err)}). voxrelay never runs code a checkpoint "
-                               "file holds, and its saves never write such a file (someone who can write the bucket "
-                               "may have planted it). Check who can write the run's folder, then delete this "
-                               "checkpoint (or the run, with `voxrelay train --fresh`)") from None

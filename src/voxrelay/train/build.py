@@ -19,7 +19,7 @@ from accelerate.utils import AutocastKwargs
 from voxrelay import storage
 from voxrelay.checkpoint.fence import Guard, job_guard
 from voxrelay.checkpoint.lease import RunLease, check_root_for_leases
-from voxrelay.checkpoint.manager import CheckpointManager
+from voxrelay.checkpoint.manager import CheckpointManager, ResumePoint
 from voxrelay.checkpoint.sharded import is_sharded
 from voxrelay.codecs.base import AudioCodec
 from voxrelay.config import RunConfig, TrainConfig, with_added_defaults
@@ -204,7 +204,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     found = None if fresh else _load_latest(checkpoints, accelerator, ranks)
     accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
     if found is not None:  # before the model is built: a default that changed may say how (model.weights_dtype)
-        keep_started(cfg, found[2][st.K_CONFIG], accelerator.is_main_process)
+        keep_started(cfg, found.state[st.K_CONFIG], accelerator.is_main_process)
     check_fits(cfg, index, world, gpu_memory())  # on a GPU: stop now, with the plan, if it will not fit
     hub_cache.from_bucket(cfg, accelerator.is_local_main_process, accelerator.wait_for_everyone)
     codec = load_prepared_codec(cfg.prepared_uri, index)
@@ -229,10 +229,11 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing, cfg.train.activation_offload)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
     if found is not None:
-        check_compatible(found[2], cfg, index, found[0].step, len({c.step for c in checkpoints.candidates()}))
+        check_compatible(found.state, cfg, index, found.checkpoint.step,
+                         len({c.step for c in checkpoints.candidates()}))
         load_weights(model, found, cfg, base, len({c.step for c in checkpoints.candidates()}))
-        if not is_sharded(found[0].manifest):  # the weights are in the model (a sharded one loads in restore)
-            checkpoints.release(found[1])
+        if not is_sharded(found.checkpoint.manifest):  # the weights are in the model (a sharded one loads in restore)
+            checkpoints.release(found.folder)
     choose_loss(model, cfg.train, accelerator.device.type)  # after resume: a resumed run keeps its saved choice
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
     module, optimizer = wrap_model(model, cfg, accelerator)
@@ -249,8 +250,8 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     )
     if found is not None:
         restore(run, found)
-        run.resumed_from = found[0].step
-        checkpoints.store.protected.add(found[0].step)  # retention never deletes what this session resumed from
+        run.resumed_from = found.checkpoint.step
+        checkpoints.store.protected.add(found.checkpoint.step)  # retention never deletes what this session resumed from
     accelerator.wait_for_everyone()  # every rank has read the shards before rank 0's start() cleans them up
     if accelerator.is_main_process:
         lease.check()
@@ -339,7 +340,7 @@ def wrap_model(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator):
     return accelerator.prepare(model.module, build_optimizer(tc, optimizer_groups(model, tc)))
 
 
-def _load_latest(checkpoints: CheckpointManager, accelerator: Accelerator, ranks: Ranks):
+def _load_latest(checkpoints: CheckpointManager, accelerator: Accelerator, ranks: Ranks) -> ResumePoint | None:
     """Rank 0 picks the newest valid checkpoint; every rank loads that one (rank 0's error, e.g. every
     checkpoint damaged, stops every rank). On a GPU the optimizer state stays in the file until each
     tensor moves to the device."""
@@ -348,9 +349,9 @@ def _load_latest(checkpoints: CheckpointManager, accelerator: Accelerator, ranks
     def pick() -> int | None:
         nonlocal found
         found = checkpoints.open(mmap=torch.cuda.is_available())
-        if found is not None and not found[0].durable and spans_machines(accelerator.num_processes):
+        if found is not None and not found.checkpoint.durable and spans_machines(accelerator.num_processes):
             found = commit_before_others_look(checkpoints, found)
-        return found[0].step if found else None
+        return found.checkpoint.step if found else None
 
     step = ranks.on_main(pick)
     if step is None:
@@ -367,11 +368,11 @@ def spans_machines(world: int) -> bool:
     return int(os.environ.get("LOCAL_WORLD_SIZE", world)) < world
 
 
-def commit_before_others_look(checkpoints: CheckpointManager, found: tuple):
+def commit_before_others_look(checkpoints: CheckpointManager, found: ResumePoint) -> ResumePoint | None:
     """The newest checkpoint is staged on this machine's disk only (a previous session's upload did not
     finish): on a job over several machines the others cannot read it there, so it is uploaded (committed)
     before its step is broadcast. If the bucket will not take it, the newest committed one is used."""
-    ckpt = found[0]
+    ckpt = found.checkpoint
     log.info("uploading the checkpoint of step %d, staged on this machine only, before the other machines "
              "load it", ckpt.step)
     try:

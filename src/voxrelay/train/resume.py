@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from voxrelay.checkpoint.format import BASE_HASH, WRITER  # noqa: F401 (defined in checkpoint/format.py)
 from voxrelay.checkpoint.frozen import check_base, describe_base, trainable_state
-from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, model_writer, state_writer
+from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, ResumePoint, model_writer, state_writer
 from voxrelay.checkpoint.reader import read_into
 from voxrelay.checkpoint.sharded import is_sharded
 from voxrelay.config import ConfigError, config_changes
@@ -160,9 +160,9 @@ def load_weights(model, found: tuple, run_cfg, base: str | None, num_checkpoints
               "it was written with other model or train.lora settings: use the settings of the run that wrote it")
 
 
-def restore(run, found: tuple) -> None:
+def restore(run, found: ResumePoint) -> None:
     """Load everything but the weights of a whole-model checkpoint (loaded before accelerate wraps the
-    model); a sharded checkpoint's weights and optimizer come from its folder (``found[1]``) here."""
+    model); a sharded checkpoint's weights and optimizer come from its folder (``found.folder``) here."""
     ckpt, folder, state = found
     run.loop.load_state_dict(state[st.K_LOOP])
     if is_sharded(ckpt.manifest):
