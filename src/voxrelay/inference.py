@@ -35,7 +35,7 @@ from voxrelay.codecs.base import AudioCodec, FittableCodec
 from voxrelay.codecs.registry import codec_from_description
 from voxrelay.config import ConfigError, RunConfig, build_config, with_added_defaults
 from voxrelay.data.audio import load_audio, resample
-from voxrelay.data.prepare import load_index, load_prepared_codec
+from voxrelay.data.prepare import load_index
 from voxrelay.errors import UserError, one_line
 from voxrelay.models import hub_cache
 from voxrelay.models.base import DataSpec, FamilyModel, Request, check_request, sampling_options
@@ -49,7 +49,7 @@ from voxrelay.models.lora import (
     quiet_peft,
 )
 from voxrelay.models.qlora import dequantise_base, quantise_base
-from voxrelay.models.registry import as_trained, build_model, get_family, load_model
+from voxrelay.models.registry import as_trained, build_model, codec_for_run, get_family, load_model, model_for_run
 from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, output_problem, write_file, writing
 from voxrelay.precision import compute_as_trained
 
@@ -78,15 +78,8 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     cfg = run_config(run_uri)
     index = load_index(cfg.prepared_uri)
     hub_cache.from_bucket(cfg)  # the run's hub models, from cache.models_uri when a session put them there
-    codec = load_prepared_codec(cfg.prepared_uri, index)
-    data = DataSpec.from_prepared(index, codec)
-    model_cfg = as_trained(cfg.model, cfg.train)  # the dtypes the run trained in
-    model = build_model(model_cfg, data, cfg.train.seed)
-    if model.uses_corpus:  # e.g. voice prompts of the training data's voices, as in training
-        from voxrelay.data.loader import PreparedDataset
-
-        model.use_corpus(PreparedDataset.open(cfg.prepared_uri, "train", index,
-                                              max_bytes=int(cfg.cache.max_gb * 2**30)).rows)
+    codec = codec_for_run(cfg, index)
+    model, _ = model_for_run(cfg, index, codec)  # as training built it: its dtypes, its voices' prompts
     # the head loss the run trained with (train.chunked_loss): `voxrelay eval` then gives training's numbers
     choose_loss(model, cfg.train, "cuda" if _cuda() else "cpu", say=False)
     ckpt, weights, family = CheckpointManager(run_uri, reader=True).load_model(step)
@@ -103,7 +96,8 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     if cfg.train.lora is None:
         return model, codec, ckpt.step, None
     note = {"base": describe_base(cfg.model, cfg.train.seed), "base_hash": base, "seed": cfg.train.seed,
-            "model": model_cfg.model_dump(mode="json"), "data": data.to_note()}
+            "model": as_trained(cfg.model, cfg.train).model_dump(mode="json"),  # the dtypes the run trained in
+            "data": DataSpec.from_prepared(index, codec).to_note()}
     if cfg.train.lora.base_bits:  # QLoRA: trained on the quantised base, which loading the export rebuilds
         note[BASE_BITS] = cfg.train.lora.base_bits
     return model, codec, ckpt.step, note

@@ -97,6 +97,36 @@ def build_model(cfg: Any, data: DataSpec, seed: int, meta: bool = False) -> Fami
     return get_family(cfg.family).builder()(cfg, data, seed, meta=meta)
 
 
+def codec_for_run(cfg: Any, index: dict) -> Any:
+    """The codec of a run's prepared data (``index``: its index.json), refused with the fix when the run's family
+    cannot learn from such data: the first half of rebuilding a run's model, shared by training and inference (the
+    global RNG is seeded between the two halves in training, after the codec has loaded)."""
+    from voxrelay.data.prepare import load_prepared_codec
+    from voxrelay.data.shards import PrepareError
+
+    codec = load_prepared_codec(cfg.prepared_uri, index)
+    refusal = cfg.model.data_needs().refusal(cfg.model.family, index["codec"], where=f"data at {cfg.prepared_uri}")
+    if refusal:
+        raise PrepareError(refusal)
+    return codec
+
+
+def model_for_run(cfg: Any, index: dict, codec: Any) -> tuple[FamilyModel, list | None]:
+    """The model a run (``cfg``, a RunConfig) trains or trained, built as it was: its dtypes (:func:`as_trained`),
+    its data's codec and speakers, seeded by ``train.seed``; for a family whose examples draw on other rows
+    (``uses_corpus``) the training rows too, given to it and returned (else None). Training and inference both
+    rebuild a run's model here."""
+    from voxrelay.data.loader import PreparedDataset
+    from voxrelay.models.base import DataSpec
+
+    model = build_model(as_trained(cfg.model, cfg.train), DataSpec.from_prepared(index, codec), cfg.train.seed)
+    rows = None
+    if model.uses_corpus:  # e.g. voice prompts from other clips of a voice
+        rows = PreparedDataset.open(cfg.prepared_uri, "train", index, max_bytes=int(cfg.cache.max_gb * 2**30)).rows
+        model.use_corpus(rows)
+    return model, rows
+
+
 def load_model(folder: str | os.PathLike[str]) -> FamilyModel:
     """Load a folder written by ``save_pretrained``/``export``, by the family its voxrelay.json names."""
     meta = Path(folder) / EXPORT_META

@@ -25,14 +25,13 @@ from voxrelay.codecs.base import AudioCodec
 from voxrelay.config import RunConfig, TrainConfig, with_added_defaults
 from voxrelay.cost.usage import UsageLog
 from voxrelay.data.identity import fingerprint
-from voxrelay.data.loader import BatchStream, PreparedDataset
-from voxrelay.data.prepare import load_index, load_prepared_codec
-from voxrelay.data.shards import PrepareError
+from voxrelay.data.loader import BatchStream
+from voxrelay.data.prepare import load_index
 from voxrelay.models import hub_cache
-from voxrelay.models.base import DataSpec, FamilyModel
+from voxrelay.models.base import FamilyModel
 from voxrelay.models.lora_config import LoraConfig
 from voxrelay.models.qlora import compute_dtype
-from voxrelay.models.registry import as_trained, build_model, get_family
+from voxrelay.models.registry import codec_for_run, get_family, model_for_run
 from voxrelay.monitor.sinks import TB_DIR, WANDB_RUN_FILE, Monitor, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, USAGE_FILE, cache_dir, uri_key
 from voxrelay.plan.fit import check_fits, gpu_memory
@@ -207,18 +206,11 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
         keep_started(cfg, found.state[st.K_CONFIG], accelerator.is_main_process)
     check_fits(cfg, index, world, gpu_memory())  # on a GPU: stop now, with the plan, if it will not fit
     hub_cache.from_bucket(cfg, accelerator.is_local_main_process, accelerator.wait_for_everyone)
-    codec = load_prepared_codec(cfg.prepared_uri, index)
-    refusal = cfg.model.data_needs().refusal(cfg.model.family, index["codec"], where=f"data at {cfg.prepared_uri}")
-    if refusal:
-        raise PrepareError(refusal)
+    codec = codec_for_run(cfg, index)
     eval_rows = eval_split(cfg, index)
     st.seed_everything(cfg.train.seed)
-    model = build_model(as_trained(cfg.model, cfg.train), DataSpec.from_prepared(index, codec), cfg.train.seed)
-    train_rows = None  # streamed from the shards, unless the family's examples draw on other rows
-    if model.uses_corpus:
-        cap = int(cfg.cache.max_gb * 2**30)
-        train_rows = PreparedDataset.open(cfg.prepared_uri, "train", index, max_bytes=cap).rows
-        model.use_corpus(train_rows)  # e.g. voice prompts from other clips of a voice
+    # train_rows: None (streamed from the shards), unless the family's examples draw on other rows
+    model, train_rows = model_for_run(cfg, index, codec)
     if accelerator.is_main_process:
         hub_cache.to_bucket(cfg)  # what this session fetched from the hub, for the next sessions
     st.seed_generators(model.generators(), cfg.train.seed, rank)  # the family's own (restored on resume)
