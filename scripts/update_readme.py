@@ -1,12 +1,12 @@
 """Regenerate the generated sections of README.md: the configuration reference (from
-voxrelay/config.py) and the command reference (from the CLI's own options and help)."""
+voxrelay/config/) and the command reference (from the CLI's own options and help)."""
 
 from pathlib import Path
 
 import typer
 
 from voxrelay.cli import app
-from voxrelay.config_reference import reference_markdown
+from voxrelay.config.reference import reference_markdown
 
 BLOCKS = {
     "config-reference": reference_markdown,

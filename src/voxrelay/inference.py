@@ -266,7 +266,7 @@ def check_voice_prompts(source: str, voices: list[str] | None) -> None:
     """Before a model is loaded: read every ``--voice`` clip when ``source`` (a run or export folder) takes voice
     prompts (its family, from its JSON/YAML), else check the voice is one it knows; a source that cannot be read
     is left to the load to report."""
-    from voxrelay.status import StatusError, voice_input
+    from voxrelay.monitor.status import StatusError, voice_input
 
     if not voices:
         return

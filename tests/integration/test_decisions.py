@@ -18,7 +18,8 @@ import pytest
 
 from tests.helpers.runner import CONFIG, Trainer, env_for, session_seconds, voxrelay
 from tests.helpers.tiny import tiny
-from voxrelay import host, storage
+from voxrelay import storage
+from voxrelay.checkpoint import host
 from voxrelay.checkpoint.stops import EXIT_PREEMPTED, EXIT_TIME_LIMIT
 from voxrelay.checkpoint.store import CommittedStore
 

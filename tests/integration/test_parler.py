@@ -24,7 +24,7 @@ from tests.helpers.runner import (
     voxrelay,
 )
 from tests.helpers.speech import SENTENCES
-from voxrelay.metrics import silent_fraction
+from voxrelay.quality.mcd import silent_fraction
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py
 

@@ -150,7 +150,7 @@ def test_reference_has_one_model_table_per_family():
 
     from pydantic import BaseModel
 
-    from voxrelay.config_reference import _sections_of, reference_markdown
+    from voxrelay.config.reference import _sections_of, reference_markdown
 
     text = reference_markdown()
     assert "**model** (when `model.family: codec_lm`)" in text

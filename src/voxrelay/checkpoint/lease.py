@@ -41,8 +41,8 @@ import uuid
 from collections.abc import Callable
 
 from voxrelay import storage
+from voxrelay.checkpoint.host import boot_id, pid_namespace, start_ticks, started_at
 from voxrelay.errors import UserError
-from voxrelay.host import boot_id, pid_namespace, start_ticks, started_at
 from voxrelay.paths import LEASE_FILE
 from voxrelay.storage.mounts import Mount, gcsfuse_uri, mount_kind
 

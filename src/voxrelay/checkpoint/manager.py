@@ -35,6 +35,7 @@ from safetensors.torch import load_file
 from voxrelay import storage
 from voxrelay.checkpoint.files import load_state, model_writer, state_writer  # noqa: F401 (re-exported)
 from voxrelay.checkpoint.format import FETCHED_DIR, MODEL_FILE, STATE_FILE  # noqa: F401 (defined in checkpoint/format.py)
+from voxrelay.checkpoint.host import pid_alive
 from voxrelay.checkpoint.sharded import is_sharded, read_model
 from voxrelay.checkpoint.staging import Staging, Uploader, Writer
 from voxrelay.checkpoint.store import (
@@ -50,7 +51,6 @@ from voxrelay.checkpoint.store import (
     step_name,
     verify_folder,
 )
-from voxrelay.host import pid_alive
 from voxrelay.paths import CKPT_DIR, cache_dir, rank_world, uri_key
 
 log = logging.getLogger(__name__)

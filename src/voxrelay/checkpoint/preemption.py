@@ -24,8 +24,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from voxrelay import host
-from voxrelay.checkpoint import stops
+from voxrelay.checkpoint import host, stops
 
 log = logging.getLogger(__name__)
 

@@ -67,8 +67,8 @@ def train_cmd(
 ):
     """Train (resuming from the run's latest valid checkpoint, if any)."""
     import voxrelay
+    from voxrelay.checkpoint.host import stop_with_launcher
     from voxrelay.config import load_config
-    from voxrelay.host import stop_with_launcher
 
     stop_with_launcher(voxrelay.PARENT_AT_IMPORT)  # a torchrun worker stops (saves) when its launcher dies
 
@@ -170,6 +170,6 @@ def status_cmd(
                               "storage requests, egress, replication, checkpoints stored, at the run's cost.* prices"),
 ):
     """Steps done, last durable checkpoint, staged uploads, throughput, ETA, finished or not."""
-    from voxrelay.status import format_status, run_status
+    from voxrelay.monitor.status import format_status, run_status
 
     out.print(format_status(run_status(run, cost=cost)), highlight=False)

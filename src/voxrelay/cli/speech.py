@@ -89,7 +89,7 @@ def voices_cmd(run: str = typer.Argument(..., help="Run folder (<root>/runs/<nam
                                          callback=A_RUN)):
     """List the voices (speakers) a run knows, one per line, for `synthesize --voice`; for a model that clones
     voices from prompts, say how to pass them."""
-    from voxrelay.status import voice_input
+    from voxrelay.monitor.status import voice_input
 
     voices = voice_input(run)
     if voices.prompts:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from voxrelay.config_fields import Section
+from voxrelay.config.fields import Section
 
 
 class CostConfig(Section):

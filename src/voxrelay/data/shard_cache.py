@@ -15,7 +15,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from voxrelay import storage
-from voxrelay.host import pid_alive
+from voxrelay.checkpoint.host import pid_alive
 
 log = logging.getLogger(__name__)
 

@@ -101,7 +101,7 @@ def host_shortfall(cfg: Any, facts: ModelFacts, lengths: Lengths, max_gpus: int)
 
 def measured_step_seconds(run_uri: str) -> float | None:
     """Seconds per step of the run's newest throughput reports (what ``status`` shows), None when it has none."""
-    from voxrelay.status import StatusError, run_status
+    from voxrelay.monitor.status import StatusError, run_status
 
     try:
         sps = run_status(run_uri).steps_per_sec

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from voxrelay.config_fields import switch_section
+from voxrelay.config.fields import switch_section
 
 
 class AsrConfig(BaseModel):

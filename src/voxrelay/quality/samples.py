@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from voxrelay.metrics import mcd_dtw, silent_fraction
 from voxrelay.models.base import pop_counts, request_for, sampling_options, weighted_mean
+from voxrelay.quality.mcd import mcd_dtw, silent_fraction
 from voxrelay.quality.scorer import Sample
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from voxrelay import storage
-from voxrelay.config_source import read_config_text
+from voxrelay.config.source import read_config_text
 from voxrelay.errors import UserError
 
 SWEEPS_DIR = "sweeps"

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from voxrelay import storage
 from voxrelay.checkpoint import preemption as pre
 from voxrelay.checkpoint import stops
+from voxrelay.checkpoint.host import set_parent_death_signal
 from voxrelay.checkpoint.lease import LeaseWatch, check_root_for_leases, read_lease
 from voxrelay.config import ConfigError, load_config
-from voxrelay.host import set_parent_death_signal
 from voxrelay.paths import LEASE_FILE
 from voxrelay.storage.mounts import root_mount
 from voxrelay.sweep import state as st

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from voxrelay.config_fields import Section, switch_section
+from voxrelay.config.fields import Section, switch_section
 from voxrelay.models.lora_config import LoraConfig
 
 _DURATION_RE = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$")

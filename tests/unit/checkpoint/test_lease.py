@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.metadata import FIXTURES
-from voxrelay import host, storage
+from voxrelay import storage
+from voxrelay.checkpoint import host
 from voxrelay.checkpoint.lease import (
     LeaseHeld,
     LeaseLost,

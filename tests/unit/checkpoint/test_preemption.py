@@ -179,7 +179,7 @@ def test_a_notice_records_its_time_for_the_grace_period():
 
 
 def test_time_limit_counts_from_the_process_or_the_machine_boot():
-    from voxrelay import host
+    from voxrelay.checkpoint import host
 
     boot, started = host.boot_time(), pre.process_start_time()
     assert boot is not None and boot < started <= time.time()

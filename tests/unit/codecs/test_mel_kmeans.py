@@ -10,7 +10,7 @@ from voxrelay.codecs import dsp
 from voxrelay.codecs.base import AudioCodec, FittableCodec
 from voxrelay.codecs.mel_kmeans import MelKMeansCodec
 from voxrelay.config import CodecConfig
-from voxrelay.metrics import mcd_dtw
+from voxrelay.quality.mcd import mcd_dtw
 
 SR = 16000
 SMALL = dict(num_codebooks=2, codebook_size=64, griffin_lim_iters=16)

@@ -1,5 +1,5 @@
 """Issue 33 "orphans": a training process started by torchrun/accelerate (in a session of its own) stops, as on
-SIGTERM, when its launcher dies, also when the launcher died before it asked to be told (voxrelay.host)."""
+SIGTERM, when its launcher dies, also when the launcher died before it asked to be told (voxrelay.checkpoint.host)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
-from voxrelay.host import stop_with_launcher
+from voxrelay.checkpoint.host import stop_with_launcher
 
 # a worker: SIGTERM is what voxrelay's preemption watcher turns into save-and-stop; here it is just reported
 WORKER = """
 import os, signal, sys, threading
 import voxrelay
-from voxrelay.host import stop_with_launcher
+from voxrelay.checkpoint.host import stop_with_launcher
 got = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: got.set())
 parent = voxrelay.PARENT_AT_IMPORT + int(sys.argv[1])  # argv[1] != 0: as if the launcher changed before the call

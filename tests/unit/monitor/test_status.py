@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from voxrelay import storage
+from voxrelay.checkpoint.host import boot_id, pid_namespace
 from voxrelay.checkpoint.manager import MODEL_FILE, CheckpointManager, model_writer
 from voxrelay.errors import UserError
-from voxrelay.host import boot_id, pid_namespace
+from voxrelay.monitor.status import StatusError, format_status, run_status
 from voxrelay.paths import CONFIG_SNAPSHOT
-from voxrelay.status import StatusError, format_status, run_status
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from voxrelay.config_fields import Section
-from voxrelay.config_source import apply_overrides, read_config_text  # noqa: F401 (apply_overrides: public here)
+from voxrelay.config.fields import Section
+from voxrelay.config.source import apply_overrides, read_config_text  # noqa: F401 (apply_overrides: public here)
 from voxrelay.cost.config import CostConfig
 from voxrelay.errors import ConfigError, UserError, one_line  # noqa: F401 (ConfigError: public here)
 from voxrelay.models.lora_config import LoraConfig

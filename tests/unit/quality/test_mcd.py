@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soxr
 
-from voxrelay.metrics import dtw_path_mean, mcd_dtw, mel_cepstrum
+from voxrelay.quality.mcd import dtw_path_mean, mcd_dtw, mel_cepstrum
 
 SR = 16000
 
@@ -120,7 +120,7 @@ def test_rejects_nan() -> None:
 
 
 def test_silent_fraction_counts_the_quiet_frames():
-    from voxrelay.metrics import silent_fraction
+    from voxrelay.quality.mcd import silent_fraction
 
     sr = 16000
     tone = 0.3 * np.sin(2 * np.pi * 220 * np.arange(sr) / sr)

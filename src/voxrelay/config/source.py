@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from voxrelay.errors import ConfigError
+
 _UPLOAD = {"gs": "gcloud storage cp my.yaml {uri}", "s3": "aws s3 cp my.yaml {uri}"}
 
 
@@ -19,8 +21,6 @@ def read_config_text(source: str) -> str:
     """The text of the config at ``source``: a local path, or a storage URI (it contains ``://``).
     Raises ConfigError naming the source and the fix when there is no such file or object (a denied access is
     storage's StorageDenied, which names the bucket and the credentials to check)."""
-    from voxrelay.config import ConfigError  # (voxrelay.config imports this module)
-
     if "://" not in source:
         path = Path(source)
         if not path.is_file():
@@ -59,8 +59,6 @@ def _parse_value(raw: str) -> Any:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key.sub=value`` strings to a nested dict (in place) and return it."""
-    from voxrelay.config import ConfigError  # (voxrelay.config imports this module)
-
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value; write e.g. train.max_steps=100")
