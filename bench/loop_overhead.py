@@ -72,7 +72,7 @@ def main() -> None:
     batches = make_batches(base, args.steps, args.batch, args.frames)
     accelerator = Accelerator(mixed_precision="no")
     m_ours, mod_ours, opt_ours, sch_ours = build(cfg, base, accelerator)
-    run = Run(cfg, accelerator, m_ours, mod_ours, opt_ours, sch_ours, None, [], None, None, None, None, None)
+    run = Run(cfg=cfg, accelerator=accelerator, model=m_ours, module=mod_ours, optimizer=opt_ours, scheduler=sch_ours)
     m_bare, mod_bare, opt_bare, sch_bare = build(cfg, base, None)
     ours_t, bare_t = [], []
     for rep in range(args.repeats + 1):  # repeat 0 warms up both

@@ -61,21 +61,24 @@ from voxrelay.train.strategies import (
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
+    """A training session's parts, built by :func:`build_run` (every field) or :func:`bare_run` (a model to step,
+    with no data, checkpoints or monitor: those stay None)."""
+
     cfg: RunConfig
     accelerator: Accelerator
     model: FamilyModel
     module: torch.nn.Module  # model.module, wrapped by accelerate (DDP, precision) or sharded (FSDP2)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    stream: BatchStream
-    eval_rows: list
-    codec: AudioCodec
-    checkpoints: CheckpointManager
-    monitor: Monitor
-    loop: st.LoopState
-    local_dir: Path
+    stream: BatchStream | None = None
+    eval_rows: list = field(default_factory=list)
+    codec: AudioCodec | None = None
+    checkpoints: CheckpointManager | None = None
+    monitor: Monitor | None = None
+    loop: st.LoopState = field(default_factory=st.LoopState)
+    local_dir: Path | None = None
     data_fingerprint: dict | str = ""
     resumed_from: int | None = None
     base_hash: str | None = None  # some part frozen (LoRA, a frozen encoder): the model as built (strategies.base_hash)
@@ -233,11 +236,11 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     stream = build_stream(model, cfg, index, rank, world, ranks, train_rows)
     run_dir = local_run_dir(cfg.run_uri)
     run = Run(
-        cfg, accelerator, model, module, optimizer, scheduler, stream, eval_rows, codec, checkpoints,
-        build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process, checkpoints.store.guard),
-        st.LoopState(), run_dir,
-        fingerprint(index), base_hash=base, sharded=cfg.train.strategy == "fsdp", index=index,
-        scorer=Scorer(cfg.eval, torch.get_num_threads()) if accelerator.is_main_process else None,
+        cfg=cfg, accelerator=accelerator, model=model, module=module, optimizer=optimizer, scheduler=scheduler,
+        stream=stream, eval_rows=eval_rows, codec=codec, checkpoints=checkpoints,
+        monitor=build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process, checkpoints.store.guard),
+        local_dir=run_dir, data_fingerprint=fingerprint(index), base_hash=base, sharded=cfg.train.strategy == "fsdp",
+        index=index, scorer=Scorer(cfg.eval, torch.get_num_threads()) if accelerator.is_main_process else None,
         ranks=ranks, lease=lease, usage=usage,
     )
     if found is not None:
@@ -294,8 +297,8 @@ def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Ru
     choose_loss(model, cfg.train, accelerator.device.type)
     model.module.train()
     module, optimizer = wrap_model(model, cfg, accelerator)
-    return Run(cfg, accelerator, model, module, optimizer, build_scheduler(cfg.train, optimizer),
-               None, [], None, None, None, None, None)
+    return Run(cfg=cfg, accelerator=accelerator, model=model, module=module, optimizer=optimizer,
+               scheduler=build_scheduler(cfg.train, optimizer))
 
 
 def new_accelerator(precision: str) -> Accelerator:
