@@ -10,7 +10,11 @@ import typer
 
 from voxrelay.cli.app import A_RUN, app, err, out
 from voxrelay.cli.paths import reads, voice_files, writes
-from voxrelay.models.registry import IMPORTERS  # torch-free: names only
+from voxrelay.models.registry import FAMILIES, IMPORTERS  # torch-free: names only
+
+# `export --format`: each family's upstream layouts (FamilySpec.export_formats)
+UPSTREAM_FORMATS = ", ".join(f"{fmt} (model.family={spec.name})" for spec in FAMILIES.values()
+                             for fmt in spec.export_formats) or "none"
 
 
 @app.command("synthesize")
@@ -27,8 +31,8 @@ def synthesize_cmd(
                                 "`[SPEAKER_A] ...` lines for a dialogue", callback=reads("pass a UTF-8 text file")),
     max_seconds: float = typer.Option(20.0, "--max-seconds", help="Longest audio to generate"),
     description: str = typer.Option(
-        None, "--description", help="How the voice should sound, for a family that conditions on a description "
-        "(e.g. Parler-TTS), e.g. 'A calm female voice, close to the microphone'"
+        None, "--description", help="How the voice should sound, for a family that conditions on a description, "
+        "e.g. 'A calm female voice, close to the microphone'"
     ),
     step: int = typer.Option(None, "--step", help="Checkpoint step (default: latest valid)"),
     seed: int = typer.Option(0, "--seed", help="Sampling seed: the same seed, text and weights give the same audio"),
@@ -118,7 +122,7 @@ def export_cmd(
     ),
     fmt: str = typer.Option(
         "voxrelay", "--format", help="voxrelay (what synthesize/eval read back), or the family's upstream format "
-        "where it has one (Parler-TTS: a folder upstream's from_pretrained loads, the DAC included)",
+        "where it has one, a folder upstream's from_pretrained loads: " + UPSTREAM_FORMATS,
     ),
 ):
     """Write model.safetensors + config (+ codec) that synthesize and transformers can load (LoRA: merged)."""
