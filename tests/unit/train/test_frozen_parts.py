@@ -21,8 +21,7 @@ FROZEN = "model.embed_tokens.weight"
 def frozen_family(monkeypatch):
     """The run's family with its token embedding frozen at build; ``shift`` changes the frozen weights'
     source (as another revision of a pretrained encoder would)."""
-    import voxrelay.inference
-    import voxrelay.train.build
+    import voxrelay.models.registry
     from voxrelay.models.registry import build_model
 
     source = {"shift": 0.0}
@@ -35,8 +34,8 @@ def frozen_family(monkeypatch):
         emb.weight.requires_grad_(False)
         return model
 
-    monkeypatch.setattr(voxrelay.train.build, "build_model", build_frozen)
-    monkeypatch.setattr(voxrelay.inference, "build_model", build_frozen)
+    # training and inference rebuild a run's model through the registry's one path (model_for_run)
+    monkeypatch.setattr(voxrelay.models.registry, "build_model", build_frozen)
     return source
 
 
