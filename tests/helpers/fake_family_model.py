@@ -140,7 +140,8 @@ class FakeModel(FamilyModelBase):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in self.module.state_dict().items()}, str(folder / WEIGHTS))
-        (folder / META).write_text(json.dumps({"family": "fake", "settings": self.settings}))
+        # "family": the spec load_model reads; "speakers": what `voxrelay voices EXPORT` lists
+        (folder / META).write_text(json.dumps({"family": "fake", "speakers": self.speakers, "settings": self.settings}))
 
 
 def _module(settings: dict[str, Any]) -> FakeNet:

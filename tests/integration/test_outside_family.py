@@ -69,6 +69,8 @@ def test_a_family_from_outside_src_trains_resumes_speaks_exports_and_plans(tmp_p
     export = tmp_path / "export"
     _ok(voxrelay("export", straight_uri, "-o", str(export), env=env), "export")
     assert json.loads((export / "voxrelay.json").read_text())["family"] == "fake"
+    voices = _ok(voxrelay("voices", str(export), env=env), "voices of the export")
+    assert "en-us" in voices and "en-gb+f3" in voices
     again = tmp_path / "again.wav"
     _ok(voxrelay("synthesize", str(export), "hello there", "-o", str(again), "--max-seconds", "1", env=env),
         "synthesize from the export")

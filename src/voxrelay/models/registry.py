@@ -51,7 +51,8 @@ def _plugins() -> list[FamilySpec]:
 def unknown_family(name: str) -> str:
     """The message for a ``model.family`` no spec is registered as: the known ones, and any plugin that failed."""
     return (f"model.family={name!r} is not a model family; set model.family to one of: {', '.join(sorted(FAMILIES))}"
-            + "".join(f" ({why})" for why in PLUGIN_ERRORS))
+            + ("".join(f" ({why})" for why in PLUGIN_ERRORS) if PLUGIN_ERRORS else
+               f" (a family of your own: name its spec in {PLUGINS_ENV}=module:ATTRIBUTE)"))
 
 
 FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in

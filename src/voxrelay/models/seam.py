@@ -172,7 +172,13 @@ class FamilyModelBase:
 
     def plan_shape(self, lora_rank: int = 0) -> Shape:
         """The sizes ``voxrelay plan`` prices a layer by: the module's (HF Llama-style) config by default."""
-        return module_shape(self.module, lora_rank)  # type: ignore[attr-defined]
+        module = self.module  # type: ignore[attr-defined]
+        base = module.get_base_model() if hasattr(module, "get_base_model") else module
+        if getattr(base, "config", None) is None:
+            raise NotImplementedError(
+                f"model.family={self.family}: its module ({type(base).__name__}) has no transformers config to read "  # type: ignore[attr-defined]
+                "the layer sizes from; the family must override plan_shape (see docs/adding-a-family.md)")
+        return module_shape(module, lora_rank)
 
     def save_as(self, fmt: str, folder: Any, codec: Any) -> None:
         """Write ``folder`` in the upstream layout ``fmt`` (one of its spec's ``export_formats``; ``voxrelay

@@ -244,5 +244,5 @@ def voice_input(source: str) -> VoiceInput:
                               "the run's config to restore it")
         names = list(storage.read_json(index_uri).get("speakers", []))
     spec = FAMILIES.get(family)
-    return VoiceInput(family, bool(spec is not None and spec.config().data_needs().voice_prompts),
+    return VoiceInput(family, bool(spec is not None and spec.config.model_construct().data_needs().voice_prompts),
                       names)
