@@ -26,12 +26,12 @@ def test_a_checkpoint_staged_on_one_machine_is_committed_before_the_others_look(
     run = tmp_path / "bucket/runs/r"
     mgr = CheckpointManager(str(run), staging_dir=tmp_path / "staging")
     _stage(mgr, 4)
-    found = mgr.load()
-    assert found[0].step == 4 and not found[0].durable and mgr.store.list() == []
+    found = mgr.open()  # the ResumePoint training picks
+    assert found.checkpoint.step == 4 and not found.checkpoint.durable and mgr.store.list() == []
     other_machine = CheckpointManager(str(run), staging_dir=tmp_path / "other-staging")
     assert other_machine.load() is None  # what another machine sees before the commit
     again = commit_before_others_look(mgr, found)
-    assert again[0].step == 4
+    assert again.checkpoint.step == 4
     ckpt, weights, _ = other_machine.load(4)  # now it reads the same checkpoint from the bucket
     assert ckpt.durable and torch.equal(weights["w"], torch.full((3,), 4.0))
 
@@ -42,10 +42,10 @@ def test_a_bucket_that_refuses_it_falls_back_to_the_newest_committed(tmp_path: P
     _stage(mgr, 2)
     mgr.store.upload(Path(mgr.staging.list()[0].uri), mgr.staging.list()[0].manifest)
     _stage(mgr, 4)
-    staged = mgr.load()
-    (Path(staged[0].uri) / MODEL_FILE).unlink()  # the upload fails (as a refusing bucket's would)
+    staged = mgr.open()
+    (Path(staged.checkpoint.uri) / MODEL_FILE).unlink()  # the upload fails (as a refusing bucket's would)
     found = commit_before_others_look(mgr, staged)
-    assert found[0].step == 2 and [c.step for c in mgr.store.list()] == [2]  # committed: every machine reads it
+    assert found.checkpoint.step == 2 and [c.step for c in mgr.store.list()] == [2]  # committed: every machine reads it
 
 
 def test_spans_machines(monkeypatch) -> None:
