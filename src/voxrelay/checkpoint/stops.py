@@ -85,11 +85,9 @@ def exit_code(reason: str | None, durable: bool, refused: bool = False) -> int:
     in time); a cause that follows the run to any machine (storage refusing the upload: ``refused``, saves that
     keep failing) is final: 74; else the stop's own code (0 for max_steps and early stopping)."""
     stop = stop_of(reason)
-    if stop is LEASE_LOST or reason == LEASE_LOST.reason:
+    if stop is LEASE_LOST:
         return EXIT_USER_ERROR
-    if refused:
-        return EXIT_FAILED_FOR_GOOD
-    if stop is not None and stop.exit_code == EXIT_FAILED_FOR_GOOD:
+    if refused or (stop is not None and stop.exit_code == EXIT_FAILED_FOR_GOOD):
         return EXIT_FAILED_FOR_GOOD
     if not durable:
         return EXIT_PREEMPTED_STAGED

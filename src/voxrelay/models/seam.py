@@ -172,13 +172,7 @@ class FamilyModelBase:
 
     def plan_shape(self, lora_rank: int = 0) -> Shape:
         """The sizes ``voxrelay plan`` prices a layer by: the module's (HF Llama-style) config by default."""
-        module = self.module  # type: ignore[attr-defined]
-        base = module.get_base_model() if hasattr(module, "get_base_model") else module
-        if getattr(base, "config", None) is None:
-            raise NotImplementedError(
-                f"model.family={self.family}: its module ({type(base).__name__}) has no transformers config to read "  # type: ignore[attr-defined]
-                "the layer sizes from; the family must override plan_shape (see docs/adding-a-family.md)")
-        return module_shape(module, lora_rank)
+        return module_shape(self.module, lora_rank)  # type: ignore[attr-defined]
 
     def save_as(self, fmt: str, folder: Any, codec: Any) -> None:
         """Write ``folder`` in the upstream layout ``fmt`` (one of its spec's ``export_formats``; ``voxrelay
@@ -189,6 +183,10 @@ class FamilyModelBase:
 def module_shape(module: Any, lora_rank: int = 0) -> Shape:
     """The sizes of a transformers decoder ``module`` (a peft model's base) from its config."""
     base = module.get_base_model() if hasattr(module, "get_base_model") else module
+    if getattr(base, "config", None) is None:
+        raise NotImplementedError(
+            f"the module ({type(base).__name__}) has no transformers config to read the layer sizes from; its "
+            "family must override plan_shape (see docs/adding-a-family.md)")
     return decoder_shape(base.config, module, lora_rank)
 
 
