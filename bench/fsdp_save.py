@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,10 +54,10 @@ def worker(args) -> None:
 
     sys.path.insert(0, str(ROOT / "src"))
     from voxrelay.checkpoint.manager import CheckpointManager, model_writer, state_writer
+    from voxrelay.checkpoint.shard_saver import Shards, ShardSaver
     from voxrelay.checkpoint.sharded import rank_files
     from voxrelay.checkpoint.store import sha256_file
     from voxrelay.train.ranks import Ranks
-    from voxrelay.train.sharded import ShardSaver
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -88,15 +87,14 @@ def worker(args) -> None:
             [sha256_file(p) for p in rank_files(folder, rank)]
             dist.barrier()
             fsdp.append(time.perf_counter() - t0)
-        run = SimpleNamespace(module=sharded, optimizer=optimizer, base_hash=None, loop=SimpleNamespace(step=0),
-                              accelerator=SimpleNamespace(is_main_process=rank == 0), ranks=Ranks.of_job(),
-                              checkpoints=CheckpointManager(str(Path(tmp) / "run"), staging_dir=Path(tmp) / "stg"))
+        shards = Shards(sharded, optimizer, False, Ranks.of_job())
+        checkpoints = CheckpointManager(str(Path(tmp) / "run"), staging_dir=Path(tmp) / "stg")
         saver = ShardSaver()
         for i in range(args.repeats + 1):  # the first one also makes the saver's gloo group: not counted
-            run.loop.step = i + 1
             dist.barrier()
             t0 = time.perf_counter()
-            saver.save(run, {"loop": {"step": i + 1}}, {}, 0)  # what the training thread waits for
+            # what the training thread waits for
+            saver.save(shards, checkpoints, i + 1, {"loop": {"step": i + 1}}, {}, 0)
             dist.barrier()
             t1 = time.perf_counter()
             saver.wait()  # write, sha256, gather, staged: in the saver's thread while training goes on
@@ -104,7 +102,7 @@ def worker(args) -> None:
                 asyn.append(t1 - t0)
                 background.append(time.perf_counter() - t1)
         if rank == 0:
-            run.checkpoints.close(60)
+            checkpoints.close(60)
     if rank == 0:
         print(f"{params / 1e6:.0f}M parameters, 2 processes: ddp blocks {min(ddp):.2f} s (rank 0 copy), "
               f"fsdp sync blocks {min(fsdp):.2f} s (sharded DCP write + sha256), fsdp async blocks "

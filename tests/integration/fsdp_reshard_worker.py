@@ -1,7 +1,7 @@
 """Worker of test_fsdp.py's reshard test (run as a script, alone or under torchrun): ``save FOLDER`` trains a
 tiny FSDP2-sharded Llama one AdamW step and saves it with DCP as voxrelay's sharded checkpoints do;
 ``load FOLDER`` builds it afresh, shards it over this run's processes and loads the checkpoint with
-:func:`voxrelay.train.sharded.load_sharded`. Both then write the full model + optimizer state (gathered
+:func:`voxrelay.checkpoint.shard_saver.load_sharded`. Both then write the full model + optimizer state (gathered
 on rank 0) to ``FOLDER/<mode>-full.pt`` for the test to compare."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -17,10 +16,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaPreTrainedModel
 
+from voxrelay.checkpoint.shard_saver import Shards, load_sharded
 from voxrelay.checkpoint.sharded import MODEL_KEY, OPTIM_KEY
 from voxrelay.models.base import module_classes
 from voxrelay.train.ranks import Ranks
-from voxrelay.train.sharded import load_sharded
 from voxrelay.train.strategies import apply_fsdp, fsdp_mesh
 
 
@@ -43,7 +42,7 @@ def main(mode: str, folder: Path) -> None:
         dcp.save({MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}, checkpoint_id=str(folder))
     else:  # another init: whatever equals the saved state afterwards came from the checkpoint
         module, optimizer = build(seed=1)
-        load_sharded(SimpleNamespace(module=module, optimizer=optimizer, base_hash=None, ranks=Ranks.of_job()), folder)
+        load_sharded(Shards(module, optimizer, False, Ranks.of_job()), folder)
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd, optim_sd = get_state_dict(module, optimizer, options=full)
     if dist.get_rank() == 0:

@@ -90,3 +90,24 @@ def test_plan_and_inference_never_import_train():
     files = [*(SRC / "plan").rglob("*.py"), *(SRC / "inference").rglob("*.py")]
     offenders = [str(p.relative_to(SRC)) for p in files if reach.search(p.read_text())]
     assert len(files) > 5 and not offenders, offenders
+
+
+# a CheckpointManager's parts, reached through it (src names a manager ``checkpoints``, or makes one in place)
+MANAGER_PARTS = re.compile(r"(?:checkpoints|CheckpointManager\([^)]*\))\.(?:uploader|staging|store)\b")
+
+
+def test_outside_checkpoint_nothing_reaches_past_the_manager():
+    """train/ (and every other package) asks the CheckpointManager (open, save, health, save_failed, commit_now, ...),
+    never its upload thread, staging folder or committed store: what a checkpoint is and how it travels stays in
+    checkpoint/. ``.store``/``.staging``/``.uploader`` as an attribute outside checkpoint/ is a reach past it."""
+    files = [p for p in SRC.rglob("*.py") if "checkpoint" not in p.relative_to(SRC).parts]
+    offenders = {str(p.relative_to(SRC)): MANAGER_PARTS.findall(p.read_text()) for p in files}
+    assert len(files) > 100 and {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_reach_check_sees_a_reach():
+    for reach in ("run.checkpoints.uploader.failed_saves", "checkpoints.store.upload(x)",
+                  "CheckpointManager(uri, reader=True).staging.list()"):
+        assert MANAGER_PARTS.search(reach), reach
+    assert not MANAGER_PARTS.search("from voxrelay.checkpoint.staging import Staging")
+    assert not MANAGER_PARTS.search("run.checkpoints.health().fatal")

@@ -70,6 +70,16 @@ class ResumePoint(NamedTuple):
     state: dict
 
 
+class Health(NamedTuple):
+    """How saving and uploading stand (:meth:`CheckpointManager.health`), what the training loop stops on."""
+
+    fatal: str | None  # an upload error no retry fixes (HTTP 403): nothing more is uploaded
+    failed_saves: int  # saves in a row that could not be staged (checkpoint.max_failed_saves stops the run)
+    save_error: str | None  # why the last of them failed
+    upload_error: str | None  # the last upload error, retried
+    uploading: bool  # a checkpoint is staged or being staged and not committed yet
+
+
 class CheckpointManager:
     def __init__(
         self,
@@ -164,18 +174,7 @@ class CheckpointManager:
         long as rank 0's commit waits for the parts (``parts_wait_s``)."""
         files = names if isinstance(names, dict) else {n: {"size": (folder / n).stat().st_size,
                                                           "sha256": sha256_file(folder / n)} for n in names}
-        deadline, delay = time.monotonic() + self.store.parts_wait_s, self.uploader.base_backoff
-        while True:
-            try:
-                self.store.upload_part(folder, step, files)
-                break
-            except Exception as err:
-                if not storage.is_transient(err, io_errors=True) or time.monotonic() + delay > deadline:
-                    raise
-                log.warning("upload of this machine's part of step %d failed (%s: %s); retrying in %.1fs", step,
-                            type(err).__name__, err, delay)
-                time.sleep(delay)  # a backoff, not a synchronisation
-                delay = min(delay * 2, self.uploader.max_backoff)
+        self.store.upload_part_retrying(folder, step, files, self.uploader.base_backoff, self.uploader.max_backoff)
         for name in names:
             (folder / name).unlink(missing_ok=True)
         try:
@@ -216,6 +215,53 @@ class CheckpointManager:
         if up.uploaded[1] > 0:
             out["upload_mb_s"] = up.uploaded[0] / 1e6 / up.uploaded[1]
         return out
+
+    # ------------------------------------------------------------------ what training asks of it
+
+    def health(self) -> Health:
+        up = self.uploader
+        return Health(up.fatal, up.failed_saves, up.save_error, up.last_error, bool(up.pending or up.snapshot))
+
+    def save_failed(self, step: int, err: BaseException | str) -> None:
+        """Count a save that could not be made (reported; checkpoint.max_failed_saves stops the run)."""
+        self.uploader.save_failed(step, err)
+
+    def check_space(self, step: int, expected_bytes: int) -> None:
+        """Raise when the staging disk has no room for a checkpoint of about ``expected_bytes``."""
+        self.staging.check_space(step, expected_bytes)
+
+    def staged_path(self, name: str) -> Path:
+        """The folder ``name`` (from :meth:`new_folder`) on this machine's staging disk."""
+        return self.staging.folder / name
+
+    def where_staged(self) -> str:
+        """Where the newest checkpoint not committed yet lies on this machine (or the staging folder)."""
+        staged = self.staging.list()
+        return staged[0].uri if staged else str(self.staging.folder)
+
+    def protect(self, step: int) -> None:
+        """Retention never deletes the checkpoint of ``step`` (the one this session resumed from)."""
+        self.store.protected.add(step)
+
+    def commit_now(self, ckpt: Checkpoint) -> None:
+        """Upload the staged ``ckpt`` now, in this thread (raises what the bucket answers)."""
+        self.store.upload(Path(ckpt.uri), ckpt.manifest)
+
+    def committed(self) -> list[Checkpoint]:
+        """The committed checkpoints, newest first."""
+        return self.store.list()
+
+    @property
+    def guard(self) -> Callable[[], None] | None:
+        """The run's lease check, called before every object written or deleted in the run folder."""
+        return self.store.guard
+
+    def delete_everything(self, names: tuple[str, ...]) -> None:
+        """--fresh: every staged checkpoint, and ``names`` in the run folder (each delete fenced by the lease)."""
+        for ckpt in self.staging.list():
+            self.staging.remove(ckpt.step)
+        for name in names:
+            self.store.writer.delete(storage.join(self.run_uri, name), recursive=True)
 
     # ------------------------------------------------------------------ loading
 

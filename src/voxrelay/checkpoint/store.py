@@ -169,6 +169,22 @@ class CommittedStore:
         part = storage.join(self.root_uri, step_name(step), names[0] + PART_SUFFIX)
         self.writer.write_json(part, {"step": step, "files": {n: files[n] for n in names}})
 
+    def upload_part_retrying(self, folder: Path, step: int, files: dict[str, dict], base_backoff: float,
+                             max_backoff: float) -> None:
+        """:meth:`upload_part`, transient failures retried with backoff for as long as the committer waits for the
+        parts (``parts_wait_s``)."""
+        deadline, delay = time.monotonic() + self.parts_wait_s, base_backoff
+        while True:
+            try:
+                return self.upload_part(folder, step, files)
+            except Exception as err:
+                if not storage.is_transient(err, io_errors=True) or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("upload of this machine's part of step %d failed (%s: %s); retrying in %.1fs", step,
+                            type(err).__name__, err, delay)
+                time.sleep(delay)  # a backoff, not a synchronisation
+                delay = min(delay * 2, max_backoff)
+
     def _wait_for_parts(self, ckpt: Checkpoint, elsewhere: set[str], wait_s: float) -> str | None:
         """Poll the listing until the files other machines upload are there, each recorded with the manifest's
         sha256 in its machine's part manifest; what is still wrong after ``wait_s``: PartsMissing when only their

@@ -20,6 +20,7 @@ from voxrelay import storage
 from voxrelay.checkpoint.fence import Guard, job_guard
 from voxrelay.checkpoint.lease import RunLease, check_root_for_leases
 from voxrelay.checkpoint.manager import CheckpointManager, ResumePoint
+from voxrelay.checkpoint.shard_saver import Shards, ShardSaver
 from voxrelay.checkpoint.sharded import is_sharded
 from voxrelay.codecs.base import AudioCodec
 from voxrelay.config import RunConfig, TrainConfig, with_added_defaults
@@ -46,7 +47,6 @@ from voxrelay.train.optim import build_optimizer, build_scheduler, check_availab
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
 from voxrelay.train.ranks import Ranks
 from voxrelay.train.resume import check_compatible, load_weights, restore
-from voxrelay.train.sharded import ShardSaver
 from voxrelay.train.strategies import (
     apply_fsdp,
     apply_lora,
@@ -95,6 +95,10 @@ class Run:
         trained tensors only (the frozen parts are rebuilt from the config and checked against ``base_hash``)."""
         module = self.accelerator.unwrap_model(self.module)
         return module.state_dict() if self.base_hash is None else trainable_state(module)
+
+    def shards(self) -> Shards:
+        """What a sharded (fsdp) save writes and a sharded load fills on this rank."""
+        return Shards(self.module, self.optimizer, self.base_hash is not None, self.ranks)
 
     def exit(self, code: int) -> None:
         """End the process once everything is committed and every rank is done: under torch.distributed,
@@ -238,7 +242,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     run = Run(
         cfg=cfg, accelerator=accelerator, model=model, module=module, optimizer=optimizer, scheduler=scheduler,
         stream=stream, eval_rows=eval_rows, codec=codec, checkpoints=checkpoints,
-        monitor=build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process, checkpoints.store.guard),
+        monitor=build_monitor(cfg, cfg.run_uri, run_dir, accelerator.is_main_process, checkpoints.guard),
         local_dir=run_dir, data_fingerprint=fingerprint(index), base_hash=base, sharded=cfg.train.strategy == "fsdp",
         index=index, scorer=Scorer(cfg.eval, torch.get_num_threads()) if accelerator.is_main_process else None,
         ranks=ranks, lease=lease, usage=usage,
@@ -246,7 +250,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     if found is not None:
         restore(run, found)
         run.resumed_from = found.checkpoint.step
-        checkpoints.store.protected.add(found.checkpoint.step)  # retention never deletes what this session resumed from
+        checkpoints.protect(found.checkpoint.step)  # retention never deletes what this session resumed from
     accelerator.wait_for_everyone()  # every rank has read the shards before rank 0's start() cleans them up
     if accelerator.is_main_process:
         lease.check()
@@ -371,9 +375,9 @@ def commit_before_others_look(checkpoints: CheckpointManager, found: ResumePoint
     log.info("uploading the checkpoint of step %d, staged on this machine only, before the other machines "
              "load it", ckpt.step)
     try:
-        checkpoints.store.upload(Path(ckpt.uri), ckpt.manifest)
+        checkpoints.commit_now(ckpt)
     except (storage.StorageError, OSError) as e:  # denied, unreachable after retries, a broken bucket path
-        committed = checkpoints.store.list()
+        committed = checkpoints.committed()
         log.warning("the staged checkpoint of step %d could not be uploaded (%s); the other machines cannot read "
                     "it, so this session resumes from %s; it stays staged here", ckpt.step, e,
                     f"step {committed[0].step}" if committed else "the start")
@@ -385,10 +389,7 @@ def start_over(run_uri: str, checkpoints: CheckpointManager) -> None:
     """--fresh: remove the run's checkpoints (committed and staged), metrics and usage record (and its W&B run id:
     the new start logs to a new W&B run)."""
     log.warning("--fresh: deleting the checkpoints, metrics and usage record of %s", run_uri)
-    for ckpt in checkpoints.staging.list():
-        checkpoints.staging.remove(ckpt.step)
-    for name in (CKPT_DIR, METRICS_FILE, USAGE_FILE, TB_DIR, SAMPLES_DIR, WANDB_RUN_FILE):
-        checkpoints.store.writer.delete(storage.join(run_uri, name), recursive=True)  # each one fenced
+    checkpoints.delete_everything((CKPT_DIR, METRICS_FILE, USAGE_FILE, TB_DIR, SAMPLES_DIR, WANDB_RUN_FILE))
     local = local_run_dir(run_uri)
     if not storage.is_local(run_uri):
         shutil.rmtree(local, ignore_errors=True)

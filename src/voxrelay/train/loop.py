@@ -278,16 +278,15 @@ def _finish(run: Run, decision: Decision, stops: Stops, bar: ProgressLine) -> Tr
     ck, step, stop = run.cfg.checkpoint, run.loop.step, decision.stop
     durable = True
     if run.accelerator.is_main_process:
-        uploader = run.checkpoints.uploader
-        if stop != LEASE_LOST and (uploader.pending or uploader.snapshot):
+        if stop != LEASE_LOST and run.checkpoints.health().uploading:
             bar.note(f"waiting for the upload of step {step} to {run.cfg.run_uri}")
         timeout = 0.0 if stop == LEASE_LOST else stops.grace_left(decision) if decision.preempted else \
             ck.final_upload_timeout
-        durable = run.checkpoints.close(timeout) and uploader.failed_saves == 0
+        durable = run.checkpoints.close(timeout) and run.checkpoints.health().failed_saves == 0
         run.monitor.close()
         _report_end(run, stop, durable, bar)
     _record_usage(run, stop, final=True)  # the last upload's requests included
-    refused = run.ranks.main and run.checkpoints.uploader.fatal is not None  # e.g. HTTP 403 on an upload
+    refused = run.ranks.main and run.checkpoints.health().fatal is not None  # e.g. HTTP 403 on an upload
     code = run.ranks.broadcast(exit_code(stop, durable, refused) if run.ranks.main else None)
     return TrainResult(step, stop, durable, code)
 
@@ -300,19 +299,18 @@ def _record_usage(run: Run, stop: str | None, final: bool = False) -> None:
 
 
 def _report_end(run: Run, stop: str | None, durable: bool, bar: ProgressLine) -> None:
-    step, uploader = run.loop.step, run.checkpoints.uploader
+    step, health = run.loop.step, run.checkpoints.health()
     if stop == LEASE_LOST:
         bar.note(f"stopped at step {step} without saving: {run.lease.lost}. That session owns the run now")
-    elif not durable and uploader.failed_saves:
-        bar.note(f"stopped at step {step}: {uploader.failed_saves} save(s) in a row failed ({uploader.save_error}; "
+    elif not durable and health.failed_saves:
+        bar.note(f"stopped at step {step}: {health.failed_saves} save(s) in a row failed ({health.save_error}; "
                  f"the limit is checkpoint.max_failed_saves={run.cfg.checkpoint.max_failed_saves}); the last durable "
                  f"checkpoint: {_step_or_none(run.checkpoints.durable_step)}. Free the staging disk (VOXRELAY_CACHE) "
                  "or fix the error, then run the same command again")
     elif not durable:
-        staged = run.checkpoints.staging.list()
-        where = staged[0].uri if staged else str(run.checkpoints.staging.folder)
-        error = uploader.fatal or uploader.last_error or "the upload did not finish"
-        fix = "Fix that (the credentials, the bucket), then run" if uploader.fatal else "Run"
+        where = run.checkpoints.where_staged()
+        error = health.fatal or health.upload_error or "the upload did not finish"
+        fix = "Fix that (the credentials, the bucket), then run" if health.fatal else "Run"
         bar.note(f"the checkpoint of step {step} is only on this machine, at {where} ({error}). {fix} the same "
                  "command again on this machine to upload it and continue")
     elif stop is not None:

@@ -36,6 +36,10 @@ class Ranks:
         group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         return cls(group, dist.get_rank(), dist.get_world_size())
 
+    def over(self, group) -> Ranks:
+        """The same processes exchanging over another gloo ``group`` of them all (a saver thread's own)."""
+        return Ranks(group, self.rank, dist.get_world_size(group))
+
     @property
     def main(self) -> bool:
         return self.rank == 0

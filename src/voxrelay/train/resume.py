@@ -20,11 +20,11 @@ from voxrelay.checkpoint.format import BASE_HASH, WRITER  # noqa: F401 (defined 
 from voxrelay.checkpoint.frozen import check_base, describe_base, trainable_state
 from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, ResumePoint, model_writer, state_writer
 from voxrelay.checkpoint.reader import read_into
+from voxrelay.checkpoint.shard_saver import load_sharded
 from voxrelay.checkpoint.sharded import is_sharded
 from voxrelay.config import ConfigError, config_changes
 from voxrelay.data import identity as ident
 from voxrelay.train import state as st
-from voxrelay.train.sharded import load_sharded
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ def save_checkpoint(run, metrics: dict | None = None, background: bool = True, s
              **({WRITER: run.lease.record["token"]} if run.lease is not None else {})}
     if run.sharded:  # every rank copies its shards; written and staged in a thread unless background=False
         expected = sum(p.numel() * p.element_size() for p in run.module.parameters() if p.requires_grad) * 4
-        run.shard_saver.save(run, train_state(run, rngs), extra, expected, background=background)
+        run.shard_saver.save(run.shards(), run.checkpoints, step, train_state(run, rngs), extra, expected,
+                             background=background)
     elif run.accelerator.is_main_process:
         try:  # whatever fails here is counted, never raised: the other ranks wait for this one below
             model_state = run.model_state()
@@ -86,7 +87,7 @@ def save_checkpoint(run, metrics: dict | None = None, background: bool = True, s
                 train_state(run, rngs))}, extra, expected_bytes=expected, background=background)
         except Exception as err:  # noqa: BLE001 (no room to stage it, its write failed, a state that cannot be
             # copied: reported and counted, checkpoint.max_failed_saves stops the run on every rank alike)
-            run.checkpoints.uploader.save_failed(step, err)
+            run.checkpoints.save_failed(step, err)
     run.accelerator.wait_for_everyone()
     return time.perf_counter() - t0
 
@@ -166,7 +167,7 @@ def restore(run, found: ResumePoint) -> None:
     ckpt, folder, state = found
     run.loop.load_state_dict(state[st.K_LOOP])
     if is_sharded(ckpt.manifest):
-        load_sharded(run, folder, ckpt.uri)  # ckpt.uri: the checkpoint its errors name
+        load_sharded(run.shards(), folder, ckpt.uri)  # ckpt.uri: the checkpoint its errors name
     else:
         run.optimizer.load_state_dict(state[st.K_OPTIMIZER])  # each state moved to its parameter's device
     run.scheduler.load_state_dict(state[st.K_SCHEDULER])

@@ -55,14 +55,14 @@ class Stops:
     def local(self, step_s: float) -> str | None:
         """This process's own reason to stop before another step lasting ``step_s``, if any."""
         run, loop, patience = self.run, self.run.loop, self.run.cfg.train.early_stopping_patience
-        uploader = run.checkpoints.uploader
+        health = run.checkpoints.health()
         if run.lease is not None and run.lease.lost:
             return LEASE_LOST
         if self.watcher.stop_reason:
             return self.watcher.stop_reason
-        if uploader.fatal is not None:
+        if health.fatal is not None:
             return STORAGE
-        if uploader.failed_saves >= run.cfg.checkpoint.max_failed_saves:
+        if health.failed_saves >= run.cfg.checkpoint.max_failed_saves:
             return SAVES_FAILED
         reached = self.deadline.reached(loop.wall_time, step_s)
         if reached:

@@ -8,7 +8,8 @@ LoRA (peft, :mod:`voxrelay.models.lora`, re-exported here): :func:`apply_lora` w
 
 Gradient checkpointing (:func:`enable_gradient_checkpointing`) is transformers' own, non-reentrant.
 FSDP2 (:func:`apply_fsdp`, ``train.strategy=fsdp``) shards the module in place after LoRA; its checkpoints
-are in :mod:`voxrelay.train.sharded`. DDP is accelerate's ``prepare`` (:func:`voxrelay.train.build.wrap_model`).
+are saved and loaded by :mod:`voxrelay.checkpoint.shard_saver`. DDP is accelerate's ``prepare``
+(:func:`voxrelay.train.build.wrap_model`).
 """
 
 from __future__ import annotations

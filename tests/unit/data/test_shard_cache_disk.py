@@ -254,7 +254,7 @@ def test_the_readers_waits_are_bounded_and_say_so(memory_root, tmp_path, caplog)
 
 
 def test_a_sharded_save_that_never_finishes_stops_the_wait_with_a_message():
-    from voxrelay.train.sharded import ShardSaver
+    from voxrelay.checkpoint.shard_saver import ShardSaver
 
     saver = ShardSaver()
     saver.WAIT_S = 0.01

@@ -81,7 +81,7 @@ def _worker(tmp: Path, fault: str) -> None:
     run = build_run(_config(str(tmp / "root"), fault))
     seen = {"failed_saves": 0}
     if fault == "sharded" and run.ranks.rank == 1:
-        from voxrelay.train import sharded
+        from voxrelay.checkpoint import shard_saver as sharded
 
         state_dicts = sharded._state_dicts
 

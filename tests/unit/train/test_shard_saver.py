@@ -19,10 +19,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import filesystem
 
 from voxrelay.checkpoint.manager import STATE_FILE, CheckpointManager
+from voxrelay.checkpoint.shard_saver import Shards, ShardSaver
 from voxrelay.checkpoint.sharded import DCP_METADATA, rank_files, read_model
 from voxrelay.checkpoint.store import MANIFEST
 from voxrelay.train.ranks import Ranks
-from voxrelay.train.sharded import ShardSaver
 
 WRITE = filesystem._FileSystemWriter.write_data  # what every rank's DCP write calls (FileSystemWriter)
 
@@ -42,9 +42,13 @@ def _sharded_run(run_uri: str, staging: Path) -> SimpleNamespace:
     fully_shard(module, mesh=mesh)
     optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
     _train_step(module, optimizer)
-    return SimpleNamespace(module=module, optimizer=optimizer, base_hash=None, loop=SimpleNamespace(step=3),
-                           accelerator=SimpleNamespace(is_main_process=True), ranks=Ranks(None, 0, 1),
+    return SimpleNamespace(module=module, optimizer=optimizer, step=3, shards=Shards(module, optimizer, False,
+                                                                                     Ranks(None, 0, 1)),
                            checkpoints=CheckpointManager(run_uri, staging_dir=staging))
+
+
+def _save(saver: ShardSaver, run: SimpleNamespace, background: bool = True) -> None:
+    saver.save(run.shards, run.checkpoints, run.step, {"loop": {"step": run.step}}, {"metrics": {}}, 0, background)
 
 
 def _train_step(module, optimizer) -> None:
@@ -84,7 +88,7 @@ def test_save_returns_before_the_write_and_stages_the_state_of_its_step(tmp_path
     try:
         saved = _full(run.module)
         saver = ShardSaver()
-        saver.save(run, {"loop": {"step": 3}}, {"metrics": {}}, 0)  # returns while the write is held
+        _save(saver, run)  # returns while the write is held
         assert entered.wait(30)
         (folder,) = (tmp_path / "staging").glob(".tmp-*")
         assert not rank_files(folder, 0) and not (folder / DCP_METADATA).exists()
@@ -116,7 +120,7 @@ def test_a_failed_asynchronous_write_is_reported_at_once_and_the_emergency_save_
     run = _sharded_run(str(tmp_path / "run"), tmp_path / "staging")
     try:
         saver = ShardSaver()
-        saver.save(run, {"loop": {"step": 3}}, {}, 0)  # in the background: returns before the write fails
+        _save(saver, run)  # in the background: returns before the write fails
         deadline = time.monotonic() + 30
         while run.checkpoints.uploader.failed_saves == 0:  # reported without waiting for the next save
             assert time.monotonic() < deadline, "the failed write was never reported"
@@ -124,8 +128,8 @@ def test_a_failed_asynchronous_write_is_reported_at_once_and_the_emergency_save_
         assert "No space left" in run.checkpoints.uploader.save_error
         failing["on"] = False
         _train_step(run.module, run.optimizer)
-        run.loop.step = 4
-        saver.save(run, {"loop": {"step": 4}}, {}, 0, background=False)  # the emergency save: not blocked by it
+        run.step = 4
+        _save(saver, run, background=False)  # the emergency save: not blocked by it
         assert run.checkpoints.wait(30)
         assert [c.step for c in run.checkpoints.store.list()] == [4]
         assert run.checkpoints.uploader.failed_saves == 0
@@ -167,7 +171,7 @@ def _killed_worker(run_uri: str, staging: Path, marker: Path) -> None:
 
     filesystem._FileSystemWriter.write_data = write_data
     run = _sharded_run(run_uri, staging)
-    ShardSaver().save(run, {"loop": {"step": 3}}, {}, 0)
+    _save(ShardSaver(), run)
     returned.set()
     _train_step(run.module, run.optimizer)
     threading.Event().wait()
