@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +56,22 @@ def _global_state() -> Iterator[None]:
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def shared_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every pytest-xdist worker of this run shares (the run's own base folder when not distributed)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if re.fullmatch(r"popen-gw\d+", base.name) else base
+
+
+@pytest.fixture
+def tiny_prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_tmp: Path):
+    """``make(*overrides)`` -> the tiny config at ``tmp_path/root`` with its data prepared, from the corpus prepared
+    once per run (tests/helpers/prepared.py); VOXRELAY_CACHE is ``tmp_path/cache``."""
+    from tests.helpers.prepared import prepared_config
+
+    return lambda *overrides, **kw: prepared_config(tmp_path, monkeypatch, shared_tmp, *overrides, **kw)
 
 
 @pytest.fixture(scope="session")

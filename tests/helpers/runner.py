@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, NO_SAVES, tiny
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.cli import demo_config_path
 from voxrelay.paths import uri_key
@@ -203,8 +203,8 @@ def session_seconds(train_args: list[str], env: dict) -> float:
     """Wall seconds of a short `voxrelay train` session on this host (imports, start-up, 2 steps, the final
     save): what time-limit tests scale their limits by, so that a loaded or slow host passes too."""
     t0 = time.monotonic()
-    res = voxrelay("train", CONFIG, *train_args, "train.max_steps=2", "train.eval_every=100000",
-                   "checkpoint.every_steps=100000", env=env)
+    res = voxrelay("train", CONFIG, *train_args, "train.max_steps=2", NO_EVALS,
+                   NO_SAVES, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     return time.monotonic() - t0
 

@@ -32,5 +32,10 @@ TINY = [
 ]
 
 
+# a run that never evaluates, or never saves on its own (a final or emergency save still happens)
+NO_EVALS = "train.eval_every=100000"
+NO_SAVES = "checkpoint.every_steps=100000"
+
+
 def tiny(root: str, *extra: str) -> list[str]:
     return [f"root={root}", *TINY, *extra]

@@ -9,20 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.prepared import copy_corpus
 from tests.helpers.runner import CONFIG, env_for, voxrelay
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, tiny
 from voxrelay.checkpoint.stops import EXIT_TIME_LIMIT
 
 pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> tuple[str, dict]:
-    """(root, env) with the tiny data prepared once for the runs of this module."""
-    base = tmp_path_factory.mktemp("reports")
-    root, env = str(base / "root"), env_for(base / "cache")
-    assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
-    return root, env
+def prepared(tmp_path_factory, shared_tmp) -> tuple[str, dict]:
+    """(root, env) with the tiny data prepared (the run's corpus) for the runs of this module."""
+    base = copy_corpus(shared_tmp, tmp_path_factory.mktemp("reports"))
+    return str(base / "root"), env_for(base / "cache")
 
 
 def test_voices_early_stopping_and_cost_status(tmp_path, prepared):
@@ -64,7 +63,7 @@ def test_budget_stops_at_a_committed_checkpoint_until_it_is_raised(prepared):
     root, env = prepared
     # each class A request (a write, a listing) costs $1 and nothing else is priced: the spend counts requests,
     # the same on a slow host as on a fast one (the lease is not renewed within the test)
-    priced = ("name=budget", "train.eval_every=100000", "checkpoint.lease_seconds=600", "cost.gpu_hour=0",
+    priced = ("name=budget", NO_EVALS, "checkpoint.lease_seconds=600", "cost.gpu_hour=0",
               "cost.class_a_per_10k=10000", "cost.class_b_per_10k=0")
     run = Path(root) / "runs/budget"
 

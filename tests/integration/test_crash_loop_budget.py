@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.runner import CONFIG, Trainer, env_for, voxrelay
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, NO_SAVES, tiny
 from voxrelay import storage
 from voxrelay.cost.config import CostConfig
 from voxrelay.cost.estimate import training_spend
@@ -21,8 +21,8 @@ PRICE = ["cost.gpu_hour=3600"]  # $1 per process-second: the spend is the second
 
 
 def _killed_before_its_first_save(root: str, env: dict, run: str, sessions_before: int) -> None:
-    trainer = Trainer(root, env, "name=loop", "train.max_steps=100000", "checkpoint.every_steps=100000",
-                      "train.eval_every=100000", "train.log_every=1", "checkpoint.lease_seconds=3", *PRICE,
+    trainer = Trainer(root, env, "name=loop", "train.max_steps=100000", NO_SAVES,
+                      NO_EVALS, "train.log_every=1", "checkpoint.lease_seconds=3", *PRICE,
                       "cost.budget=1000000")
     try:  # killed once its entry was renewed by training (step 2 on), as a crash would hit it mid-run
         while not any(s.get("step", 0) >= 2 for s in read_sessions(run)[sessions_before:]):

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.runner import CONFIG, Trainer, env_for, final_weights, session_seconds, voxrelay
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, NO_SAVES, tiny
 from voxrelay import storage
 from voxrelay.checkpoint.stops import EXIT_PREEMPTED_STAGED, EXIT_TIME_LIMIT
 
 pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
-ENDLESS = ("train.max_steps=100000", "checkpoint.every_steps=100000", "train.eval_every=100000")
+ENDLESS = ("train.max_steps=100000", NO_SAVES, NO_EVALS)
 
 
 def _steps(stderr: str) -> int:
@@ -54,8 +54,8 @@ def test_dead_bucket_at_the_end_exits_76_with_the_staged_path(tmp_path, s3_root,
     env = env_for(tmp_path / "cache") | {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     env |= {"AWS_MAX_ATTEMPTS": "1", "VOXRELAY_RETRY_ATTEMPTS": "1"}
     assert voxrelay("prepare", CONFIG, *tiny(s3_root), env=env).returncode == 0
-    trainer = Trainer(s3_root, env, "name=dead", "train.max_steps=40", "checkpoint.every_steps=100000",
-                      "train.eval_every=100000", "train.log_every=1", "checkpoint.final_upload_timeout=3")
+    trainer = Trainer(s3_root, env, "name=dead", "train.max_steps=40", NO_SAVES,
+                      NO_EVALS, "train.log_every=1", "checkpoint.final_upload_timeout=3")
     assert trainer.first_step.wait(120), trainer.output()
     s3_server.stop()  # the bucket is gone until the end of the run: the last upload can never finish
     try:

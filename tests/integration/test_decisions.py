@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.prepared import copy_corpus
 from tests.helpers.runner import CONFIG, Trainer, env_for, session_seconds, voxrelay
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, NO_SAVES, tiny
 from voxrelay import storage
 from voxrelay.checkpoint import host
 from voxrelay.checkpoint.stops import EXIT_PREEMPTED, EXIT_TIME_LIMIT
@@ -29,11 +30,8 @@ HARNESS = str(Path(__file__).resolve().parents[1] / "helpers" / "skewed_clock.py
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    base = tmp_path_factory.mktemp("decisions")
-    res = voxrelay("prepare", CONFIG, *tiny(str(base / "root")), env=env_for(base / "cache"))
-    assert res.returncode == 0, res.stdout + res.stderr
-    return base
+def prepared(tmp_path_factory, shared_tmp):
+    return copy_corpus(shared_tmp, tmp_path_factory.mktemp("decisions"))
 
 
 def _committed(base: Path, name: str) -> list[int]:
@@ -48,7 +46,7 @@ def test_two_processes_with_skewed_clocks_save_and_stop_together(prepared):
     # and 2 steps, measured), so that some steps train first however slow the host
     probe = session_seconds(tiny(str(prepared / "root"), "name=probe"), env_for(prepared / "cache"))
     limit = math.ceil(4 * 1.5 * probe)
-    args = tiny(str(prepared / "root"), "name=skewed", "train.max_steps=100000", "train.eval_every=100000",
+    args = tiny(str(prepared / "root"), "name=skewed", "train.max_steps=100000", NO_EVALS,
                 "train.log_every=1", "checkpoint.every_steps=null", "checkpoint.every_minutes=0.05",
                 f"train.total_time_limit={limit}s", "model.dropout=0.1")
     env = env_for(prepared / "cache", {"SKEWED_RANK": "1", "SKEW_RATE": "4"})
@@ -68,7 +66,7 @@ def _signalled_after_an_odd_step(prepared) -> tuple[int, list[str]]:
     lines from the notice on). Checks what holds however the signal lands: exit 77, no eval began after the
     notice, the step it stopped at committed."""
     trainer = Trainer(str(prepared / "root"), env_for(prepared / "cache"), "name=signalled", "train.max_steps=100000",
-                      "train.eval_every=2", "train.eval_synth=1", "train.log_every=1", "checkpoint.every_steps=100000")
+                      "train.eval_every=2", "train.eval_synth=1", "train.log_every=1", NO_SAVES)
     try:
         deadline = time.monotonic() + 120
         while not [s for s in trainer.steps() if s % 2 == 1 and s > 1]:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.gate import WriteGate
 from tests.helpers.runner import CONFIG, Trainer, env_for, voxrelay
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, tiny
 from voxrelay.checkpoint.stops import EXIT_FAILED_FOR_GOOD
 
 pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
@@ -35,7 +35,7 @@ def test_a_bucket_that_refuses_writes_stops_training_at_once(tmp_path, kind, req
     with WriteGate(server.port, kind) as gate:
         env = _env(tmp_path, kind, gate)
         assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
-        trainer = Trainer(root, env, "name=denied", "train.max_steps=100000", "train.eval_every=100000",
+        trainer = Trainer(root, env, "name=denied", "train.max_steps=100000", NO_EVALS,
                           "train.log_every=1", "checkpoint.every_steps=2")
         try:
             assert trainer.wait_step_lines(3, 120), trainer.output()

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.prepared import copy_corpus
 from tests.helpers.runner import CONFIG, Trainer, assert_same_weights, env_for, final_weights, torchrun, voxrelay
 from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.manager import STATE_FILE, CheckpointManager, load_state
@@ -32,11 +33,8 @@ LORA = ("train.lora.r=4", "train.lora.dropout=0.1")
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    base = tmp_path_factory.mktemp("fsdp")
-    res = voxrelay("prepare", CONFIG, *tiny(str(base / "root")), env=env_for(base / "cache"))
-    assert res.returncode == 0, res.stdout + res.stderr
-    return base
+def prepared(tmp_path_factory, shared_tmp):
+    return copy_corpus(shared_tmp, tmp_path_factory.mktemp("fsdp"))
 
 
 def _train(base: Path, name: str, *extra: str, nproc: int = 2) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.runner import CONFIG, Trainer, env_for, voxrelay
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, tiny
 from voxrelay import storage
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.checkpoint.stops import EXIT_PREEMPTED
@@ -27,7 +27,7 @@ from voxrelay.checkpoint.store import CommittedStore
 
 pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
-ENDLESS = ("train.max_steps=100000", "train.eval_every=100000", "train.log_every=1", "checkpoint.every_steps=2")
+ENDLESS = ("train.max_steps=100000", NO_EVALS, "train.log_every=1", "checkpoint.every_steps=2")
 
 
 def _env(tmp_path: Path) -> dict:
@@ -102,7 +102,7 @@ def test_take_over_fences_the_live_writer_which_stops_without_writing(tmp_path):
     assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
     run_uri = storage.join(root, "runs", "fenced")
     args = ("name=fenced", "train.max_steps=100000", "checkpoint.lease_seconds=4", "checkpoint.every_steps=1",
-            "train.eval_every=100000", "train.log_every=1")
+            NO_EVALS, "train.log_every=1")
     first = Trainer(root, env, *args)
     second = None
     try:

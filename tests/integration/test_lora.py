@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
+from tests.helpers.prepared import copy_corpus
 from tests.helpers.runner import CONFIG, env_for, voxrelay
 from tests.helpers.tiny import tiny
 from voxrelay.config import load_config
@@ -28,12 +29,9 @@ TEXT, VOICE = "The quiet river carries seven boats.", "en-us"
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
+def prepared(tmp_path_factory, shared_tmp):
     """A local root with the tiny prepared corpus (shared by the tests of this module)."""
-    base = tmp_path_factory.mktemp("lora")
-    res = voxrelay("prepare", CONFIG, *tiny(str(base / "root")), env=env_for(base / "cache"))
-    assert res.returncode == 0, res.stdout + res.stderr
-    return base
+    return copy_corpus(shared_tmp, tmp_path_factory.mktemp("lora"))
 
 
 def _run(base: Path, cmd: str, *args: str, code: int = 0):

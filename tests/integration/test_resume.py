@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.prepared import copy_corpus
 from tests.helpers.proxy import TcpProxy, s3_env_through
 from tests.helpers.runner import (
     CONFIG,
@@ -46,13 +47,9 @@ LORA = ("train.lora.r=4", "train.lora.dropout=0.1")
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
+def prepared(tmp_path_factory, shared_tmp):
     """A local root with the tiny prepared corpus (shared by the tests of this module)."""
-    base = tmp_path_factory.mktemp("resume")
-    env = env_for(base / "cache")
-    res = voxrelay("prepare", CONFIG, *tiny(str(base / "root")), env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return base
+    return copy_corpus(shared_tmp, tmp_path_factory.mktemp("resume"))
 
 
 def _train(base: Path, name: str, *extra: str, nproc: int = 1, cache: str = "cache"):

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.runner import CONFIG, env_for, voxrelay
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, NO_SAVES, tiny
 
 pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
 BIG = ("model.hidden_size=768", "model.num_layers=4", "model.num_heads=8", "model.intermediate_size=3072",
-       "train.eval_every=100000", "checkpoint.every_steps=100000", "train.batch_tokens=600")
+       NO_EVALS, NO_SAVES, "train.batch_tokens=600")
 
 
 def _measure(base: Path, name: str) -> dict:

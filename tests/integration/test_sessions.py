@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.helpers.runner import CONFIG, Trainer, assert_same_weights, env_for, final_weights, voxrelay
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, tiny
 from voxrelay import storage
 from voxrelay.checkpoint.stops import EXIT_TIME_LIMIT
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
 STEPS = 240
 # dropout > 0: the RNG state must really be restored; saves every 5 steps, no evals (speed)
-ARGS = (f"train.max_steps={STEPS}", "model.dropout=0.1", "checkpoint.every_steps=5", "train.eval_every=100000",
+ARGS = (f"train.max_steps={STEPS}", "model.dropout=0.1", "checkpoint.every_steps=5", NO_EVALS,
         "train.log_every=1")
 
 

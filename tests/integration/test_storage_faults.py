@@ -30,7 +30,7 @@ from tests.helpers.runner import (
     voxrelay,
 )
 from tests.helpers.servers import HOST
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, NO_SAVES, tiny
 from voxrelay import storage
 from voxrelay.checkpoint.stops import EXIT_PREEMPTED
 from voxrelay.checkpoint.store import MANIFEST, CommittedStore, sha256_file
@@ -119,8 +119,8 @@ def test_sigterm_saves_uploads_and_exits_with_code(tmp_path, gcs_root):
     env = _env(tmp_path, fast_fail=False)
     res = voxrelay("prepare", CONFIG, *tiny(gcs_root), env=env)
     assert res.returncode == 0, res.stderr
-    trainer = Trainer(gcs_root, env, "name=term", "train.max_steps=100000", "checkpoint.every_steps=100000",
-                      "train.eval_every=100000", "train.log_every=1")
+    trainer = Trainer(gcs_root, env, "name=term", "train.max_steps=100000", NO_SAVES,
+                      NO_EVALS, "train.log_every=1")
     assert trainer.wait_step_lines(3, 120), trainer.output()  # mid-run, a few steps in
     trainer.proc.send_signal(signal.SIGTERM)
     assert trainer.proc.wait(timeout=120) == EXIT_PREEMPTED, trainer.output()
@@ -130,7 +130,7 @@ def test_sigterm_saves_uploads_and_exits_with_code(tmp_path, gcs_root):
     assert step == _last_step(trainer) and step > 0
     # and the next session resumes from it
     res = voxrelay("train", CONFIG, *tiny(gcs_root, "name=term", f"train.max_steps={step + 2}",
-                                          "checkpoint.every_steps=100000", "train.eval_every=100000"), env=env)
+                                          NO_SAVES, NO_EVALS), env=env)
     assert res.returncode == 0 and f"resuming {storage.join(gcs_root, 'runs', 'term')} from step {step}" in res.stderr
 
 
@@ -141,7 +141,7 @@ def test_second_sigint_aborts_at_once_and_leaves_no_broken_checkpoint(tmp_path):
     env = _env(tmp_path, fast_fail=False)
     assert voxrelay("prepare", CONFIG, *tiny(root), env=env).returncode == 0
     # a bigger model, so that the emergency save and upload take a moment to interrupt
-    trainer = Trainer(root, env, "train.max_steps=100000", "checkpoint.every_steps=3", "train.eval_every=100000",
+    trainer = Trainer(root, env, "train.max_steps=100000", "checkpoint.every_steps=3", NO_EVALS,
                       "train.log_every=1", "model.hidden_size=256", "model.num_layers=4", "model.intermediate_size=768")
     assert trainer.first_step.wait(120), trainer.output()
     ckpts = tmp_path / "root/runs/demo/checkpoints"

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.helpers.runner import CONFIG, _kill_tree, env_for, voxrelay
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, tiny
 from voxrelay import storage
 from voxrelay.checkpoint.store import CommittedStore
 
@@ -75,7 +75,7 @@ def test_two_workers_one_killed_every_experiment_ends_exactly_once(tmp_path, req
     sweep_file.write_text(yaml.safe_dump({"base": CONFIG, "list": [
         {"train.lr": 1.0e-3, "train.optimizer": "lion", "train.max_steps": LONG}, {"train.lr": 3.0e-4}]}))
     args = [str(sweep_file), *tiny(root, f"train.max_steps={SHORT}", "checkpoint.lease_seconds=6",
-                                   "train.eval_every=100000", "checkpoint.every_steps=2", "train.log_every=1")]
+                                   NO_EVALS, "checkpoint.every_steps=2", "train.log_every=1")]
     isolated = _own_pid_namespace()
     # another machine: its own pid namespace and its own local cache (its staged checkpoints are not here)
     first = Worker(args, env | {"VOXRELAY_CACHE": str(tmp_path / "cache-first")}, isolated=isolated)
@@ -140,7 +140,7 @@ def test_a_failed_experiment_is_recorded_skipped_and_retried_on_request(tmp_path
     sweep_file = tmp_path / "mixed.yaml"
     sweep_file.write_text(yaml.safe_dump({"base": CONFIG, "list": [
         {"model.init_from": str(tmp_path / "no-such-model")}, {"train.lr": 1.0e-3}]}))
-    args = [str(sweep_file), *tiny(root, "train.max_steps=2", "train.eval_every=100000")]
+    args = [str(sweep_file), *tiny(root, "train.max_steps=2", NO_EVALS)]
     first = voxrelay("sweep", *args, env=env)
     assert first.returncode == 1, first.stdout + first.stderr
     out = _squashed(first.stdout + first.stderr)

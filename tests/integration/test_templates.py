@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, NO_SAVES, tiny
 from voxrelay import storage
 from voxrelay.cli import demo_config_path
 from voxrelay.config import load_config
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 EXAMPLES = Path(__file__).parents[2] / "examples"
 NOTEBOOK = EXAMPLES / "colab.ipynb"
 # no evals, no periodic saves: a session saves once, when it stops
-QUICK = ("train.eval_every=100000", "checkpoint.every_steps=100000", "monitor.tensorboard=false")
+QUICK = (NO_EVALS, NO_SAVES, "monitor.tensorboard=false")
 
 
 def _run_notebook(tmp_path: Path, session: str, env: dict[str, str]) -> str:

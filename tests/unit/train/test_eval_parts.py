@@ -9,28 +9,20 @@ import logging
 
 from typer.testing import CliRunner
 
-from tests.helpers.runner import CONFIG
-from tests.helpers.tiny import tiny
-
 
 def _jsonl(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_each_part_of_an_eval_fails_on_its_own_and_the_rest_is_logged(tmp_path, monkeypatch, caplog):
+def test_each_part_of_an_eval_fails_on_its_own_and_the_rest_is_logged(tmp_path, monkeypatch, caplog, tiny_prepared):
     from voxrelay.cli import app
-    from voxrelay.config import load_config
-    from voxrelay.data.prepare import prepare
     from voxrelay.monitor.sinks import TensorBoardSink
     from voxrelay.quality.speaker import SpeakerEncoder
     from voxrelay.train.build import build_run
     from voxrelay.train.loop import train
 
-    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
-    cfg = load_config(CONFIG, tiny(str(tmp_path / "root"), "train.max_steps=2", "train.eval_every=1",
-                                   "checkpoint.every_steps=1", "checkpoint.keep_best=true",
-                                   "eval.speaker_similarity=true"))
-    prepare(cfg)
+    cfg = tiny_prepared("train.max_steps=2", "train.eval_every=1", "checkpoint.every_steps=1",
+                        "checkpoint.keep_best=true", "eval.speaker_similarity=true")
     run = build_run(cfg)
     speak, loss = run.model.speak, run.model.loss
 

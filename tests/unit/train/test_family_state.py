@@ -69,14 +69,11 @@ def _train(tmp_path: Path, name: str, steps: int):
 
 
 @pytest.fixture
-def family_with_state(tmp_path, monkeypatch):
+def family_with_state(tmp_path, monkeypatch, tiny_prepared):
     import voxrelay.models.registry
-    from voxrelay.config import load_config
-    from voxrelay.data.prepare import prepare
     from voxrelay.models.registry import build_model
 
-    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
-    prepare(load_config(CONFIG, tiny(str(tmp_path / "root"))))
+    tiny_prepared()
     # training rebuilds a run's model through the registry's one path (model_for_run)
     monkeypatch.setattr(voxrelay.models.registry, "build_model", lambda *a, **k: WithState(build_model(*a, **k)))
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tests.helpers.runner import CONFIG
-from tests.helpers.tiny import tiny
+from tests.helpers.prepared import prepared_config
+from tests.helpers.tiny import NO_SAVES
 from voxrelay.checkpoint.manager import MODEL_FILE
 
 FROZEN = "model.embed_tokens.weight"
@@ -39,25 +39,19 @@ def frozen_family(monkeypatch):
     return source
 
 
-def _run(tmp_path: Path, monkeypatch):
-    from voxrelay.config import load_config
-    from voxrelay.data.prepare import prepare
+def _run(tmp_path: Path, monkeypatch, shared: Path):
     from voxrelay.train.build import build_run
 
-    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
-    cfg = load_config(CONFIG, tiny(str(tmp_path / "root"), "train.eval_synth=0", "checkpoint.every_steps=1000",
-                                   "model.dropout=0.1"))
-    if not (tmp_path / "root" / "prepared").exists():
-        prepare(cfg)
+    cfg = prepared_config(tmp_path, monkeypatch, shared, "train.eval_synth=0", NO_SAVES, "model.dropout=0.1")
     return cfg, build_run
 
 
-def test_a_frozen_part_is_rebuilt_not_checkpointed(tmp_path, monkeypatch, frozen_family):
+def test_a_frozen_part_is_rebuilt_not_checkpointed(tmp_path, monkeypatch, frozen_family, shared_tmp):
     from voxrelay.inference import load_from_run
     from voxrelay.train.loop import train_step
     from voxrelay.train.resume import save_checkpoint
 
-    cfg, build_run = _run(tmp_path, monkeypatch)
+    cfg, build_run = _run(tmp_path, monkeypatch, shared_tmp)
     run = build_run(cfg)
     try:
         assert run.base_hash is not None and FROZEN not in run.model_state()
@@ -92,12 +86,12 @@ def test_a_frozen_part_is_rebuilt_not_checkpointed(tmp_path, monkeypatch, frozen
     assert all(torch.equal(model.module.state_dict()[k], v) for k, v in trained.items())
 
 
-def test_a_frozen_part_whose_source_changed_is_refused(tmp_path, monkeypatch, frozen_family):
+def test_a_frozen_part_whose_source_changed_is_refused(tmp_path, monkeypatch, frozen_family, shared_tmp):
     from voxrelay.inference import load_from_run
     from voxrelay.train.resume import save_checkpoint
     from voxrelay.train.strategies import BaseModelChangedError
 
-    cfg, build_run = _run(tmp_path, monkeypatch)
+    cfg, build_run = _run(tmp_path, monkeypatch, shared_tmp)
     run = build_run(cfg)
     try:
         run.loop.advance(1, 0.0, 0.0)

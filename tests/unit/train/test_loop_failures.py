@@ -10,29 +10,22 @@ import time
 
 import pytest
 
-from tests.helpers.runner import CONFIG
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS
 from voxrelay.checkpoint.lease import read_lease
 from voxrelay.checkpoint.stops import EXIT_FAILED_FOR_GOOD
 
 
-def _run(tmp_path, monkeypatch, *extra):
-    from voxrelay.config import load_config
-    from voxrelay.data.prepare import prepare
+def _run(tiny_prepared, *extra):
     from voxrelay.train.build import build_run
 
-    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
-    cfg = load_config(CONFIG, tiny(str(tmp_path / "root"), "train.max_steps=50", "train.eval_every=1000",
-                                   "train.log_every=1", *extra))
-    prepare(cfg)
-    return build_run(cfg)
+    return build_run(tiny_prepared("train.max_steps=50", NO_EVALS, "train.log_every=1", *extra))
 
 
-def test_saves_that_keep_failing_stop_the_run_naming_why(tmp_path, monkeypatch, capsys):
+def test_saves_that_keep_failing_stop_the_run_naming_why(tmp_path, tiny_prepared, capsys):
     from voxrelay.train.loop import train
     from voxrelay.train.stops import SAVES_FAILED
 
-    run = _run(tmp_path, monkeypatch, "checkpoint.every_steps=1", "checkpoint.max_failed_saves=3")
+    run = _run(tiny_prepared, "checkpoint.every_steps=1", "checkpoint.max_failed_saves=3")
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("the staging disk is gone")  # a file where the staging folder should be
     run.checkpoints.staging.folder = blocker / "staging"
@@ -44,10 +37,11 @@ def test_saves_that_keep_failing_stop_the_run_naming_why(tmp_path, monkeypatch, 
     assert "4 save(s) in a row failed" in out and "checkpoint.max_failed_saves" in out and "NotADirectoryError" in out
 
 
-def test_an_exception_in_the_loop_still_uploads_the_last_checkpoint_and_releases_the_lease(tmp_path, monkeypatch):
+def test_an_exception_in_the_loop_still_uploads_the_last_checkpoint_and_releases_the_lease(tiny_prepared,
+                                                                                         monkeypatch):
     from voxrelay.train.loop import train
 
-    run = _run(tmp_path, monkeypatch, "checkpoint.every_steps=2", "train.eval_synth=0")
+    run = _run(tiny_prepared, "checkpoint.every_steps=2", "train.eval_synth=0")
     crashed = threading.Event()
     upload = run.checkpoints.store.upload
 
@@ -74,12 +68,12 @@ def test_an_exception_in_the_loop_still_uploads_the_last_checkpoint_and_releases
     assert read_lease(run.cfg.run_uri)["released"] is True
 
 
-def test_an_eval_that_fails_at_the_end_of_training_never_costs_the_checkpoint(tmp_path, monkeypatch, caplog):
+def test_an_eval_that_fails_at_the_end_of_training_never_costs_the_checkpoint(tiny_prepared, monkeypatch, caplog):
     """Upstream users report evaluation crashing at the end of training and losing the run: here the last
     step's eval fails, the failure is reported, and the last checkpoint is committed all the same."""
     import voxrelay.train.loop as loop_module
 
-    run = _run(tmp_path, monkeypatch, "train.max_steps=3", "checkpoint.every_steps=1000", "train.eval_synth=0")
+    run = _run(tiny_prepared, "train.max_steps=3", "checkpoint.every_steps=1000", "train.eval_synth=0")
 
     def broken_eval(run, step):
         raise RuntimeError("the Whisper model cannot be loaded")

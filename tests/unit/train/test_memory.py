@@ -12,19 +12,15 @@ import pytest
 import torch
 
 from tests.helpers.runner import CONFIG
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, NO_SAVES, tiny
 from voxrelay.checkpoint.stops import EXIT_OUT_OF_MEMORY
 
 
 @pytest.fixture
-def prepared(tmp_path, monkeypatch):
-    from voxrelay.config import load_config
-    from voxrelay.data.prepare import load_index, prepare
+def prepared(tiny_prepared):
+    from voxrelay.data.prepare import load_index
 
-    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
-    cfg = load_config(CONFIG, tiny(str(tmp_path / "root"), "train.max_steps=50", "train.eval_every=1000",
-                                   "checkpoint.every_steps=1000", "train.log_every=1", "train.eval_synth=0"))
-    prepare(cfg)
+    cfg = tiny_prepared("train.max_steps=50", NO_EVALS, NO_SAVES, "train.log_every=1", "train.eval_synth=0")
     return cfg, load_index(cfg.prepared_uri)
 
 

@@ -15,29 +15,27 @@ import pytest
 import torch
 
 from tests.helpers.runner import CONFIG
-from tests.helpers.tiny import tiny
+from tests.helpers.tiny import NO_EVALS, NO_SAVES, tiny
 from voxrelay.checkpoint.stops import EXIT_NON_FINITE
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # tiers: see tests/conftest.py
 
 
+SETTINGS = ("train.max_bad_steps=3", "train.max_steps=50", NO_EVALS, NO_SAVES, "train.log_every=1",
+            "train.eval_synth=0")  # the hook would poison eval sampling too
+
+
 def _config(root: Path):
     from voxrelay.config import load_config
 
-    return load_config(CONFIG, tiny(str(root), "train.max_bad_steps=3", "train.max_steps=50",
-                                    "train.eval_every=1000", "checkpoint.every_steps=1000", "train.log_every=1",
-                                    "train.eval_synth=0"))  # the hook would poison eval sampling too
+    return load_config(CONFIG, tiny(str(root), *SETTINGS))
 
 
 @pytest.fixture
-def run(tmp_path, monkeypatch):
-    from voxrelay.data.prepare import prepare
+def run(tiny_prepared):
     from voxrelay.train.build import build_run
 
-    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
-    cfg = _config(tmp_path / "root")
-    prepare(cfg)
-    run = build_run(cfg)
+    run = build_run(tiny_prepared(*SETTINGS))
     yield run
     run.checkpoints.close(5)
 
@@ -162,14 +160,11 @@ def test_fp16_scaler_skips_are_the_scalers_not_bad_steps_and_the_schedule_waits(
     assert [m["scaler_skips"] for m in lines if "scaler_skips" in m][-1] == 4
 
 
-def test_one_bad_process_of_two_makes_both_skip_and_their_weights_stay_equal(tmp_path, monkeypatch):
+def test_one_bad_process_of_two_makes_both_skip_and_their_weights_stay_equal(tmp_path, tiny_prepared):
     """Two processes (torchrun, gloo DDP): rank 1's gradients are infinite, rank 0's are fine. Both skip the step
     (a process stepping alone would leave the replicas apart), both count it, and the weights of both are those
     of before the step; the next good step changes both alike."""
-    from voxrelay.data.prepare import prepare
-
-    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
-    prepare(_config(tmp_path / "root"))
+    tiny_prepared(*SETTINGS)
     root = str(Path(__file__).resolve().parents[3])  # the worker imports tests.*
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get(
         "PYTHONPATH")])))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.prepared import corpus
 from tests.helpers.runner import CONFIG, assert_same_weights, final_weights
 from tests.helpers.tiny import tiny
 from voxrelay.checkpoint.manager import CheckpointManager
@@ -55,14 +56,9 @@ def _overrides(combo: tuple) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> str:
-    from voxrelay.config import load_config
-    from voxrelay.data.prepare import prepare
-
+def root(tmp_path_factory, shared_tmp) -> str:
     base = tmp_path_factory.mktemp("combos")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VOXRELAY_CACHE", str(base / "cache"))
-        prepare(load_config(CONFIG, tiny(str(base / "root"))))
+    shutil.copytree(corpus(shared_tmp) / "root", base / "root")  # the run's tiny corpus, prepared once
     return str(base / "root")
 
 

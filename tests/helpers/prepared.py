@@ -1,0 +1,68 @@
+"""The tiny corpus (the data of :mod:`tests.helpers.tiny`), prepared once per test run and copied into a test's
+own root and cache in milliseconds.
+
+Preparing it (the demo's eSpeak voices, the built-in codec's k-means) takes a second or more of a core; dozens of
+tests need it unchanged. :func:`corpus` prepares it once per run, under a file lock in the folder every pytest-xdist
+worker of the run shares (the first worker prepares, the others wait and reuse it); :func:`prepared_config` copies
+it into a test's ``root`` and ``VOXRELAY_CACHE`` and still runs the real ``prepare``, which finds the data up to
+date (or prepares it again when the test's overrides change the data: nothing is assumed)."""
+
+from __future__ import annotations
+
+import fcntl
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.runner import CONFIG
+from tests.helpers.tiny import tiny
+
+READY = "READY"
+
+
+def corpus(shared: Path) -> Path:
+    """A folder holding ``root/`` (the tiny config's prepared data) and ``cache/`` (its generated sources), made by
+    the first caller of the run; the others wait for it on the lock."""
+    folder = shared / "tiny-corpus"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        if not (folder / READY).exists():
+            _prepare(folder)
+            (folder / READY).write_text("")
+    return folder
+
+
+def _prepare(folder: Path) -> None:
+    from voxrelay.config import load_config
+    from voxrelay.data.prepare import prepare
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VOXRELAY_CACHE", str(folder / "cache"))
+        prepare(load_config(CONFIG, tiny(str(folder / "root"))))
+
+
+def prepared_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: Path, *overrides: str,
+                    config: str = CONFIG):
+    """The tiny config (plus ``overrides``) at ``tmp_path/root``, its data prepared: the run's corpus copied in,
+    then ``prepare`` run as a user would (a no-op check when the data is the corpus's)."""
+    from voxrelay.config import load_config
+    from voxrelay.data.prepare import prepare
+
+    made = corpus(shared)
+    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
+    shutil.copytree(made / "cache", tmp_path / "cache", dirs_exist_ok=True)
+    shutil.copytree(made / "root", tmp_path / "root", dirs_exist_ok=True)
+    cfg = load_config(config, tiny(str(tmp_path / "root"), *overrides))
+    prepare(cfg)
+    return cfg
+
+
+def copy_corpus(shared: Path, base: Path) -> Path:
+    """``base`` holding the run's tiny corpus as ``root/`` (prepared) and ``cache/`` (its sources): a module's
+    prepared root in milliseconds, for tests that train through the CLI with ``env_for(base / "cache")``."""
+    made = corpus(shared)
+    for part in ("root", "cache"):
+        shutil.copytree(made / part, base / part, dirs_exist_ok=True)
+    return base
