@@ -12,7 +12,9 @@ from __future__ import annotations
 import fcntl
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 import pytest
 
 from tests.helpers.runner import CONFIG
@@ -66,3 +68,53 @@ def copy_corpus(shared: Path, base: Path) -> Path:
     for part in ("root", "cache"):
         shutil.copytree(made / part, base / part, dirs_exist_ok=True)
     return base
+
+
+class Synthetic(NamedTuple):
+    index: dict  # what index.json holds
+    sizes: dict[str, int]  # shard name -> bytes written
+
+
+def synthetic(uri: str, *, train: int = 2, eval: int = 0, rows: int = 3, codebooks: int = 2, seed: int = 0,
+              varied: bool = False, row_index: bool = False) -> Synthetic:
+    """Prepared data written straight from random codes, in milliseconds (no audio, no codec): ``train`` and
+    ``eval`` shards of ``rows`` rows each, ``codebooks`` codebooks of values < 1000. ``varied``: each row's text,
+    duration and length (20-299 frames) drawn, speakers ``spk0..2`` (a row's first has none); else "text", 1 s and
+    400 incompressible frames. ``row_index``: the train split's row index sidecar written, as prepare does."""
+    from voxrelay import storage
+    from voxrelay.data import rowindex as ri
+    from voxrelay.data import shards as sh
+
+    rng = np.random.default_rng(seed)
+    index: dict = {"num_codebooks": codebooks, "shards": []}
+    sizes, metas = {}, []
+    for n in range(train + eval):
+        split = "train" if n < train else "eval"
+        name = f"{split}-{n:05d}"
+        utts = [_row(rng, f"{seed}-{n}-{i}" if not varied else f"s{n}-r{i}", n, i, codebooks, varied)
+                for i in range(rows)]
+        data = sh.encode_table(utts)
+        storage.write_bytes(sh.shard_uri(uri, name), data)
+        index["shards"].append({"name": name, "split": split})
+        sizes[name] = len(data)
+        if split == "train":
+            metas.append(ri.row_meta(utts))
+    if varied:
+        index["identity"] = {"x": 1}
+    if row_index:
+        index["row_index"] = {"train": ri.write_row_index(uri, "train", metas)}
+    storage.write_json(storage.join(uri, sh.INDEX_FILE), index)
+    return Synthetic(index, sizes)
+
+
+def _row(rng: np.random.Generator, row_id: str, n: int, i: int, codebooks: int, varied: bool):
+    from voxrelay.data.shards import EncodedUtterance
+
+    if not varied:
+        codes = rng.integers(0, 1000, (codebooks, 400), dtype=np.int16)
+        return EncodedUtterance(row_id, "text", None, None, 1.0, codes)
+    text = "word " * int(rng.integers(1, 9))
+    seconds = float(rng.uniform(0.5, 4.0))
+    frames = int(rng.integers(20, 300))
+    return EncodedUtterance(row_id, text, f"spk{(n + i) % 3}" if i else None, None, seconds,
+                            rng.integers(0, 1000, (codebooks, frames), dtype=np.int16))

@@ -5,11 +5,10 @@ import logging
 import os
 import time
 
-import numpy as np
 import pytest
 
+from tests.helpers.prepared import synthetic
 from voxrelay import storage
-from voxrelay.data import shards as sh
 from voxrelay.data.loader import PreparedDataset
 from voxrelay.paths import uri_key
 
@@ -25,20 +24,8 @@ def cache(tmp_path, monkeypatch):
 def _prepared(uri: str, seed: int, shards: int = 2, rows: int = 3) -> int:
     """Prepared data with ``shards`` train shards and one eval shard of random (incompressible)
     codes; returns the size of a train shard in bytes."""
-    rng = np.random.default_rng(seed)
-    index = {"num_codebooks": K, "shards": []}
-    sizes = []
-    for n in range(shards + 1):
-        split = "train" if n < shards else "eval"
-        name = f"{split}-{n:05d}"
-        utts = [sh.EncodedUtterance(f"{seed}-{n}-{i}", "text", None, None, 1.0,
-                                    rng.integers(0, 1000, (K, 400), dtype=np.int16)) for i in range(rows)]
-        data = sh.encode_table(utts)
-        storage.write_bytes(sh.shard_uri(uri, name), data)
-        index["shards"].append({"name": name, "split": split})
-        sizes.append(len(data))
-    storage.write_json(storage.join(uri, sh.INDEX_FILE), index)
-    return max(sizes[:shards])
+    made = synthetic(uri, train=shards, eval=1, rows=rows, codebooks=K, seed=seed)
+    return max(size for name, size in made.sizes.items() if name.startswith("train"))
 
 
 def _cached(cache, uri: str) -> list[str]:

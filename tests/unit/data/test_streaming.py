@@ -6,6 +6,7 @@ import threading
 import numpy as np
 import pytest
 
+from tests.helpers.prepared import synthetic
 from voxrelay import storage
 from voxrelay.data import rowindex as ri
 from voxrelay.data import shards as sh
@@ -25,21 +26,7 @@ def cache(tmp_path, monkeypatch):
 
 def _prepared(uri: str, shards: int = 6, rows: int = 5, sidecar: bool = True) -> dict:
     """A train split of ``shards`` shards of random codes of varied length and speaker; its index."""
-    rng = np.random.default_rng(7)
-    index = {"num_codebooks": K, "shards": [], "identity": {"x": 1}}
-    metas = []
-    for n in range(shards):
-        utts = [sh.EncodedUtterance(f"s{n}-r{i}", "word " * int(rng.integers(1, 9)), f"spk{(n + i) % 3}" if i else None,
-                                    None, float(rng.uniform(0.5, 4.0)),
-                                    rng.integers(0, 1000, (K, int(rng.integers(20, 300))), dtype=np.int16))
-                for i in range(rows)]
-        storage.write_bytes(sh.shard_uri(uri, f"train-{n:05d}"), sh.encode_table(utts))
-        index["shards"].append({"name": f"train-{n:05d}", "split": "train"})
-        metas.append(ri.row_meta(utts))
-    if sidecar:
-        index["row_index"] = {"train": ri.write_row_index(uri, "train", metas)}
-    storage.write_json(storage.join(uri, sh.INDEX_FILE), index)
-    return index
+    return synthetic(uri, train=shards, rows=rows, codebooks=K, seed=7, varied=True, row_index=sidecar).index
 
 
 def _rows(uri: str, index: dict) -> list:
