@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -54,11 +55,15 @@ def _env(cache: Path) -> dict:
 
 
 def _finish(nodes: list[Trainer]) -> str:
+    deadline, hung = time.monotonic() + 600, False
     for node in nodes:
-        node.proc.wait(600)
+        try:
+            node.proc.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            hung = True  # killed below: its lines say where it waited
         node.kill()  # reaps it and collects its last lines
     out = "\n".join(f"--- node {i}\n{n.output()}" for i, n in enumerate(nodes))
-    assert all(n.proc.returncode == 0 for n in nodes), out
+    assert not hung and all(n.proc.returncode == 0 for n in nodes), ("hung: " if hung else "") + out
     return out
 
 
