@@ -52,10 +52,8 @@ def prepared_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: Pat
     from voxrelay.config import load_config
     from voxrelay.data.prepare import prepare
 
-    made = corpus(shared)
+    copy_corpus(shared, tmp_path)
     monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
-    shutil.copytree(made / "cache", tmp_path / "cache", dirs_exist_ok=True)
-    shutil.copytree(made / "root", tmp_path / "root", dirs_exist_ok=True)
     cfg = load_config(config, tiny(str(tmp_path / "root"), *overrides))
     prepare(cfg)
     return cfg
