@@ -72,19 +72,20 @@ def _cursor(base: Path, name: str, step: int) -> dict:
 
 
 EIGHT_BIT = ("train.optimizer=adamw_8bit",)
+COMPILE = ("train.compile=true",)  # each session compiles its layers again; the runs are packed (train.packing auto)
 
 
 # LoRA: SIGKILLed and resumed in test_orpheus.py (Orpheus' LoRA); LoRA and 8-bit AdamW resumed bit for bit from a
 # kill right after a commit in tests/unit/train/test_plan_combinations.py
-@pytest.mark.parametrize("extra", [()], ids=["full"])
+@pytest.mark.parametrize("extra", [(), COMPILE], ids=["full", "compiled"])
 def test_kill_and_resume_is_bit_exact(prepared, extra):
-    tag = {(): "", LORA: "-lora", EIGHT_BIT: "-8bit"}[extra]
+    tag = {(): "", LORA: "-lora", EIGHT_BIT: "-8bit", COMPILE: "-compile"}[extra]
     _train(prepared, f"straight{tag}", *extra)
     # the same run, killed with SIGKILL right after the checkpoint of step 4 is committed
     trainer = Trainer(str(prepared / "root"), env_for(prepared / "cache"), f"name=killed{tag}",
                       f"train.max_steps={STEPS}", "train.eval_every=100", DROPOUT, *extra)
     manifest = prepared / f"root/runs/killed{tag}/checkpoints/step-00000004/manifest.json"
-    deadline = time.time() + 120
+    deadline = time.time() + 300
     while not manifest.exists() and time.time() < deadline and trainer.proc.poll() is None:
         time.sleep(0.01)
     trainer.kill()
@@ -98,6 +99,9 @@ def test_kill_and_resume_is_bit_exact(prepared, extra):
     assert_same_weights(a, b)
     # with LoRA the checkpoint holds the adapters and the modules trained in full, nothing of the frozen base
     assert all(".lora_" in k or ".modules_to_save." in k for k in a) == (extra == LORA)
+    if extra == COMPILE:  # compiled, and packed: what the equality above covered
+        assert "torch.compile on: 1 LlamaDecoderLayer layers" in res.stderr, res.stderr
+    assert "packed batches (train.packing)" in res.stderr, res.stderr
     if extra == EIGHT_BIT:  # bitsandbytes' 8-bit states (uint8 moments of the tensors over 4096 elements) resumed
         optim = load_state(_folder(prepared, f"killed{tag}") / STATE_FILE)["optimizer"]["state"]
         dtypes = Counter(str(v.dtype) for state in optim.values() for v in _tensors(state))

@@ -66,7 +66,9 @@ class BatchPlan:
     """Duration-bucketed batches under a per-batch budget; a pure function of (seed, epoch).
 
     Rows are sorted by length (random tie-break from the seed and epoch), cut greedily into
-    batches whose padded size fits the budget, and the batch order is shuffled.
+    batches whose padded size fits the budget, and the batch order is shuffled. With ``packed`` (batches laid
+    end to end in one row, no padding: ``train.packing``) rows are not sorted: they are shuffled and cut
+    greedily where their summed length would pass the budget.
     ``lengths`` are token counts (incl. text); ``durations`` are seconds of audio.
 
     With ``shards`` (each row's shard) and a ``window`` smaller than the number of shards, the
@@ -85,6 +87,7 @@ class BatchPlan:
         batch_seconds: float | None = None,
         shards: np.ndarray | None = None,
         window: int = 0,
+        packed: bool = False,
     ):
         self.lengths = np.asarray(lengths, dtype=np.int32)
         self.durations = np.asarray(durations, dtype=np.float64)
@@ -93,28 +96,36 @@ class BatchPlan:
         self.batch_seconds = batch_seconds
         self.shards = None if shards is None else np.asarray(shards, dtype=np.int32)
         self.window = window
+        self.packed = packed
 
     def _cuts(self, order: np.ndarray) -> list[int]:
-        """Where the greedy cut of ``order`` (rows sorted by length) starts each batch after the first."""
+        """Where the greedy cut of ``order`` (rows sorted by length, or shuffled when packed) starts each batch
+        after the first."""
         cuts: list[int] = []
-        count, seconds, pos = 0, 0.0, 0
+        count, seconds, pos, tokens = 0, 0.0, 0, 0
         for start in range(0, len(order), CHUNK):  # a chunk at a time: no Python int per row of a big split
             rows = order[start:start + CHUNK]
             for n, d in zip(self.lengths[rows].tolist(), self.durations[rows].tolist(), strict=True):
-                fits = (count + 1) * n <= self.batch_tokens if self.batch_tokens is not None \
-                    else seconds + d <= self.batch_seconds
+                if self.batch_tokens is None:
+                    fits = seconds + d <= self.batch_seconds
+                else:  # padded: every row as long as this one (the longest so far); packed: their sum
+                    fits = (tokens if self.packed else count * n) + n <= self.batch_tokens
                 if count and not fits:
                     cuts.append(pos)
-                    count, seconds = 0, 0.0
+                    count, seconds, tokens = 0, 0.0, 0
                 count += 1
                 seconds += d
+                tokens += n
                 pos += 1
         return cuts
 
     def _bucketed(self, rows: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """``rows`` sorted by length (random tie-break), cut greedily under the budget, batches shuffled: the
-        rows in that order and each batch's (start, end) in it, in the shuffled batch order."""
-        order = rows[np.lexsort((rng.random(len(rows)), self.lengths[rows]))].astype(np.int32)
+        """``rows`` sorted by length (random tie-break; shuffled when packed), cut greedily under the budget,
+        batches shuffled: the rows in that order and each batch's (start, end) in it, in the shuffled batch order."""
+        if self.packed:
+            order = rows[rng.permutation(len(rows))].astype(np.int32)
+        else:
+            order = rows[np.lexsort((rng.random(len(rows)), self.lengths[rows]))].astype(np.int32)
         bounds = np.asarray([0, *self._cuts(order), len(order)], dtype=np.int64)
         spans = np.stack([bounds[:-1], bounds[1:]], axis=1)
         return order, spans[rng.permutation(len(spans))]

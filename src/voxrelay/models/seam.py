@@ -113,6 +113,8 @@ class FamilyModelBase:
       of a row draws on other rows (VibeVoice's voice prompts: another clip of the same voice); a family that
       sets ``uses_corpus`` also gets them when a run is loaded for synthesis and evaluation.
 
+    Packed batches (``train.packing``): ``packing_refusal``, :meth:`collate_packed`, :meth:`enable_packing`.
+
     Synthesis and evaluation: ``frame_rate`` (frames of ``Speech.frames`` per second, None: the codec's),
     :meth:`voice_references`, :meth:`spoken_text`. Planning: :meth:`plan_shape`. Export: :meth:`save_as`.
     """
@@ -130,6 +132,20 @@ class FamilyModelBase:
     # frames per second of what speak() counts in Speech.frames and limits by max_frames (a family generating its
     # own latents sets it); None: the prepared data's codec's frames
     frame_rate: float | None = None
+    # train.packing: why this family's batches cannot be packed (None: collate_packed lays a batch's examples end
+    # to end in one row, voxrelay.models.packing); `auto` then leaves packing off, `true` is refused with this
+    packing_refusal: str | None = "its batches are not declared packable (FamilyModelBase.collate_packed)"
+
+    def collate_packed(self, examples: list) -> dict[str, torch.Tensor]:
+        """A batch of ``examples`` packed in one row (see :mod:`voxrelay.models.packing`): the same loss terms and
+        counts as :meth:`collate`'s padded batch of them."""
+        raise NotImplementedError(f"model.family={self.family} cannot pack batches: {self.packing_refusal}")
+
+    def enable_packing(self, device_type: str) -> str:
+        """Prepare the module for packed batches (the attention that keeps examples apart); returns its name."""
+        from voxrelay.models import packing
+
+        return packing.enable(self.module, device_type)  # type: ignore[attr-defined]
 
     def new_token_rows(self) -> list[int]:
         return list(range(*self.new_rows))

@@ -40,7 +40,7 @@ from voxrelay.precision import settle as settle_precision
 from voxrelay.quality.scorer import Scorer
 from voxrelay.storage.mounts import root_mount
 from voxrelay.train import state as st
-from voxrelay.train.data import build_stream, check_trainable, eval_split
+from voxrelay.train.data import build_stream, check_trainable, eval_split, packing
 from voxrelay.train.evaluate import SAMPLES_DIR
 from voxrelay.train.launch_env import apply_accelerate_env, launched_rank, one_voice_per_job
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available, started_schedule
@@ -52,6 +52,7 @@ from voxrelay.train.strategies import (
     apply_lora,
     base_hash,
     choose_loss,
+    compile_layers,
     enable_gradient_checkpointing,
     fsdp_mesh,
     has_frozen,
@@ -218,6 +219,11 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     st.seed_everything(cfg.train.seed)
     # train_rows: None (streamed from the shards), unless the family's examples draw on other rows
     model, train_rows = model_for_run(cfg, index, codec)
+    packed = packing(model, cfg)
+    if packed:
+        attention = model.enable_packing(accelerator.device.type)
+        if accelerator.is_main_process:
+            log.info("packed batches (train.packing): attention kept within each example by %s", attention)
     if accelerator.is_main_process:
         hub_cache.to_bucket(cfg)  # what this session fetched from the hub, for the next sessions
     st.seed_generators(model.generators(), cfg.train.seed, rank)  # the family's own (restored on resume)
@@ -226,6 +232,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     # its init draws from the RNG seeded above: fresh runs stay reproducible; QLoRA quantises the base after it
     apply_lora(model, cfg.train.lora, compute_dtype(accelerator.mixed_precision))
     enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing, cfg.train.activation_offload)
+    compile_layers(model, cfg.train.compile)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
     if found is not None:
         check_compatible(found.state, cfg, index, found.checkpoint.step,
@@ -237,7 +244,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     model.module.train()  # from_pretrained (model.init_from) returns eval mode: dropout would be off
     module, optimizer = wrap_model(model, cfg, accelerator)
     scheduler = build_scheduler(cfg.train, optimizer)
-    stream = build_stream(model, cfg, index, rank, world, ranks, train_rows)
+    stream = build_stream(model, cfg, index, rank, world, ranks, train_rows, packed)
     run_dir = local_run_dir(cfg.run_uri)
     run = Run(
         cfg=cfg, accelerator=accelerator, model=model, module=module, optimizer=optimizer, scheduler=scheduler,
@@ -298,6 +305,7 @@ def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Ru
     memory measurements step with ``train_step``. The caller has seeded the RNG."""
     apply_lora(model, cfg.train.lora, compute_dtype(accelerator.mixed_precision))
     enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing, cfg.train.activation_offload)
+    compile_layers(model, cfg.train.compile)
     choose_loss(model, cfg.train, accelerator.device.type)
     model.module.train()
     module, optimizer = wrap_model(model, cfg, accelerator)

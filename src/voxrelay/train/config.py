@@ -30,7 +30,8 @@ def parse_duration(value: str | float | int | None) -> float | None:
 class TrainConfig(Section):
     # keys added with a default other than what runs did before them: the value a saved config without the key
     # stands for (so resuming such a run keeps what it started with, see voxrelay.train.optim.started_schedule)
-    ADDED_WITH_NEW_BEHAVIOUR: ClassVar[dict[str, object]] = {"warmup_from_zero": False, "chunked_loss": False}
+    ADDED_WITH_NEW_BEHAVIOUR: ClassVar[dict[str, object]] = {"warmup_from_zero": False, "chunked_loss": False,
+                                                                 "packing": False}
     # keys whose default changed: the old default, which a saved config holds when its run did not set the key
     CHANGED_DEFAULTS: ClassVar[dict[str, object]] = {"min_lr_ratio": 0.1, "precision": "no"}
 
@@ -40,7 +41,20 @@ class TrainConfig(Section):
         None, gt=0, description="Budget per batch in seconds of audio (set this or batch_tokens)"
     )
     batch_tokens: int | None = Field(
-        6000, gt=0, description="Budget per batch in tokens incl. padding (set this or batch_seconds)"
+        6000, gt=0, description="Budget per batch in tokens (set this or batch_seconds): with packing the "
+        "examples' tokens, else incl. padding"
+    )
+    compile: bool = Field(
+        False, description="torch.compile each decoder layer (regional: compiled once, reused by every layer; the "
+        "first steps take longer). Needs a C compiler (and triton on a GPU). May be switched between sessions",
+    )
+    packing: bool | Literal["auto"] = Field(
+        "auto", description="Packed batches: a batch's examples end to end in one row, no padding, each with its "
+        "own positions, attention kept within each example (flash-attention's varlen kernel on CUDA where "
+        "installed, else SDPA example by example) and the same loss terms; batches are shuffled rows cut at the "
+        "budget instead of length-sorted buckets. auto: on for the families that can pack (the README's "
+        "Packed batches says which), off for the others (the reason is logged); true refuses a family that cannot. "
+        "Runs saved before this key keep false",
     )
     lr: float = Field(1e-3, gt=0, description="Peak learning rate")
     optimizer: Literal["adamw", "adamw_8bit", "lion", "lion_8bit", "adafactor"] = Field(

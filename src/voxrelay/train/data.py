@@ -27,11 +27,14 @@ log = logging.getLogger(__name__)
 
 
 def build_stream(model: FamilyModel, cfg: RunConfig, index: dict, rank: int, world: int, ranks: Ranks,
-                 rows: list | None = None) -> BatchStream:
+                 rows: list | None = None, packed: bool = False) -> BatchStream:
     """This process's stream of training batches. ``rows``: the split in memory (for a family that uses the
-    corpus); ``ranks``: the job's processes (the lengths are computed once, shared among them, and cached)."""
+    corpus); ``ranks``: the job's processes (the lengths are computed once, shared among them, and cached);
+    ``packed``: batches in one row each (:func:`packing`)."""
     tc = cfg.train
     if rows is not None:
+        if packed:
+            raise ValueError("packed batches of a family that uses the corpus are not supported")
         lengths = np.asarray([model.length(r) for r in rows], dtype=np.int64)
         keep = _kept(model, lengths)
         plan = BatchPlan(lengths[keep], [rows[i].duration for i in keep], tc.seed,
@@ -48,12 +51,28 @@ def build_stream(model: FamilyModel, cfg: RunConfig, index: dict, rank: int, wor
     lengths = example_lengths(model, cfg, index, index_rows, ranks)
     keep = _kept(model, lengths)
     plan = BatchPlan(lengths[keep], index_rows.duration[keep], tc.seed, batch_tokens=tc.batch_tokens,
-                     batch_seconds=tc.batch_seconds, shards=index_rows.shard[keep], window=tc.shuffle_window)
+                     batch_seconds=tc.batch_seconds, shards=index_rows.shard[keep], window=tc.shuffle_window,
+                     packed=packed)
     cc = cfg.cache
     cache = ShardCache(cache_dir("prepared"), int(cc.max_gb * 2**30), int(cc.min_free_gb * 1e9))
     source = ShardSource(cfg.prepared_uri, index["num_codebooks"], index_rows, cache, int(cc.ram_gb * 2**30))
-    batches = StreamBatches(source, keep, model.example, model.collate, cc.prefetch_shards)
+    collate = model.collate_packed if packed else model.collate
+    batches = StreamBatches(source, keep, model.example, collate, cc.prefetch_shards)
     return BatchStream(plan, batches, rank, world, ahead=tc.prefetch_batches)
+
+
+def packing(model: FamilyModel, cfg: RunConfig) -> bool:
+    """Whether this run's batches are packed (``train.packing``): ``auto`` where the family can pack, ``true``
+    refused (exit 2, with the reason and the fix) where it cannot."""
+    setting, refusal = cfg.train.packing, model.packing_refusal
+    if refusal is None:
+        return setting is not False
+    if setting is True:
+        raise UserError(f"train.packing=true, but model.family={cfg.model.family} cannot pack batches: {refusal}. "
+                        "Set train.packing=auto (or false)")
+    if setting == "auto":
+        log.info("batches are not packed: model.family=%s %s", cfg.model.family, refusal)
+    return False
 
 
 def example_lengths(model: FamilyModel, cfg: RunConfig, index: dict, rows: RowIndex, ranks: Ranks) -> np.ndarray:

@@ -68,6 +68,24 @@ def enable_gradient_checkpointing(model: FamilyModel, on: bool, offload: bool = 
         _offload_activations(model)
 
 
+def compile_layers(model: FamilyModel, on: bool) -> int:
+    """``train.compile``: ``torch.compile`` each decoder layer in place (regional compilation, torchtitan's way:
+    one layer's code compiled once and reused by the others; parameter names, checkpoints and FSDP units as
+    without it). Returns how many layers were compiled."""
+    if not on:
+        return 0
+    classes = model.fsdp_layer_classes()
+    layers = [m for m in model.module.modules() if classes and isinstance(m, classes)]
+    if not layers:
+        raise StrategyError(f"train.compile=true: the {model.family} model declares no layer class to compile "
+                            "(fsdp_layer_classes); set train.compile=false")
+    for layer in layers:
+        layer.compile()
+    log.info("torch.compile on: %d %s layers compiled on first use (the first steps take longer)", len(layers),
+             type(layers[0]).__name__)
+    return len(layers)
+
+
 def _offload_activations(model: FamilyModel) -> None:
     from voxrelay.train.offload import ActivationOffload, offload_checkpoints, pin_host_memory
 

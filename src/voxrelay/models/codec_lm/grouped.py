@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from voxrelay.models.base import LossTerm, LossTerms, with_counts
+from voxrelay.models.packing import model_inputs
 from voxrelay.models.sampling import sample
 
 if TYPE_CHECKING:
@@ -134,8 +135,7 @@ def slot_scores(lm: CodecLM, logits: torch.Tensor) -> torch.Tensor:
 
 def loss(lm: CodecLM, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossTerms:
     """Summed cross-entropy of every labelled slot (each over its own codes + AUDIO_END), and their count."""
-    out = module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                 position_ids=batch.get("position_ids"), use_cache=False)
+    out = module(**model_inputs(batch), use_cache=False)
     targets = batch["labels"][:, 1:]  # [B, L-1, S]
     keep = (targets != IGNORE_INDEX).any(-1)
     scores = slot_scores(lm, out.logits[:, :-1][keep].float())  # [N, S, C + 1]

@@ -52,6 +52,7 @@ from voxrelay.models.codec_lm.tokenizer import TextTokenizer, load_saved_tokeniz
 from voxrelay.models.codec_lm.vocab import VocabLayout
 from voxrelay.models.hf import write_meta
 from voxrelay.models.linear_ce import causal_lm_hidden, chunkable, head_loss
+from voxrelay.models.packing import model_inputs, pack
 from voxrelay.models.sampling import sample
 from voxrelay.models.seam import FamilyModelBase
 
@@ -75,6 +76,7 @@ class CodecLM(FamilyModelBase):
     request_fields: tuple[str, ...] = ()  # text and speaker only
 
     family = "codec_lm"
+    packing_refusal = None  # collate_packed: one row per batch, positions per example (text scale included)
     max_length_key = "model.max_seq_len"  # the config key of max_length, named in warnings
 
     def __init__(
@@ -296,6 +298,12 @@ class CodecLM(FamilyModelBase):
                             {"ce": num_targets})
         return batch if positions is None else batch | {"position_ids": positions}
 
+    def collate_packed(self, examples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+        """:meth:`collate`'s examples end to end in one row [1, N] (or [1, N, S] with ``frames_per_position``),
+        each with its own positions; the count of ``ce`` is the same as padded."""
+        batch = pack(examples)
+        return with_counts(batch, {"ce": (batch["labels"][:, 1:] != IGNORE_INDEX).sum()})
+
     def loss(self, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossTerms:
         """One term, ``ce``: the summed next-token cross-entropy over labelled positions, and their count.
 
@@ -305,8 +313,7 @@ class CodecLM(FamilyModelBase):
         """
         if self.frames_per_position:
             return grouped.loss(self, module, batch)
-        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
-                  "position_ids": batch.get("position_ids")}
+        inputs = model_inputs(batch)
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
         if chunkable(self.loss_kernel, self.module.get_output_embeddings()):  # train.chunked_loss: no logits

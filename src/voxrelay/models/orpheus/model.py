@@ -35,6 +35,7 @@ from voxrelay.models.hf import load_causal_lm, read_meta, write_meta
 from voxrelay.models.linear_ce import causal_lm_hidden, chunkable, head_loss
 from voxrelay.models.orpheus import layout as L
 from voxrelay.models.orpheus.loading import load_tokenizer
+from voxrelay.models.packing import model_inputs, pack
 from voxrelay.models.sampling import sample, sample_processed
 from voxrelay.models.seam import FamilyModelBase
 
@@ -82,6 +83,7 @@ class Orpheus(FamilyModelBase):
     sampling_options: tuple[str, ...] = ("top_p", "repetition_penalty")  # defaults: upstream's (TOP_P ...)
 
     family = "orpheus"
+    packing_refusal = None  # collate_packed
     chunked_heads = True  # its loss goes through head_loss (train.chunked_loss)
     max_length_key = "model.max_seq_len"
 
@@ -148,11 +150,17 @@ class Orpheus(FamilyModelBase):
         return with_counts({"input_ids": input_ids, "attention_mask": mask, "labels": labels},
                            {"ce": (targets != IGNORE_INDEX).sum(), "speech": _is_speech(targets).sum()})
 
+    def collate_packed(self, examples: list[Example]) -> dict[str, torch.Tensor]:
+        """:meth:`collate`'s examples end to end in one row [1, N], positions from 0 in each; the same counts."""
+        batch = pack(examples)
+        targets = batch["labels"][:, 1:]
+        return with_counts(batch, {"ce": (targets != IGNORE_INDEX).sum(), "speech": _is_speech(targets).sum()})
+
     def loss(self, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossTerms:
         """``ce``: the summed next-token cross-entropy over labelled positions (float32 softmax over only those
         rows of the 156,940-way logits) and their count; ``speech``: its part over audio-code targets, weight 0
         (monitored: is the model learning the audio, not only the text it is also trained on?)."""
-        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        inputs = model_inputs(batch)
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
         kept = targets[keep]

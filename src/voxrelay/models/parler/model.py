@@ -55,6 +55,8 @@ class Parler(FamilyModelBase):
     the voice: speakers are informational) and :class:`ParlerSettings`."""
 
     family = "parler"
+    packing_refusal = ("each example's decoder cross-attends to its own description's T5 states and the codebooks "
+                       "follow the delay pattern per example; batches stay padded, bucketed by length")
     request_fields: tuple[str, ...] = ("description",)
     max_length_key = "model.max_position_embeddings"
 

@@ -46,6 +46,9 @@ class VibeVoice(DiffusionEma):
     keys that act after building (loss weights, synthesis steps, LoRA extras)."""
 
     family = "vibevoice"
+    packing_refusal = ("a batch's speech latents go through the diffusion head and the acoustic/semantic encoders "
+                       "clip by clip, and voice prompts are drawn per example; batches stay padded, bucketed by "
+                       "length")
     chunked_heads = True  # its CE goes through head_loss (train.chunked_loss)
     max_length_key = "model.max_length"
     request_fields: tuple[str, ...] = ("voice_prompts",)
