@@ -11,8 +11,14 @@ order (the largest relative difference per step is printed). Audio-seconds per s
 the first 3; arms alternate per repeat so machine noise hits all alike.
 
     .venv/bin/python bench/packing.py [--steps 20] [--repeats 1] [--root PREPARED_DEMO_ROOT]
+    .venv/bin/python bench/packing.py --only orpheus --width 3072 --layers 4 --heads 24 --kv-heads 8 \
+        --intermediate 8192 --budget 8192 --bf16 --lora --compile      # Orpheus-3B width on a GPU (gpu_suite.sh)
 
-Last line: ``ratio <packed / shuffled audio-s/s>``, the smaller of the two datasets (goal >= 1.3).
+On CUDA each arm also reports tokens/s, MFU (model FLOPs: 6 x parameters x tokens, 4 x with LoRA's frozen
+base, over the card's dense bf16 peak) and ``max_memory_allocated``; ``--compile`` adds a packed arm with
+``train.compile``'s regional compilation (its first steps, the compile, are among the warm-up ones left out).
+
+Last line: ``ratio <packed / shuffled audio-s/s>``, the smaller over the datasets run (goal >= 1.3).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from voxrelay.models.registry import build_model  # noqa: E402
 DEMO_DATA = ["data.sources=[{type: demo, minutes: 20, seed: 0, voices: [en-us]}]", "model.dropout=0"]
 WARM = 3
 ARMS = ("bucketed", "shuffled", "packed")
+BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10G": 70e12, "T4": 65e12}
 
 
 def demo_set(root: str) -> SimpleNamespace:
@@ -54,23 +61,25 @@ def demo_set(root: str) -> SimpleNamespace:
     return SimpleNamespace(name="demo (codec_lm)", model=model, rows=rows, budget=cfg.train.batch_tokens, lr=2e-3)
 
 
-def orpheus_set(tmp: str, rows: int = 600) -> SimpleNamespace:
+def orpheus_set(tmp: str, args: argparse.Namespace) -> SimpleNamespace:
     from tests.helpers.orpheus import save_llama3_tokenizer
     from voxrelay.models.orpheus.config import OrpheusConfig
 
     tok = save_llama3_tokenizer(Path(tmp) / "llama3-tok")
-    cfg = OrpheusConfig(tokenizer=str(tok), hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
-                        intermediate_size=768, max_seq_len=4096, weights_dtype="float32")
+    cfg = OrpheusConfig(tokenizer=str(tok), hidden_size=args.width, num_layers=args.layers, num_heads=args.heads,
+                        num_kv_heads=args.kv_heads, intermediate_size=args.intermediate, max_seq_len=4096,
+                        weights_dtype="float32")
     model = build_model(cfg, DataSpec(7, 4096, ["tara", "leo"], 12.0, 24000), 0)
     rng = np.random.default_rng(0)
     words = "the quick brown fox jumps over a lazy dog while tara and leo laugh about it".split()
     data = []
-    for i in range(rows):
+    for i in range(args.rows):
         seconds = float(rng.uniform(1.0, 12.0))
         text = " ".join(rng.choice(words, int(seconds * 2.5) + 1))
         data.append(SimpleNamespace(id=f"o{i}", text=text, speaker=["tara", "leo"][i % 2], description=None,
                                     duration=seconds, codes=rng.integers(0, 4096, (7, int(seconds * 12)))))
-    return SimpleNamespace(name="orpheus layout", model=model, rows=data, budget=4000, lr=1e-3)
+    return SimpleNamespace(name=f"orpheus layout (width {args.width} x {args.layers} layers)", model=model, rows=data,
+                           budget=args.budget, lr=1e-3)
 
 
 def batches(ds: SimpleNamespace, arm: str, steps: int) -> list[list[int]]:
@@ -87,41 +96,82 @@ def with_examples(ds: SimpleNamespace, steps: int) -> SimpleNamespace:
     return ds
 
 
-def run_arm(ds: SimpleNamespace, arm: str, steps: int, init: dict) -> dict:
+def run_arm(ds: SimpleNamespace, arm: str, steps: int, init: dict, device: str, bf16: bool) -> dict:
     model = ds.model
     model.module.load_state_dict(init)
     model.module.train()
-    optimizer = torch.optim.AdamW(model.module.parameters(), lr=ds.lr, weight_decay=0.0)
-    collate = model.collate_packed if arm == "packed" else model.collate
-    losses, audio, pads, t0 = [], 0.0, [], 0.0
-    for i, ids in enumerate(batches(ds, arm, steps)):
+    trained = [q for q in model.module.parameters() if q.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=ds.lr, weight_decay=0.0)
+    collate = model.collate_packed if arm.startswith("packed") else model.collate
+    losses, audio, tokens, pads, t0 = [], 0.0, 0, [], 0.0
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for i, ids in enumerate(batches(ds, "packed" if arm == "packed+compile" else arm, steps)):
         if i == WARM:
-            t0, audio = time.perf_counter(), 0.0
+            _sync(device)
+            t0, audio, tokens = time.perf_counter(), 0.0, 0
         batch = collate([ds.examples[j] for j in ids])
         counts = pop_counts(batch)
         pads.append(padded_fraction(batch))
-        terms = model.loss(model.module, batch)
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            terms = model.loss(model.module, batch)
         loss = terms["ce"].sum / counts["ce"]
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
         audio += sum(ds.rows[j].duration for j in ids)
-    return {"audio_s_per_s": audio / (time.perf_counter() - t0), "pad": float(np.mean(pads)), "losses": losses}
+        tokens += sum(len(ds.examples[j]["input_ids"]) for j in ids)
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    memory = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return {"audio_s_per_s": audio / seconds, "tokens_per_s": tokens / seconds, "pad": float(np.mean(pads)),
+            "losses": losses, "gib": memory}
 
 
-def measure(ds: SimpleNamespace, steps: int, repeats: int) -> dict:
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def mfu(ds: SimpleNamespace, tokens_per_s: float, lora: bool) -> float:
+    """Model FLOPs utilisation on this card's dense bf16 peak (nan off CUDA or on an unknown card)."""
+    if not torch.cuda.is_available():
+        return float("nan")
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in BF16_PEAK.items() if k in name), None)
+    params = sum(q.numel() for q in ds.model.module.parameters())
+    return (4 if lora else 6) * params * tokens_per_s / peak if peak else float("nan")
+
+
+def measure(ds: SimpleNamespace, args: argparse.Namespace) -> dict:
+    from voxrelay.train.strategies import apply_lora, compile_layers
+
     torch.manual_seed(0)
-    if ds.model.chunked_heads:  # what `voxrelay train` picks (train.chunked_loss): no [tokens, vocab] logits
-        ds.model.loss_kernel = CHUNKED
-    init = copy.deepcopy(ds.model.module.state_dict())
-    ds.model.enable_packing("cpu")  # padded batches still take transformers' SDPA path through it
-    results: dict[str, list] = {a: [] for a in ARMS}
-    for r in range(repeats):
-        for arm in ARMS if r % 2 == 0 else reversed(ARMS):
-            results[arm].append(run_arm(ds, arm, steps, init))
+    model = ds.model
+    if model.chunked_heads:  # what `voxrelay train` picks (train.chunked_loss): no [tokens, vocab] logits
+        model.loss_kernel = CHUNKED
+    if args.lora:
+        from voxrelay.models.lora_config import LoraConfig
+
+        apply_lora(model, LoraConfig(), torch.bfloat16 if args.bf16 else None)
+    model.module.to(args.device)
+    attention = model.enable_packing(args.device)  # padded batches still take transformers' SDPA path through it
+    print(f"  {ds.name}: attention of packed rows {attention}", flush=True)
+    init = copy.deepcopy(model.module.state_dict())
+    arms = [*ARMS, *(["packed+compile"] if args.compile else [])]
+    results: dict[str, list] = {a: [] for a in arms}
+    for r in range(args.repeats):
+        for arm in arms if r % 2 == 0 else reversed(arms):
+            if arm == "packed+compile" and r == 0:
+                compile_layers(model, True)  # the arms after it in this repeat order are compiled too: it runs last
+            results[arm].append(run_arm(ds, arm, args.steps, init, args.device, args.bf16))
             print(f"  {ds.name}, repeat {r}, {arm}: {results[arm][-1]['audio_s_per_s']:.1f} audio-s/s", flush=True)
+        if args.compile:
+            break  # compiled layers stay compiled: one repeat keeps the plain arms plain
     out = {a: {"audio_s_per_s": statistics.median(x["audio_s_per_s"] for x in runs), "pad": runs[0]["pad"],
+               "tokens_per_s": statistics.median(x["tokens_per_s"] for x in runs), "gib": runs[0]["gib"],
                "losses": runs[0]["losses"]} for a, runs in results.items()}
     a, b = np.asarray(out["shuffled"]["losses"]), np.asarray(out["packed"]["losses"])
     out["loss_rel_diff"] = float(np.max(np.abs(a - b) / np.abs(a)))
@@ -133,19 +183,36 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--root", help="a root where the demo data of this bench is prepared already")
+    ap.add_argument("--only", choices=["demo", "orpheus"], help="one dataset only")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--bf16", action="store_true", help="autocast to bf16 (as train.precision=bf16)")
+    ap.add_argument("--lora", action="store_true", help="the family's LoRA defaults (train.lora: {})")
+    ap.add_argument("--compile", action="store_true", help="add a packed arm with compiled layers (one repeat)")
+    ap.add_argument("--width", type=int, default=256, help="Orpheus layout: hidden size (Orpheus-3B: 3072)")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=768)
+    ap.add_argument("--budget", type=int, default=4000, help="Orpheus layout: train.batch_tokens")
+    ap.add_argument("--rows", type=int, default=600, help="Orpheus layout: clips of 1-12 s")
     args = ap.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root or f"{tmp}/root"
-        if not args.root:
+        if args.only != "orpheus" and not args.root:
             prepare(load_config(str(demo_config_path()), [f"root={root}", *DEMO_DATA]))
-        for ds in (demo_set(root), orpheus_set(tmp)):
-            out = measure(with_examples(ds, args.steps), args.steps, args.repeats)
-            print(f"\n{ds.name}: {len(ds.rows)} rows, budget {ds.budget} tokens, {args.steps} steps")
-            print(f"{'arm':<10} {'padded':>8} {'audio-s/s':>10}")
-            for arm in ARMS:
-                print(f"{arm:<10} {out[arm]['pad']:>8.1%} {out[arm]['audio_s_per_s']:>10.1f}")
+        sets = [] if args.only == "orpheus" else [lambda: demo_set(root)]
+        sets += [] if args.only == "demo" else [lambda: orpheus_set(tmp, args)]
+        for make in sets:
+            ds = make()
+            out = measure(with_examples(ds, args.steps), args)
+            print(f"\n{ds.name}: {len(ds.rows)} rows, budget {ds.budget} tokens, {args.steps} steps, {args.device}"
+                  f"{', bf16' if args.bf16 else ''}{', LoRA' if args.lora else ''}")
+            print(f"{'arm':<15} {'padded':>8} {'audio-s/s':>10} {'tokens/s':>10} {'MFU':>6} {'max GiB':>8}")
+            for arm in (a for a in out if isinstance(out[a], dict)):
+                o = out[arm]
+                print(f"{arm:<15} {o['pad']:>8.1%} {o['audio_s_per_s']:>10.1f} {o['tokens_per_s']:>10.0f} "
+                      f"{mfu(ds, o['tokens_per_s'], args.lora):>6.1%} {o['gib']:>8.2f}")
             packed = out["packed"]["audio_s_per_s"]
             print(f"packed / shuffled {packed / out['shuffled']['audio_s_per_s']:.3f}, packed / bucketed "
                   f"{packed / out['bucketed']['audio_s_per_s']:.3f}; loss, shuffled vs packed: largest relative "

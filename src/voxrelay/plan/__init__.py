@@ -14,8 +14,10 @@ Assumptions (each also written where it is used):
 - FSDP adds the largest unit (a decoder layer, or the root: embeddings + head) gathered in bf16 plus its
   unsharded fp32 gradient before reduce-scatter: 6 bytes per parameter of that unit.
 - CPU offload (FSDP's CPUOffloadPolicy) keeps parameters, gradients and optimizer states in CPU memory.
-- A micro-batch holds ``train.batch_tokens`` tokens (padding included; one example longer than the budget
-  makes a batch by itself); attention is SDPA (memory linear in tokens).
+- A micro-batch holds ``train.batch_tokens`` tokens (padding included, or examples packed end to end in one row
+  with ``train.packing``: the same positions; one example longer than the budget makes a batch by itself);
+  attention is SDPA, or SDPA example by example in a packed row (memory linear in tokens either way, attention
+  FLOPs by the longest example's context).
 - The total is the step's peak, not the sum of the columns: what stays (weights, optimizer states, DDP's
   buckets) plus the largest of the step's phases (:func:`phases`). Checked against the peak of live tensors
   on CPU and ``max_memory_allocated`` on an H200 (``bench/plan_accuracy.py``, ``tests/unit/test_plan.py``).
