@@ -2,13 +2,13 @@
 # The GPU checks in one call on a lent card (~8 min on an H100/H200; each part has its own time limit, and a part
 # that fails or runs out of time is reported and skipped, not fatal):
 #   1. Orpheus-3B width (3072, 24 heads / 8 KV heads, MLP 8192) with 4 layers, LoRA, bf16: packed vs padded vs
-#      length-sorted batches, and packed with train.compile: tokens/s, MFU, max_memory_allocated (bench/packing.py)
+#      length-sorted batches, a HF Trainer on the same module and LoRA (SDPA, gradient checkpointing), and packed
+#      with train.compile: tokens/s, MFU, max_memory_allocated (bench/packing.py)
 #   2. Parler-TTS mini-v0.1 shape, bf16: frames/s and MFU (bench/parler_step.py)
 #   3. the chunked head loss vs the materialised one at Orpheus' vocabulary (bench/fused_loss.py)
 #   4. voxrelay plan's memory prediction vs max_memory_allocated (bench/plan_accuracy.py)
 #   5. the blocking time of an async checkpoint save at 3B width, 2 layers (bench/checkpoint_stall.py)
-# Not yet here: a HF Trainer and Unsloth on the same card and batch (bench/throughput.py compares a Trainer on
-# the demo's model only).
+# Not yet here: Unsloth on the same card and batch (its wheels would have to be carried to the card).
 #   bash bench/gpu_suite.sh [OUT_DIR]        (each part's full output in OUT_DIR, default $OUT or /tmp/gpu_suite)
 # Last line: ratio <packed / padded audio-s/s at Orpheus-3B width> (goal >= 1.3).
 set -uo pipefail
@@ -32,13 +32,13 @@ part() {  # part NAME SECONDS COMMAND...
 }
 
 part orpheus3b_pack 240 "$PY" bench/packing.py --only orpheus --width 3072 --layers 4 --heads 24 --kv-heads 8 \
-  --intermediate 8192 --budget 8192 --steps 20 --bf16 --lora --compile
+  --intermediate 8192 --budget 8192 --steps 20 --bf16 --lora --compile --trainer
 part parler_mini 90 "$PY" bench/parler_step.py --preset mini-v0.1 --bf16
 part fused_loss 60 "$PY" bench/fused_loss.py --hidden 3072
 part plan_accuracy 90 "$PY" bench/plan_accuracy.py --tokens 2048 --layers 4
 part ckpt_stall 90 "$PY" bench/checkpoint_stall.py --hidden 3072 --layers 2 --repeats 2
 
 echo
-grep -E '^(arm|bucketed|shuffled|packed)' "$out/orpheus3b_pack.log" 2>/dev/null
+grep -E '^(arm|bucketed|shuffled|packed|hf_trainer)' "$out/orpheus3b_pack.log" 2>/dev/null
 grep -E 'MFU' "$out/parler_mini.log" 2>/dev/null
 grep -E '^ratio ' "$out/orpheus3b_pack.log" | tail -1 || echo "ratio nan"

@@ -16,7 +16,9 @@ the first 3; arms alternate per repeat so machine noise hits all alike.
 
 On CUDA each arm also reports tokens/s, MFU (model FLOPs: 6 x parameters x tokens, 4 x with LoRA's frozen
 base, over the card's dense bf16 peak) and ``max_memory_allocated``; ``--compile`` adds a packed arm with
-``train.compile``'s regional compilation (its first steps, the compile, are among the warm-up ones left out).
+``train.compile``'s regional compilation (its first steps, the compile, are among the warm-up ones left out);
+``--trainer`` adds a Hugging Face ``Trainer`` on the same module and LoRA (SDPA, gradient checkpointing, its
+own loss, a fixed batch size within the budget, grouped by length).
 
 Last line: ``ratio <packed / shuffled audio-s/s>``, the smaller over the datasets run (goal >= 1.3).
 """
@@ -130,6 +132,51 @@ def run_arm(ds: SimpleNamespace, arm: str, steps: int, init: dict, device: str, 
             "losses": losses, "gib": memory}
 
 
+def trainer_arm(ds: SimpleNamespace, args: argparse.Namespace, init: dict) -> dict:
+    """A Hugging Face ``Trainer`` on the same module (the same LoRA): SDPA, gradient checkpointing, transformers'
+    own loss (materialised logits), the largest fixed batch size whose batches stay within the token budget, rows
+    grouped by length (``train_sampling_strategy="group_by_length"``), the same steps and learning rate."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    model = ds.model
+    model.module.load_state_dict(init)
+    used = sorted(ds.examples)
+    examples = [{"input_ids": ds.examples[j]["input_ids"], "labels": ds.examples[j]["labels"], "row": j}
+                for j in used]
+    batch_size = max(1, ds.budget // max(len(e["input_ids"]) for e in examples))
+    seen = {"audio": 0.0, "tokens": 0}
+
+    def collate(items: list[dict]) -> dict:
+        seen["audio"] += sum(ds.rows[e["row"]].duration for e in items)
+        seen["tokens"] += sum(len(e["input_ids"]) for e in items)
+        batch = model.collate([{k: v for k, v in e.items() if k != "row"} for e in items])
+        pop_counts(batch)
+        return {k: batch[k] for k in ("input_ids", "attention_mask", "labels")}
+
+    marks: list[tuple[float, float, int]] = []
+
+    class Marks(TrainerCallback):
+        def on_step_end(self, *_a, **_k):
+            _sync(args.device)
+            marks.append((time.perf_counter(), seen["audio"], seen["tokens"]))
+
+    with tempfile.TemporaryDirectory() as out:
+        hf_args = TrainingArguments(
+            output_dir=out, max_steps=args.steps, per_device_train_batch_size=batch_size, learning_rate=ds.lr,
+            train_sampling_strategy="group_by_length", gradient_checkpointing=True,
+            gradient_checkpointing_kwargs={"use_reentrant": False}, bf16=args.bf16, save_strategy="no",
+            report_to=[], logging_steps=10**6, dataloader_num_workers=0, seed=0, use_cpu=args.device == "cpu",
+            remove_unused_columns=False, disable_tqdm=True, lr_scheduler_type="constant", weight_decay=0.0)
+        Trainer(model=model.module, args=hf_args, train_dataset=examples, data_collator=collate,
+                callbacks=[Marks()]).train()
+    base = model.module.get_base_model() if hasattr(model.module, "get_base_model") else model.module
+    base.gradient_checkpointing_disable()  # the arms after this one train without it, as before
+    (t0, a0, n0), (t1, a1, n1) = marks[WARM - 1], marks[-1]
+    memory = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else float("nan")
+    return {"audio_s_per_s": (a1 - a0) / (t1 - t0), "tokens_per_s": (n1 - n0) / (t1 - t0), "pad": float("nan"),
+            "losses": [], "gib": memory}
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -160,13 +207,18 @@ def measure(ds: SimpleNamespace, args: argparse.Namespace) -> dict:
     attention = model.enable_packing(args.device)  # padded batches still take transformers' SDPA path through it
     print(f"  {ds.name}: attention of packed rows {attention}", flush=True)
     init = copy.deepcopy(model.module.state_dict())
-    arms = [*ARMS, *(["packed+compile"] if args.compile else [])]
+    arms = [*ARMS, *(["hf_trainer"] if args.trainer else []), *(["packed+compile"] if args.compile else [])]
     results: dict[str, list] = {a: [] for a in arms}
     for r in range(args.repeats):
         for arm in arms if r % 2 == 0 else reversed(arms):
             if arm == "packed+compile" and r == 0:
                 compile_layers(model, True)  # the arms after it in this repeat order are compiled too: it runs last
-            results[arm].append(run_arm(ds, arm, args.steps, init, args.device, args.bf16))
+            if arm == "hf_trainer":
+                if args.device == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                results[arm].append(trainer_arm(ds, args, init))
+            else:
+                results[arm].append(run_arm(ds, arm, args.steps, init, args.device, args.bf16))
             print(f"  {ds.name}, repeat {r}, {arm}: {results[arm][-1]['audio_s_per_s']:.1f} audio-s/s", flush=True)
         if args.compile:
             break  # compiled layers stay compiled: one repeat keeps the plain arms plain
@@ -188,6 +240,7 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="autocast to bf16 (as train.precision=bf16)")
     ap.add_argument("--lora", action="store_true", help="the family's LoRA defaults (train.lora: {})")
     ap.add_argument("--compile", action="store_true", help="add a packed arm with compiled layers (one repeat)")
+    ap.add_argument("--trainer", action="store_true", help="add a HF Trainer arm (SDPA, gradient checkpointing)")
     ap.add_argument("--width", type=int, default=256, help="Orpheus layout: hidden size (Orpheus-3B: 3072)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
@@ -218,6 +271,8 @@ def main() -> None:
                   f"{packed / out['bucketed']['audio_s_per_s']:.3f}; loss, shuffled vs packed: largest relative "
                   f"difference per step {out['loss_rel_diff']:.2e}", flush=True)
             ratios.append(packed / out["shuffled"]["audio_s_per_s"])
+            if "hf_trainer" in out:
+                print(f"packed / HF Trainer audio-s/s {packed / out['hf_trainer']['audio_s_per_s']:.3f} (goal >= 1.5)")
     print(f"ratio {min(ratios):.3f}")
 
 

@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.slow]
 def test_the_packing_bench_runs_and_its_packed_arm_trains_as_the_padded_one() -> None:
     res = subprocess.run(
         [sys.executable, "bench/packing.py", "--only", "orpheus", "--width", "32", "--layers", "1", "--heads", "2",
-         "--kv-heads", "1", "--intermediate", "64", "--budget", "1500", "--steps", "5", "--rows", "80", "--lora"],
+         "--kv-heads", "1", "--intermediate", "64", "--budget", "1500", "--steps", "5", "--rows", "80", "--lora",
+         "--trainer"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     lines = res.stdout.splitlines()
@@ -26,6 +27,7 @@ def test_the_packing_bench_runs_and_its_packed_arm_trains_as_the_padded_one() ->
     assert arms["packed"] == 0.0 and arms["shuffled"] > 5.0, res.stdout  # the padding packing removed
     diff = float(re.search(r"largest relative difference per step ([\d.e+-]+)", res.stdout).group(1))
     assert diff <= 1e-5, res.stdout  # 5 AdamW steps on the same batches, packed vs padded
+    assert re.search(r"^hf_trainer\s+nan%\s+[\d.]+", res.stdout, re.M), res.stdout  # the Trainer arm trained
     assert re.fullmatch(r"ratio \d+\.\d+", lines[-1]), lines[-1]
     gpu = subprocess.run(["bash", "-n", "bench/gpu_suite.sh"], cwd=ROOT, capture_output=True, text=True)
     assert gpu.returncode == 0, gpu.stderr
