@@ -298,6 +298,7 @@ RESUME_SAFE_KEYS = (
     # how the same training is laid out in memory; a sharded checkpoint loads under any of them
     "train.fsdp_sharding", "train.gradient_checkpointing", "train.cpu_offload",
     "train.activation_offload", "train.ignore_plan", "train.compile",
+    "train.kernels",
     "checkpoint.", "eval.", "monitor.", "cache.", "cost.",
 )
 

@@ -52,10 +52,9 @@ from voxrelay.train.strategies import (
     apply_lora,
     base_hash,
     choose_loss,
-    compile_layers,
-    enable_gradient_checkpointing,
     fsdp_mesh,
     has_frozen,
+    layer_options,
     trainable_state,
 )
 
@@ -231,8 +230,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     base = base_hash(model.module) if cfg.train.lora is not None or has_frozen(model.module) else None
     # its init draws from the RNG seeded above: fresh runs stay reproducible; QLoRA quantises the base after it
     apply_lora(model, cfg.train.lora, compute_dtype(accelerator.mixed_precision))
-    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing, cfg.train.activation_offload)
-    compile_layers(model, cfg.train.compile)
+    layer_options(model, cfg.train, accelerator.device.type)
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
     if found is not None:
         check_compatible(found.state, cfg, index, found.checkpoint.step,
@@ -304,8 +302,7 @@ def bare_run(model: FamilyModel, cfg: RunConfig, accelerator: Accelerator) -> Ru
     DDP or FSDP2 and the optimizer by the same code) with no data, checkpoints or monitor: what benches and
     memory measurements step with ``train_step``. The caller has seeded the RNG."""
     apply_lora(model, cfg.train.lora, compute_dtype(accelerator.mixed_precision))
-    enable_gradient_checkpointing(model, cfg.train.gradient_checkpointing, cfg.train.activation_offload)
-    compile_layers(model, cfg.train.compile)
+    layer_options(model, cfg.train, accelerator.device.type)
     choose_loss(model, cfg.train, accelerator.device.type)
     model.module.train()
     module, optimizer = wrap_model(model, cfg, accelerator)

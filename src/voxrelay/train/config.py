@@ -44,6 +44,11 @@ class TrainConfig(Section):
         6000, gt=0, description="Budget per batch in tokens (set this or batch_seconds): with packing the "
         "examples' tokens, else incl. padding"
     )
+    kernels: Literal["auto", "plain"] = Field(
+        "auto", description="auto: on CUDA with `pip install 'voxrelay[kernels]'`, Liger-Kernel's fused Triton "
+        "RMSNorm and SwiGLU in the decoder layers (the run's first lines say which); plain: transformers' own. May "
+        "be switched between sessions",
+    )
     compile: bool = Field(
         False, description="torch.compile each decoder layer (regional: compiled once, reused by every layer; the "
         "first steps take longer). Needs a C compiler (and triton on a GPU). May be switched between sessions",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -66,6 +66,28 @@ def enable_gradient_checkpointing(model: FamilyModel, on: bool, offload: bool = 
     log.info("gradient checkpointing on: each layer's activations are recomputed in backward")
     if offload:
         _offload_activations(model)
+
+
+def layer_options(model: FamilyModel, tc: Any, device_type: str) -> None:
+    """What the train section asks of the decoder layers, in this order: gradient checkpointing (and activation
+    offload), fused kernels, then compilation (it compiles the layers as the others left them)."""
+    enable_gradient_checkpointing(model, tc.gradient_checkpointing, tc.activation_offload)
+    fuse_kernels(model, tc.kernels, device_type)
+    compile_layers(model, tc.compile)
+
+
+def fuse_kernels(model: FamilyModel, setting: str, device_type: str) -> dict[str, int]:
+    """``train.kernels``: Liger-Kernel's fused RMSNorm and SwiGLU on CUDA where installed (``auto``), said in the
+    run's first lines either way on a GPU."""
+    from voxrelay.models.kernels import fuse
+
+    fused = fuse(model.module, device_type, setting)
+    if fused:
+        log.info("fused kernels (Liger-Kernel, Triton): %s", ", ".join(f"{k} x{n}" for k, n in fused.items()))
+    elif device_type == "cuda":
+        log.info("plain kernels for the layers (%s)", "train.kernels=plain" if setting == "plain" else
+                 "`pip install 'voxrelay[kernels]'` for Liger-Kernel's fused RMSNorm and SwiGLU")
+    return fused
 
 
 def compile_layers(model: FamilyModel, on: bool) -> int:
