@@ -362,9 +362,10 @@ class Uploader:
             for c in done:
                 self.staging.remove(c.step)
             self._retaining = True
+            pending = {c.step for c in self.pending}  # their parts other machines uploaded are no leftovers
             self._cond.notify_all()
         try:
-            self.store.retain()
+            self.store.retain(pending)
         except Exception as err:
             log.warning("retention after step %d failed (%s); will retry after the next save", ckpt.step, err)
         finally:

@@ -262,9 +262,10 @@ class CommittedStore:
         self._problems.pop(ckpt.step, None)
         return CheckpointVanished(f"{problem}: deleted while it was read")
 
-    def retain(self) -> None:
+    def retain(self, pending: frozenset[int] | set[int] = frozenset()) -> None:
         """Delete the committed checkpoints retention does not keep (manifest first: never a half
-        checkpoint), and uncommitted leftovers older than the newest kept one (an upload cut short).
+        checkpoint), and uncommitted leftovers older than the newest kept one (an upload cut short), but not the
+        steps still ``pending`` upload (what other machines already uploaded of them is waited for there).
 
         Only checkpoints whose files are whole count toward ``keep_last`` (and qualify for ``keep_every``
         and ``keep_best``); ``protected`` ones are never deleted. A damaged one is deleted only once
@@ -280,8 +281,9 @@ class CommittedStore:
         doomed = [c for c in committed if c.step not in keep and (c in whole or len(whole) >= self.keep_last)]
         newest = max(keep, default=-1)
         steps = {c.step for c in committed}
+        spared = steps | keep | set(pending)
         leftovers = [name for name in storage.listdir(self.root_uri) if name not in self.unreadable
-                     and (step := parse_step(name)) is not None and step < newest and step not in steps | keep]
+                     and (step := parse_step(name)) is not None and step < newest and step not in spared]
         for ckpt in doomed:
             if ckpt not in whole:
                 log.warning("deleting the damaged checkpoint %s (%s)", ckpt.uri, self.problem(ckpt))

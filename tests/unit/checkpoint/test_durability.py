@@ -239,9 +239,9 @@ def test_wait_returns_after_the_retention_that_follows_the_commit(tmp_path, monk
     mgr = _manager(tmp_path, keep_last=2)
     retain, finished = mgr.store.retain, []
 
-    def slow_retain():
+    def slow_retain(*pending):
         time.sleep(0.3)  # a slow bucket listing: the commit is done, the retention not yet
-        retain()
+        retain(*pending)
         finished.append(True)
 
     monkeypatch.setattr(mgr.store, "retain", slow_retain)

@@ -6,6 +6,7 @@ at resume, one whose shards got there is committed, one whose shards never did g
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -244,3 +245,24 @@ def test_start_keeps_a_staged_copy_whose_step_was_committed_with_other_bytes(tmp
         assert torch.equal(mgr.load(4)[1]["w"], torch.full((3,), 4.0))
     finally:
         mgr.close(5)
+
+
+def test_a_newer_commit_does_not_delete_the_parts_an_older_pending_checkpoint_waits_for(tmp_path, caplog):
+    """Machine 1 uploaded its shards of steps 4 and 6 before rank 0's uploader got to either; the uploader commits
+    the newest first. Retention after that commit must not take step 4's part in the bucket for a leftover: step 4
+    is still to be committed (keep_last 3 keeps it), and without its part it would wait parts_wait_s, then be
+    abandoned (one full-suite run of test_two_nodes hung there 600 s)."""
+    run = tmp_path / "bucket/runs/r"
+    main, other = _stage_on_two_machines(tmp_path, run, 4)
+    _stage_on_two_machines(tmp_path, run, 6)
+    for there in sorted(other.staging.folder.iterdir()):
+        other.upload_part(int(re.search(r"step-(\d+)", there.name).group(1)), there, ["__1_0.distcp"])
+    main.store.keep_last = 3
+    main.store.parts_wait_s = 2
+    main.start()
+    try:
+        assert main.wait(30), main.uploader.last_error
+        assert [c.step for c in main.store.list()] == [6, 4], caplog.text
+        assert "abandoned" not in caplog.text
+    finally:
+        main.close(5)
