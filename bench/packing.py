@@ -160,6 +160,9 @@ def trainer_arm(ds: SimpleNamespace, args: argparse.Namespace, init: dict) -> di
             _sync(args.device)
             marks.append((time.perf_counter(), seen["audio"], seen["tokens"]))
 
+    base = model.module.get_base_model() if hasattr(model.module, "get_base_model") else model.module
+    attention = base.config._attn_implementation
+    base.set_attn_implementation("sdpa")  # the Trainer as users run it: transformers' SDPA
     with tempfile.TemporaryDirectory() as out:
         hf_args = TrainingArguments(
             output_dir=out, max_steps=args.steps, per_device_train_batch_size=batch_size, learning_rate=ds.lr,
@@ -169,8 +172,9 @@ def trainer_arm(ds: SimpleNamespace, args: argparse.Namespace, init: dict) -> di
             remove_unused_columns=False, disable_tqdm=True, lr_scheduler_type="constant", weight_decay=0.0)
         Trainer(model=model.module, args=hf_args, train_dataset=examples, data_collator=collate,
                 callbacks=[Marks()]).train()
-    base = model.module.get_base_model() if hasattr(model.module, "get_base_model") else model.module
-    base.gradient_checkpointing_disable()  # the arms after this one train without it, as before
+    base.gradient_checkpointing_disable()  # the arms after this one train as before: no checkpointing,
+    base.set_attn_implementation(attention)  # the packed attention,
+    vars(model.module).pop("forward", None)  # and no autocast wrapper accelerate left on the instance
     (t0, a0, n0), (t1, a1, n1) = marks[WARM - 1], marks[-1]
     memory = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else float("nan")
     return {"audio_s_per_s": (a1 - a0) / (t1 - t0), "tokens_per_s": (n1 - n0) / (t1 - t0), "pad": float("nan"),
@@ -204,7 +208,7 @@ def measure(ds: SimpleNamespace, args: argparse.Namespace) -> dict:
 
         apply_lora(model, LoraConfig(), torch.bfloat16 if args.bf16 else None)
     model.module.to(args.device)
-    attention = model.enable_packing(args.device)  # padded batches still take transformers' SDPA path through it
+    attention = model.enable_packing(args.device, args.bf16)  # padded batches: transformers' SDPA through it
     print(f"  {ds.name}: attention of packed rows {attention}", flush=True)
     init = copy.deepcopy(model.module.state_dict())
     arms = [*ARMS, *(["hf_trainer"] if args.trainer else []), *(["packed+compile"] if args.compile else [])]

@@ -149,7 +149,7 @@ CHUNK = 65536  # rows per chunk of the greedy cut
 
 
 class Batches(Sequence):
-    """An epoch's batches, compactly: per part (the whole split, or a shuffle window) the rows in sorted order
+    """An epoch's batches, compactly: per part (the whole split, or a shuffle window) the rows in plan order
     (int32) and each batch's span in it; ``batches[j]`` is the list of row ids of batch ``j``. About 4 bytes a
     row instead of a Python list of ints (~36)."""
 

@@ -36,16 +36,21 @@ def _swiglu(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
 
 
+# the transformers classes whose forward is exactly what the fused kernels compute (Liger uses the same in-place
+# "llama" casting for them); other RMSNorms differ (an offset, a residual add sharing the gradient) and stay plain
+NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
+MLPS = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP")
+
+
 def fusable(module: torch.nn.Module) -> dict[str, list[torch.nn.Module]]:
-    """The submodules the fused kernels stand in for: Llama-style RMSNorms (``weight``, ``variance_epsilon``, no
-    offset) and SiLU-gated MLPs (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn`` SiLU)."""
+    """The submodules the fused kernels stand in for: the RMSNorms of :data:`NORMS` and the MLPs of :data:`MLPS`
+    whose activation is SiLU."""
     found: dict[str, list[torch.nn.Module]] = {"RMSNorm": [], "SwiGLU": []}
     for m in module.modules():
         name = type(m).__name__
-        if name.endswith("RMSNorm") and hasattr(m, "variance_epsilon") and getattr(m, "weight", None) is not None:
+        if name in NORMS:
             found["RMSNorm"].append(m)
-        elif all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj")) and \
-                "silu" in type(getattr(m, "act_fn", None)).__name__.lower():
+        elif name in MLPS and "silu" in type(getattr(m, "act_fn", None)).__name__.lower():
             found["SwiGLU"].append(m)
     return found
 

@@ -7,10 +7,13 @@ of the next. A packed batch carries ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32 [
 starts, then the total) and ``max_length_q``/``max_length_k`` (its longest example): the arguments
 transformers passes from the model's forward down to its attention function.
 
-The attention (:func:`enable`): flash-attention's varlen kernel where it is installed and the model runs on
-CUDA (transformers' ``flash_attention_2``, which reads those arguments); elsewhere :data:`PACKED_SDPA`, SDPA
-run example by example (causal, ``T_i x T_i`` each: never the ``N x N`` of one masked row), which hands an
-unpacked batch to transformers' own SDPA path unchanged.
+The attention (:func:`enable`): flash-attention's varlen kernel where it is installed, the model runs on CUDA
+in bf16/fp16, and the family's positions never restart inside an example (transformers' ``flash_attention_2``
+reads those arguments; it would also take restarting positions of an unpacked prompt for packing); elsewhere
+:data:`PACKED_SDPA`, SDPA run example by example (causal, ``T_i x T_i`` each: never the ``N x N`` of one
+masked row), which hands an unpacked batch to transformers' own SDPA path unchanged. Its loop over the examples
+runs outside ``torch.compile`` (compiled layers call it between their compiled parts) and reads the examples'
+bounds from the device once per forward, not once per layer.
 """
 
 from __future__ import annotations
@@ -41,11 +44,30 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     if starts is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    bounds = starts.tolist()
+    return _per_example(module, query, key, value, _bounds(starts), dropout, scaling), None
+
+
+_last_bounds: tuple[Any, list[int]] = (None, [])
+
+
+def _bounds(starts: torch.Tensor) -> list[int]:
+    """``starts`` as ints, read once for the tensor every layer of a forward gets (one device sync, not one per
+    layer and recompute)."""
+    global _last_bounds
+    if _last_bounds[0] is not starts:
+        _last_bounds = (starts, starts.tolist())
+    return _last_bounds[1]
+
+
+@torch.compiler.disable
+def _per_example(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 bounds: list[int], dropout: float, scaling: float | None) -> torch.Tensor:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     parts = [sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
                                     dropout=dropout, scaling=scaling, is_causal=e - s > 1)[0]
              for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
-    return torch.cat(parts, dim=1), None
+    return torch.cat(parts, dim=1)
 
 
 def register() -> None:
@@ -61,19 +83,24 @@ def register() -> None:
     _registered = True
 
 
-def kernel(device_type: str) -> str:
-    """The attention packed batches use on ``device_type``: flash-attention's varlen kernel on CUDA where the
-    ``flash_attn`` package is installed, else SDPA example by example."""
-    if device_type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        return FLASH
+def kernel(device_type: str, flash_ok: bool) -> str:
+    """The attention packed batches use on ``device_type``: flash-attention's varlen kernel on CUDA where
+    ``flash_ok`` (bf16/fp16 compute, positions that never restart inside an example) and transformers finds a
+    working ``flash_attn``, else SDPA example by example."""
+    if device_type == "cuda" and flash_ok and importlib.util.find_spec("flash_attn") is not None:
+        from transformers.utils import is_flash_attn_2_available
+
+        if is_flash_attn_2_available():
+            return FLASH
     return PACKED_SDPA
 
 
-def enable(module: torch.nn.Module, device_type: str) -> str:
-    """Switch a transformers model (or a peft model's base) to the attention packed batches need; returns its
-    name. Unpacked batches (evaluation, synthesis) still get the plain SDPA path through it."""
+def enable(module: torch.nn.Module, device_type: str, flash_ok: bool = False) -> str:
+    """Switch a transformers model (or a peft model's base) to the attention packed batches need (see
+    :func:`kernel`); returns its name. Unpacked batches (evaluation, synthesis) get the plain SDPA path through
+    :data:`PACKED_SDPA`, or flash-attention's own padded path."""
     base = module.get_base_model() if hasattr(module, "get_base_model") else module
-    name = kernel(device_type)
+    name = kernel(device_type, flash_ok)
     if name == PACKED_SDPA:
         register()
     base.set_attn_implementation(name)

@@ -141,11 +141,12 @@ class FamilyModelBase:
         counts as :meth:`collate`'s padded batch of them."""
         raise NotImplementedError(f"model.family={self.family} cannot pack batches: {self.packing_refusal}")
 
-    def enable_packing(self, device_type: str) -> str:
-        """Prepare the module for packed batches (the attention that keeps examples apart); returns its name."""
+    def enable_packing(self, device_type: str, half_precision: bool = False) -> str:
+        """Prepare the module for packed batches (the attention that keeps examples apart); returns its name.
+        ``half_precision``: the run computes in bf16/fp16 (flash-attention's condition)."""
         from voxrelay.models import packing
 
-        return packing.enable(self.module, device_type)  # type: ignore[attr-defined]
+        return packing.enable(self.module, device_type, half_precision)  # type: ignore[attr-defined]
 
     def new_token_rows(self) -> list[int]:
         return list(range(*self.new_rows))

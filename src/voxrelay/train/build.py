@@ -220,7 +220,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     model, train_rows = model_for_run(cfg, index, codec)
     packed = packing(model, cfg)
     if packed:
-        attention = model.enable_packing(accelerator.device.type)
+        attention = model.enable_packing(accelerator.device.type, accelerator.mixed_precision in ("bf16", "fp16"))
         if accelerator.is_main_process:
             log.info("packed batches (train.packing): attention kept within each example by %s", attention)
     if accelerator.is_main_process:

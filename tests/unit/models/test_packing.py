@@ -194,3 +194,13 @@ def test_a_run_saved_before_packing_resumes_unpacked() -> None:
     assert kept.get("packing") is False
     cfg.train = cfg.train.model_copy(update=kept)
     assert config_changes(saved, cfg.to_dict()) == ([], [])
+
+
+def test_flash_attention_only_where_it_is_safe() -> None:
+    """Flash-attention's varlen kernel needs CUDA and bf16/fp16 compute; codec_lm with text positions never gets it
+    (flash-attention's path for an unpacked prompt would take its restarting positions for packed examples)."""
+    for device, flash_ok in (("cpu", True), ("cpu", False), ("cuda", False)):
+        assert packing.kernel(device, flash_ok) == packing.PACKED_SDPA
+    model = _codec_lm(text_position_scale=2.0)
+    assert model.enable_packing("cpu", True) == packing.PACKED_SDPA
+    assert model.module.config._attn_implementation == packing.PACKED_SDPA
