@@ -1,8 +1,6 @@
-"""mcd_dtw: zero on identity, grows with distortion, tolerant of timing, fast; DTW against a reference."""
+"""mcd_dtw: zero on identity, grows with distortion, tolerant of timing, DTW against a reference (its speed: bench/mcd_speed.py)."""
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import pytest
@@ -96,14 +94,7 @@ def test_dtw_matches_reference_algorithm() -> None:
     assert dtw_path_mean(cost) == 0.0
 
 
-def test_two_five_second_clips_take_under_half_a_second() -> None:
-    a, b = speechlike(5.0, 0), with_noise(speechlike(5.0, 0), 10)
-    mcd_dtw(a, b, SR)  # warm-up: filterbank cache, torch first call
-    start = time.perf_counter()
-    mcd_dtw(a, b, SR)
-    elapsed = time.perf_counter() - start
-    print(f"mcd_dtw on two 5 s clips: {elapsed * 1000:.0f} ms")
-    assert elapsed < 0.5
+# its speed (0.5 s for two 5 s clips) is a bench, not a test: bench/mcd_speed.py
 
 
 @pytest.mark.parametrize("bad", [np.zeros(0, np.float32), np.zeros((2, 100), np.float32)])
