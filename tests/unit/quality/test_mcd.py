@@ -1,4 +1,5 @@
-"""mcd_dtw: zero on identity, grows with distortion, tolerant of timing, DTW against a reference (its speed: bench/mcd_speed.py)."""
+"""mcd_dtw: zero on identity, grows with distortion, tolerant of timing; DTW against a reference. Its speed is
+measured by bench/mcd_speed.py."""
 
 from __future__ import annotations
 
