@@ -19,6 +19,7 @@ TINY = [
     "model.num_layers=1",
     "model.num_heads=2",
     "model.intermediate_size=64",
+    "train.packing=auto",  # the default users get (the demo keeps length-sorted batches: see its config)
     "train.max_steps=6",
     "train.batch_tokens=3000",
     "train.warmup_steps=2",
