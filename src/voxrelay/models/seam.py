@@ -141,12 +141,16 @@ class FamilyModelBase:
         counts as :meth:`collate`'s padded batch of them."""
         raise NotImplementedError(f"model.family={self.family} cannot pack batches: {self.packing_refusal}")
 
+    # flash-attention may keep packed examples apart: positions never restart inside an unpacked example
+    flash_positions = True
+
     def enable_packing(self, device_type: str, half_precision: bool = False) -> str:
         """Prepare the module for packed batches (the attention that keeps examples apart); returns its name.
-        ``half_precision``: the run computes in bf16/fp16 (flash-attention's condition)."""
+        ``half_precision``: the run computes in bf16/fp16 (with ``flash_positions``, flash-attention's condition)."""
         from voxrelay.models import packing
 
-        return packing.enable(self.module, device_type, half_precision)  # type: ignore[attr-defined]
+        return packing.enable(self.module, device_type,  # type: ignore[attr-defined]
+                              half_precision and self.flash_positions)
 
     def new_token_rows(self) -> list[int]:
         return list(range(*self.new_rows))

@@ -298,12 +298,11 @@ class CodecLM(FamilyModelBase):
                             {"ce": num_targets})
         return batch if positions is None else batch | {"position_ids": positions}
 
-    def enable_packing(self, device_type: str, half_precision: bool = False) -> str:
-        """As every family, but never flash-attention with ``text_position_scale``: its restarting positions
-        would read as packed examples to flash-attention's path for unpacked prompts (synthesis)."""
-        from voxrelay.models import packing
-
-        return packing.enable(self.module, device_type, half_precision and self.text_position_scale is None)
+    @property
+    def flash_positions(self) -> bool:  # type: ignore[override]
+        """Not with ``text_position_scale``: its restarting positions would read as packed examples to
+        flash-attention's path for unpacked prompts (synthesis)."""
+        return self.text_position_scale is None
 
     def collate_packed(self, examples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
         """:meth:`collate`'s examples end to end in one row [1, N] (or [1, N, S] with ``frames_per_position``),
