@@ -44,7 +44,7 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     if starts is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    return _per_example(module, query, key, value, _bounds(starts), dropout, scaling), None
+    return _per_example(module, query, key, value, starts, dropout, scaling), None
 
 
 _last_bounds: tuple[Any, list[int]] = (None, [])
@@ -61,9 +61,10 @@ def _bounds(starts: torch.Tensor) -> list[int]:
 
 @torch.compiler.disable
 def _per_example(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 bounds: list[int], dropout: float, scaling: float | None) -> torch.Tensor:
+                 starts: torch.Tensor, dropout: float, scaling: float | None) -> torch.Tensor:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    bounds = _bounds(starts)
     parts = [sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
                                     dropout=dropout, scaling=scaling, is_causal=e - s > 1)[0]
              for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
