@@ -146,15 +146,11 @@ class Orpheus(FamilyModelBase):
             input_ids[i, :n] = torch.as_tensor(e["input_ids"])
             labels[i, :n] = torch.as_tensor(e["labels"])
             mask[i, :n] = 1
-        targets = labels[:, 1:]
-        return with_counts({"input_ids": input_ids, "attention_mask": mask, "labels": labels},
-                           {"ce": (targets != IGNORE_INDEX).sum(), "speech": _is_speech(targets).sum()})
+        return _with_counts({"input_ids": input_ids, "attention_mask": mask, "labels": labels})
 
     def collate_packed(self, examples: list[Example]) -> dict[str, torch.Tensor]:
         """:meth:`collate`'s examples end to end in one row [1, N], positions from 0 in each; the same counts."""
-        batch = pack(examples)
-        targets = batch["labels"][:, 1:]
-        return with_counts(batch, {"ce": (targets != IGNORE_INDEX).sum(), "speech": _is_speech(targets).sum()})
+        return _with_counts(pack(examples))
 
     def loss(self, module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> LossTerms:
         """``ce``: the summed next-token cross-entropy over labelled positions (float32 softmax over only those
@@ -266,6 +262,13 @@ class Orpheus(FamilyModelBase):
         module = load_causal_lm(str(folder), f"model folder {str(folder)!r}", attn_implementation="sdpa")
         tokenizer = load_tokenizer(str(folder), f"model folder {str(folder)!r}")
         return cls(module, tokenizer, list(meta["speakers"]), int(meta["max_seq_len"]), meta["loss_on"])
+
+
+def _with_counts(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``batch`` with the counts of its loss terms: ``ce``, the labelled positions after the causal shift, and
+    ``speech``, those of them whose target is an audio code."""
+    targets = batch["labels"][:, 1:]
+    return with_counts(batch, {"ce": (targets != IGNORE_INDEX).sum(), "speech": _is_speech(targets).sum()})
 
 
 def _is_speech(targets: torch.Tensor) -> torch.Tensor:
