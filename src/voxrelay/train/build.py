@@ -234,7 +234,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     eval_rows = [eval_rows[i] for i in _example_lengths(model, eval_rows)[0]]
     if found is not None:
         check_compatible(found.state, cfg, index, found.checkpoint.step,
-                         len({c.step for c in checkpoints.candidates()}))
+                         len({c.step for c in checkpoints.candidates()}), model.packing_refusal is None)
         load_weights(model, found, cfg, base, len({c.step for c in checkpoints.candidates()}))
         if not is_sharded(found.checkpoint.manifest):  # the weights are in the model (a sharded one loads in restore)
             checkpoints.release(found.folder)

@@ -22,7 +22,7 @@ from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, ResumePoint, mod
 from voxrelay.checkpoint.reader import read_into
 from voxrelay.checkpoint.shard_saver import load_sharded
 from voxrelay.checkpoint.sharded import is_sharded
-from voxrelay.config import ConfigError, config_changes
+from voxrelay.config import ConfigError, config_changes, with_added_defaults
 from voxrelay.data import identity as ident
 from voxrelay.train import state as st
 
@@ -92,24 +92,32 @@ def save_checkpoint(run, metrics: dict | None = None, background: bool = True, s
     return time.perf_counter() - t0
 
 
-def check_compatible(saved: dict, run_cfg, index: dict, step: int, num_checkpoints: int) -> None:
+def check_compatible(saved: dict, run_cfg, index: dict, step: int, num_checkpoints: int,
+                     can_pack: bool = False) -> None:
     """Raise ConfigError naming what differs between the checkpoint of ``step`` (its config and the
-    prepared data it was trained on) and this run (``run_cfg`` and the prepared ``index``)."""
+    prepared data it was trained on) and this run (``run_cfg`` and the prepared ``index``). ``can_pack``: the
+    run's family packs batches (``train.packing: auto`` then means true)."""
     safe, bad = config_changes(saved[st.K_CONFIG], run_cfg.to_dict())
-    bad = [k for k in bad if k != "train.shuffle_window"]  # compared by the plans they give:
+    bad = [k for k in bad if k not in ("train.shuffle_window", "train.packing")]  # compared by what they give:
     if not _same_windows(saved[st.K_CONFIG], run_cfg, index):
         bad.append("train.shuffle_window")
+    old_cfg = with_added_defaults(saved[st.K_CONFIG])  # a key added since stands for what the run did then
+    was = _dotted(old_cfg, "train.packing")
+    if _packs(was, can_pack) != _packs(run_cfg.train.packing, can_pack):
+        bad.append("train.packing")
+    elif was != run_cfg.train.packing:
+        safe.append("train.packing")
     data = ident.describe_changes(saved.get(st.K_DATA_FINGERPRINT), index)
     fixes, new_cfg = [], run_cfg.to_dict()
     if bad:
         fixes.append("resume with the original values: " + " ".join(
-            f"{k}={_dotted(saved[st.K_CONFIG], k)}" for k in bad if k != "train.shuffle_window")
+            f"{k}={_dotted(old_cfg, k)}" for k in bad if k != "train.shuffle_window")
             + " (`voxrelay config show` on the run's config.yaml lists them all)")
     if data:
         fixes.append("restore the prepared data: put the sources back as they were and re-run `voxrelay prepare` "
                      "with the original values (or point data.name at the data the run was trained on)")
     if bad or data:
-        changes = ", ".join(f"{k} {_dotted(saved[st.K_CONFIG], k)!r} -> {_dotted(new_cfg, k)!r}" for k in bad)
+        changes = ", ".join(f"{k} {_dotted(old_cfg, k)!r} -> {_dotted(new_cfg, k)!r}" for k in bad)
         what = ([f"incompatible changes: {changes}"] if bad else []) + \
             ([f"the prepared data {run_cfg.prepared_uri} changed since step {step}: {'; '.join(data)}"] if data else [])
         raise ConfigError(
@@ -120,6 +128,11 @@ def check_compatible(saved: dict, run_cfg, index: dict, step: int, num_checkpoin
         )
     if safe:
         log.info("resuming with changed settings: %s", ", ".join(safe))
+
+
+def _packs(setting, can_pack: bool) -> bool:
+    """Whether ``train.packing`` = ``setting`` packs batches (what :func:`voxrelay.train.data.packing` decides)."""
+    return setting is True or (setting == "auto" and can_pack)
 
 
 def _dotted(cfg: dict, key: str):

@@ -1,4 +1,5 @@
-"""Resuming a run under another ``train.shuffle_window``: refused only when the batch plan would differ."""
+"""Resuming a run under another ``train.shuffle_window`` or ``train.packing``: refused only when the batch plan
+or the packing would differ."""
 
 import pytest
 
@@ -37,3 +38,31 @@ def test_a_changed_shuffle_window_is_refused_only_when_the_plan_changes(saved, n
     else:
         with pytest.raises(ConfigError, match="train.shuffle_window"):
             check_compatible(_saved(saved), cfg, _index(shards), 10, 1)
+
+
+def _packing_cfg(setting) -> RunConfig:
+    data = RunConfig().to_dict()
+    return RunConfig.model_validate(data | {"train": data["train"] | {"packing": setting}})
+
+
+@pytest.mark.parametrize(("saved", "now", "can_pack", "ok"), [
+    ("auto", True, True, True),  # the family packs: auto was already true
+    ("auto", False, True, False),
+    ("auto", False, False, True),  # a family that cannot pack: auto was already false
+    (None, "auto", True, False),  # saved before the key: unpacked; auto would pack this family now
+    (None, "auto", False, True),
+    (None, False, True, True),
+    (True, "auto", True, True),
+])
+def test_a_changed_packing_setting_is_refused_only_when_packing_changes(saved, now, can_pack, ok):
+    old = _saved(0)
+    if saved is None:
+        del old[st.K_CONFIG]["train"]["packing"]
+    else:
+        old[st.K_CONFIG]["train"]["packing"] = saved
+    if ok:
+        check_compatible(old, _packing_cfg(now), _index(3), 10, 1, can_pack)
+    else:
+        was = saved or False  # a run saved before the key was unpacked
+        with pytest.raises(ConfigError, match=rf"train.packing {was!r} -> {now!r}.*train.packing={was}"):
+            check_compatible(old, _packing_cfg(now), _index(3), 10, 1, can_pack)
