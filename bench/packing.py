@@ -132,10 +132,11 @@ def run_arm(ds: SimpleNamespace, arm: str, steps: int, init: dict, device: str, 
             "losses": losses, "gib": memory}
 
 
-def trainer_arm(ds: SimpleNamespace, args: argparse.Namespace, init: dict) -> dict:
+def trainer_arm(ds: SimpleNamespace, args: argparse.Namespace, init: dict, native: bool = False) -> dict:
     """A Hugging Face ``Trainer`` on the same module (the same LoRA): SDPA, gradient checkpointing, transformers'
     own loss (materialised logits), the largest fixed batch size whose batches stay within the token budget, rows
-    grouped by length (``train_sampling_strategy="group_by_length"``), the same steps and learning rate."""
+    grouped by length (``train_sampling_strategy="group_by_length"``), the same steps and learning rate.
+    ``native``: the module brings its own attention and checkpointing (Unsloth's, ``bench/unsloth_arm.py``)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     model = ds.model
@@ -162,19 +163,21 @@ def trainer_arm(ds: SimpleNamespace, args: argparse.Namespace, init: dict) -> di
 
     base = model.module.get_base_model() if hasattr(model.module, "get_base_model") else model.module
     attention = base.config._attn_implementation
-    base.set_attn_implementation("sdpa")  # the Trainer as users run it: transformers' SDPA
+    if not native:
+        base.set_attn_implementation("sdpa")  # the Trainer as users run it: transformers' SDPA
     with tempfile.TemporaryDirectory() as out:
         hf_args = TrainingArguments(
             output_dir=out, max_steps=args.steps, per_device_train_batch_size=batch_size, learning_rate=ds.lr,
-            train_sampling_strategy="group_by_length", gradient_checkpointing=True,
+            train_sampling_strategy="group_by_length", gradient_checkpointing=not native,
             gradient_checkpointing_kwargs={"use_reentrant": False}, bf16=args.bf16, save_strategy="no",
             report_to=[], logging_steps=10**6, dataloader_num_workers=0, seed=0, use_cpu=args.device == "cpu",
             remove_unused_columns=False, disable_tqdm=True, lr_scheduler_type="constant", weight_decay=0.0)
         Trainer(model=model.module, args=hf_args, train_dataset=examples, data_collator=collate,
                 callbacks=[Marks()]).train()
-    base.gradient_checkpointing_disable()  # the arms after this one train as before: no checkpointing,
-    base.set_attn_implementation(attention)  # the packed attention,
-    vars(model.module).pop("forward", None)  # and no autocast wrapper accelerate left on the instance
+    if not native:
+        base.gradient_checkpointing_disable()  # the arms after this one train as before: no checkpointing,
+        base.set_attn_implementation(attention)  # the packed attention,
+        vars(model.module).pop("forward", None)  # and no autocast wrapper accelerate left on the instance
     (t0, a0, n0), (t1, a1, n1) = marks[WARM - 1], marks[-1]
     memory = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else float("nan")
     return {"audio_s_per_s": (a1 - a0) / (t1 - t0), "tokens_per_s": (n1 - n0) / (t1 - t0), "pad": float("nan"),

@@ -1,5 +1,6 @@
 """bench/packing.py (what bench/gpu_suite.sh runs at Orpheus-3B width on a card) runs on CPU at a tiny width: its
-packed and padded arms train the same batches to the same losses over optimizer steps, and it ends on its ratio."""
+packed and padded arms train the same batches to the same losses over optimizer steps, and it ends on its ratio;
+the Unsloth arm says why it is skipped without CUDA, and the suite's summary reads both tables."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow]
 
 
-def test_the_packing_bench_runs_and_its_packed_arm_trains_as_the_padded_one() -> None:
+def test_the_packing_bench_runs_and_its_packed_arm_trains_as_the_padded_one(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, "bench/packing.py", "--only", "orpheus", "--width", "32", "--layers", "1", "--heads", "2",
          "--kv-heads", "1", "--intermediate", "64", "--budget", "1500", "--steps", "5", "--rows", "80", "--lora",
@@ -31,3 +32,12 @@ def test_the_packing_bench_runs_and_its_packed_arm_trains_as_the_padded_one() ->
     assert re.fullmatch(r"ratio \d+\.\d+", lines[-1]), lines[-1]
     gpu = subprocess.run(["bash", "-n", "bench/gpu_suite.sh"], cwd=ROOT, capture_output=True, text=True)
     assert gpu.returncode == 0, gpu.stderr
+    (tmp_path / "orpheus3b_pack.log").write_text(res.stdout)  # the suite's summary reads the tables' rows
+    unsloth = subprocess.run([sys.executable, "bench/unsloth_arm.py"], cwd=ROOT, capture_output=True, text=True)
+    assert unsloth.returncode == 2 and "needs CUDA and `pip install unsloth`" in unsloth.stdout  # skipped here
+    (tmp_path / "unsloth.log").write_text(unsloth.stdout + "unsloth               12.0     2000.0   nan%      nan\n")
+    ratios = subprocess.run([sys.executable, "bench/suite_ratios.py", str(tmp_path)], cwd=ROOT, capture_output=True,
+                            text=True).stdout
+    packed = float(re.search(r"^packed\s+\S+\s+\S+\s+(\S+)", res.stdout, re.M).group(1))
+    assert f"voxrelay packed / Unsloth tokens/s: {packed / 2000:.3f} (goal >= 1.0)" in ratios, ratios
+    assert re.search(r"voxrelay packed / HF Trainer tokens/s: \d+\.\d{3} \(goal >= 1.5\)", ratios), ratios
