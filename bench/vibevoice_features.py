@@ -3,7 +3,9 @@ encoders' outputs cached per clip in memory at train time) or as precomputed σ-
 features (the alternative), side by side:
 
 - disk and RAM per hour of audio: PCM measured (the Parquet shards of a generated dialogue corpus, zstd), the
-  latents computed (64 + 128 values per latent, 7.5 latents per second, float16);
+  latents as ``codec.type: vibevoice_latents`` stores them (float32 Parquet, measured per value on the tiny
+  model's latents of the same clips, x 64 + 128 values per latent at 1.5B, 7.5 latents per second);
+- the encoders' seconds per hour of audio at 1.5B sizes on this CPU (what a ``prepare`` of latents costs here);
 - encoder compute per second of audio at VibeVoice-1.5B's real sizes (FLOPs counted on the meta device) against
   the LM's training step over the same audio;
 - the training step of a tiny model with its frozen encoders run on the audio at every step
@@ -22,6 +24,7 @@ on CUDA when it ran, else the tiny one).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -39,8 +42,9 @@ HOUR = 3600.0
 LATENT_VALUES = 64 + 128  # acoustic mean + semantic features per latent
 
 
-def shard_bytes_per_hour(minutes: float, workdir: Path) -> tuple[float, float, float]:
-    """(Parquet bytes per hour, int16 bytes in RAM per hour, prepare seconds per hour) of PCM at 24 kHz."""
+def shard_bytes_per_hour(minutes: float, workdir: Path, latent_codec=None) -> tuple[float, float, float, float]:
+    """(Parquet bytes per hour, int16 bytes in RAM per hour, prepare seconds per hour) of PCM at 24 kHz, and the
+    Parquet bytes per hour per stored value of ``latent_codec``'s float32 latents of the same clips (0 without)."""
     from voxrelay.codecs.pcm import PcmCodec
     from voxrelay.data import shards as sh
     from voxrelay.data.audio import load_audio, resample
@@ -49,17 +53,41 @@ def shard_bytes_per_hour(minutes: float, workdir: Path) -> tuple[float, float, f
 
     folder = generate_demo_corpus(workdir / "corpus", minutes=minutes, voices=["en-us", "en-gb+f3"], seed=0,
                                   layout="dialogues")
-    codec, rows, started = PcmCodec(24000), [], time.perf_counter()
+    codec, rows, wavs, started = PcmCodec(24000), [], [], time.perf_counter()
     for utt in read_folder(folder):
         wav, rate = load_audio(utt.audio_path)
         wav = resample(wav, rate, 24000)
+        wavs.append(wav)
         rows.append(sh.EncodedUtterance(utt.id, utt.text, utt.speaker, None, len(wav) / 24000,
                                         codec.encode(wav).astype(np.int16)))
     data = sh.encode_table(rows)
     seconds = time.perf_counter() - started
     hours = sum(r.duration for r in rows) / HOUR
     ram = sum(r.codes.nbytes for r in sh.decode_table(data, 1))
-    return len(data) / hours, ram / hours, seconds / hours
+    per_value = 0.0
+    if latent_codec is not None:
+        stored = [dataclasses.replace(r, codes=sh.stored_array(latent_codec.encode(w), latent_codec))
+                  for r, w in zip(rows, wavs, strict=True)]
+        per_value = len(sh.encode_table(stored)) / hours / latent_codec.num_codebooks
+    return len(data) / hours, ram / hours, seconds / hours, per_value
+
+
+def encode_seconds_per_hour(seconds: float = 10.0) -> dict[str, float]:
+    """Seconds the frozen encoders at VibeVoice-1.5B's sizes (random init) take per hour of audio on this CPU
+    (fp32, every thread torch uses): what ``prepare`` with ``codec.type: vibevoice_latents`` pays without a GPU."""
+    from transformers import AutoModel, VibeVoiceConfig
+
+    config = VibeVoiceConfig()
+    audio = 0.05 * torch.randn(1, 1, int(24000 * seconds), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for name, part in (("acoustic", AutoModel.from_config(config.audio_config).encoder),
+                       ("semantic", AutoModel.from_config(config.semantic_model_config))):
+        with torch.no_grad():
+            part.eval()(audio[..., :24000])  # warm-up
+            started = time.perf_counter()
+            part(audio)
+        out[name] = (time.perf_counter() - started) / seconds * HOUR
+    return out
 
 
 def encoder_flops_per_second() -> dict[str, float]:
@@ -216,20 +244,28 @@ def main() -> None:
 
 
 def cpu_rows(args) -> tuple[float, float]:
+    from voxrelay.models.vibevoice.latent_codec import VibeVoiceLatentCodec
+
     with tempfile.TemporaryDirectory() as tmp:
-        disk, ram, prep = shard_bytes_per_hour(args.minutes, Path(tmp))
-        latents = LATENT_VALUES * 7.5 * 2 * HOUR
-        print(f"disk per hour: pcm {disk / 1e6:.1f} MB (Parquet, zstd) | latents {latents / 1e6:.1f} MB (float16)")
+        tiny = save_tiny_vibevoice(Path(tmp) / "tiny")
+        disk, ram, prep, per_value = shard_bytes_per_hour(args.minutes, Path(tmp), VibeVoiceLatentCodec.load(str(tiny)))
+        latents = LATENT_VALUES * 7.5 * 4 * HOUR
+        print(f"disk per hour: pcm {disk / 1e6:.1f} MB (Parquet, zstd) | latents {per_value * LATENT_VALUES / 1e6:.1f} "
+              f"MB (codec.type=vibevoice_latents: Parquet of float32, measured per value on the tiny model's, x "
+              f"{LATENT_VALUES} values)")
         print(f"RAM per hour per rank: pcm {ram / 1e6:.1f} MB | latents {latents / 1e6:.1f} MB")
+        encode = encode_seconds_per_hour()
+        total = encode["acoustic"] + encode["semantic"]
         print(f"prepare per hour of audio on this CPU: pcm {prep:.0f} s (decode, resample, 16-bit); latents add the "
-              "encoders' forward (below) once")
+              f"encoders at 1.5B sizes: acoustic {encode['acoustic']:.0f} s + semantic {encode['semantic']:.0f} s = "
+              f"{total:.0f} s (fp32, {torch.get_num_threads()} threads)")
         flops = encoder_flops_per_second()
         print(f"VibeVoice-1.5B GFLOP per second of audio: acoustic encoder {flops['acoustic']:.1f}, semantic encoder "
               f"{flops['semantic']:.1f} (target clips only) | LM step {flops['lm_full']:.1f} full, "
               f"{flops['lm_lora']:.1f} LoRA")
         share = (flops["acoustic"] + flops["semantic"]) / flops["lm_lora"]
         print(f"encoding from audio at every step adds {100 * share:.0f}% to a LoRA step's FLOPs over the same audio")
-        audio_s, cached_s = step_times(save_tiny_vibevoice(Path(tmp) / "tiny"), args.steps, args.repeats)
+        audio_s, cached_s = step_times(tiny, args.steps, args.repeats)
     a, c = statistics.median(audio_s), statistics.median(cached_s)
     print(f"tiny model step: from audio {a * 1000:.0f} ms, precomputed {c * 1000:.0f} ms (median of {args.repeats})")
     return a, c

@@ -191,3 +191,41 @@ def test_vibevoice_stops_early_on_its_eval_loss(setup):
            "train.clip_norm=null", "train.eval_synth=0", "train.early_stopping_patience=1", "train.lora=null")
     status = voxrelay("status", str(base / "root/runs/early"), env=env).stdout
     assert "finished     yes (early stopping)" in status and "of 30" in status, status
+
+
+def test_precomputed_latents_train_as_the_audio_and_are_refused_for_other_encoders(setup, tmp_path: Path):
+    """codec.type=vibevoice_latents: prepare stores the encoders' outputs of model.init_from (a fraction of the
+    audio's bytes); a run on them ends with the weights of the same run on the audio, bit for bit; eval takes voice
+    prompts of the corpus' voices from them; a model with other encoders is refused (exit 2, naming the fix)."""
+    base, tiny, env, ckpt = setup
+    latents = ("data.name=tiny-latents", "codec.type=vibevoice_latents", f"codec.path={ckpt}")
+    res = voxrelay("prepare", EXAMPLE, *tiny(str(base / "root"), *latents), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    index = json.loads((base / "root/prepared/tiny-latents/index.json").read_text())
+    audio_index = json.loads((base / "root/prepared/tiny-dialogues/index.json").read_text())
+    assert index["codec"]["type"] == "vibevoice_latents" and index["counts"] == audio_index["counts"]
+    size = {name: sum(p.stat().st_size for p in (base / f"root/prepared/{name}/shards").glob("train-*.parquet"))
+            for name in ("tiny-latents", "tiny-dialogues")}
+    assert size["tiny-latents"] * 4 < size["tiny-dialogues"], size
+
+    short = ("train.max_steps=3", "train.eval_every=100", "train.eval_synth=0")
+    _train(base, tiny, env, "on-audio", *short)
+    _train(base, tiny, env, "on-latents", *short, *latents)
+    step_a, a, ema_a = final_checkpoint(str(base / "root/runs/on-audio"), base / "cache/fetch")
+    step_b, b, ema_b = final_checkpoint(str(base / "root/runs/on-latents"), base / "cache/fetch")
+    assert step_a == step_b == 3
+    assert_same_weights(a, b)
+    assert all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)
+
+    texts = tmp_path / "dialogues.jsonl"  # the corpus' voices: prompts decoded from their stored latents
+    texts.write_text(json.dumps({"text": "[SPEAKER_A] Hello there.\n[SPEAKER_B] Fine, thanks.",
+                                 "speaker": "en-us,en-gb+f3"}) + "\n")
+    res = voxrelay("eval", str(base / "root/runs/on-latents"), "--texts", str(texts), "--json", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert {"eval/speaker_sim/0", "eval/speaker_sim/1"} <= set(json.loads(res.stdout.strip().splitlines()[-1]))
+
+    other = save_tiny_vibevoice(tmp_path / "other-vibevoice", seed=1)
+    res = voxrelay("train", EXAMPLE, *tiny(str(base / "root"), "name=other-encoders", *latents, *short),
+                   f"model.init_from={other}", env=env)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "other encoders" in res.stderr and f"codec.path={other}" in res.stderr

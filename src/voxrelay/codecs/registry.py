@@ -62,6 +62,18 @@ def _dac(path: str) -> AudioCodec:
     return DacCodec.from_pretrained(path)
 
 
+def family_codecs() -> dict[str, str]:
+    """codec.type -> "module:Class" of the codecs model families bring (``FamilySpec.codecs``)."""
+    from voxrelay.models.registry import FAMILIES
+
+    return {kind: ref for spec in FAMILIES.values() for kind, ref in spec.codecs.items()}
+
+
+def _family_codec(kind: str) -> Any:
+    module, attr = family_codecs()[kind].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def _pcm(sample_rate: int) -> AudioCodec:
     from voxrelay.codecs.pcm import PcmCodec
 
@@ -78,7 +90,12 @@ FITTABLE_CODECS: dict[str, Callable[[dict[str, Any]], AudioCodec]] = {"mel_kmean
 
 def codec_types() -> list[str]:
     """Every known ``codec.type``."""
-    return sorted([*FITTABLE_CODECS, *PRETRAINED_CODECS, *PLAIN_CODECS])
+    return sorted([*FITTABLE_CODECS, *PRETRAINED_CODECS, *PLAIN_CODECS, *family_codecs()])
+
+
+def from_path(kind: str) -> bool:
+    """Whether a codec of ``kind`` is loaded from ``codec.path`` (pretrained, or a family's own)."""
+    return kind in PRETRAINED_CODECS or kind in family_codecs()
 
 
 def _unknown(kind: Any) -> CodecError:
@@ -91,13 +108,17 @@ def build_codec(cfg: CodecConfig) -> AudioCodec:
         return PLAIN_CODECS[cfg.type](cfg.sample_rate)
     if cfg.type in FITTABLE_CODECS:
         return FITTABLE_CODECS[cfg.type]({k: getattr(cfg, k) for k in _MEL_KMEANS_PARAMS})
-    if cfg.type in PRETRAINED_CODECS:
+    if from_path(cfg.type):
         if not cfg.path:
             raise CodecError(
                 f"codec.type '{cfg.type}' needs codec.path: a local folder or hub id of the pretrained "
-                "codec (e.g. codec.path=hubertsiuzdak/snac_24khz or codec.path=descript/dac_16khz)"
+                "codec (e.g. codec.path=hubertsiuzdak/snac_24khz or codec.path=descript/dac_16khz; a family's own "
+                "codec: the model whose parts make it, as its README section says)"
             )
-        return PRETRAINED_CODECS[cfg.type](cfg.path)
+        if cfg.type in PRETRAINED_CODECS:
+            return PRETRAINED_CODECS[cfg.type](cfg.path)
+        _import_sdk("transformers", "transformers", cfg.type)
+        return _family_codec(cfg.type).load(cfg.path)
     raise _unknown(cfg.type)
 
 
@@ -109,6 +130,8 @@ def codec_from_description(desc: dict[str, Any], state: bytes | None = None) -> 
     checked against the description.
     """
     kind = desc.get("type")
+    if kind in family_codecs():  # loads what it needs only when it encodes or decodes
+        return _family_codec(kind).from_description(desc)
     if kind in PLAIN_CODECS:
         return PLAIN_CODECS[kind](int(desc["sample_rate"]))
     if kind in FITTABLE_CODECS:

@@ -70,7 +70,7 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
                 continue
             good.append(sh.EncodedUtterance(
                 id=utt.id, text=utt.text, speaker=utt.speaker, description=utt.description,
-                duration=len(wav) / codec.sample_rate, codes=codes.astype(np.int16),
+                duration=len(wav) / codec.sample_rate, codes=sh.stored_array(codes, codec),
                 ref_audio=wav if keep_audio and not getattr(codec, "continuous", False) else None,
                 voice_prompts=prompts.get(id(utt), ())))
     return good, rejects

@@ -56,13 +56,13 @@ def config_changes(cfg: RunConfig, committed: dict[str, Any]) -> list[str]:
     told from the config alone, without the sources or a pretrained codec's weights: the duration bounds, the
     family's needs, and the codec (every setting of one built from the config, the type and path of a
     pretrained one). ``codec.batch_size`` is not compared."""
-    from voxrelay.codecs.registry import PRETRAINED_CODECS, build_codec
+    from voxrelay.codecs.registry import build_codec, from_path
 
     needs = cfg.model.data_needs()
     new = _data_params(cfg, needs.fields)
     if needs.max_seconds is not None:
         new["data.max_seconds"] = needs.max_seconds
-    if cfg.codec.type in PRETRAINED_CODECS:
+    if from_path(cfg.codec.type):
         new |= {"codec.type": cfg.codec.type, "codec.path": cfg.codec.path}
     else:
         new |= codec_params(cfg, build_codec(cfg.codec))

@@ -310,6 +310,9 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     for name in plan:
         _wait_for(sh.marker_uri(prepared, name), f"shard {name} from another process")
     index, rejects = _write_index(cfg, codec, plan, params)
+    advice = needs.advice(index) if needs.advice is not None else None
+    if advice:
+        log.warning("%s", advice)
     return PrepareReport(prepared, index["counts"], index["hours"], rejects, skipped, written)
 
 

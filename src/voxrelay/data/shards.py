@@ -14,6 +14,9 @@ codes (binary: int16 [K, T] row-major, K = index["num_codebooks"]), ref_audio (b
 at the codec's sample rate; eval split only, empty for train: the reference MCD-DTW scores against),
 voice_prompts (list of binary: each clip's codes, int16 [K, T] row-major, one per speaker of the transcript, for a
 family that clones voices from prompts; empty otherwise and absent in shards of older versions).
+A codec whose arrays are features, not codes (``stored_dtype``, e.g. a family's precomputed latents), stores codes
+and voice prompts as float32 instead; the Parquet schema's metadata names the dtype (``voxrelay.codes_dtype``,
+absent: int16).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ CODEC_STATE_FILE = "codec.safetensors"
 REJECTS_FILE = "rejects.jsonl"
 SHARD_DIR = "shards"
 FORMAT_VERSION = 1
+DTYPE_KEY = b"voxrelay.codes_dtype"
+STORED_DTYPES = ("int16", "float32")
 
 SCHEMA = pa.schema(
     [
@@ -71,7 +76,7 @@ class EncodedUtterance:
     speaker: str | None
     description: str | None
     duration: float
-    codes: np.ndarray  # int16 [K, T]
+    codes: np.ndarray  # int16 [K, T] (float32 for a codec of features, see stored_array)
     ref_audio: np.ndarray | None = None  # float32 [N] at the codec rate (eval split only)
     voice_prompts: tuple[np.ndarray, ...] = ()  # int16 [K, T] per speaker, in the order of its labels
 
@@ -90,8 +95,23 @@ def marker_uri(prepared: str, name: str) -> str:
     return storage.join(prepared, SHARD_DIR, f"{name}.done")
 
 
+def stored_array(codes: np.ndarray, codec: object) -> np.ndarray:
+    """A codec's output as the shards keep it: int16 codes, or float32 features (``codec.stored_dtype``)."""
+    return np.asarray(codes).astype(getattr(codec, "stored_dtype", "int16"))
+
+
+def _dtype_of(rows: list[EncodedUtterance]) -> str:
+    kinds = {str(a.dtype) for r in rows for a in (r.codes, *r.voice_prompts)}
+    if "float32" not in kinds:
+        return "int16"
+    if kinds != {"float32"}:
+        raise ValueError(f"a shard's rows mix feature and code arrays ({sorted(kinds)})")
+    return "float32"
+
+
 def encode_table(rows: list[EncodedUtterance]) -> bytes:
     """Rows -> Parquet file bytes."""
+    dtype = _dtype_of(rows)
     cols = {
         "id": [r.id for r in rows],
         "text": [r.text for r in rows],
@@ -99,12 +119,13 @@ def encode_table(rows: list[EncodedUtterance]) -> bytes:
         "description": [r.description for r in rows],
         "duration": [r.duration for r in rows],
         "num_frames": [int(r.codes.shape[1]) for r in rows],
-        "codes": [np.ascontiguousarray(r.codes, dtype=np.int16).tobytes() for r in rows],
+        "codes": [np.ascontiguousarray(r.codes, dtype=dtype).tobytes() for r in rows],
         "ref_audio": [b"" if r.ref_audio is None else _pcm16(r.ref_audio) for r in rows],
-        "voice_prompts": [[np.ascontiguousarray(p, dtype=np.int16).tobytes() for p in r.voice_prompts] for r in rows],
+        "voice_prompts": [[np.ascontiguousarray(p, dtype=dtype).tobytes() for p in r.voice_prompts] for r in rows],
     }
+    schema = SCHEMA if dtype == "int16" else SCHEMA.with_metadata({DTYPE_KEY: dtype.encode()})
     buf = io.BytesIO()
-    pq.write_table(pa.table(cols, schema=SCHEMA), buf, compression="zstd")
+    pq.write_table(pa.table(cols, schema=schema), buf, compression="zstd")
     return buf.getvalue()
 
 
@@ -113,11 +134,15 @@ def _pcm16(wav: np.ndarray) -> bytes:
 
 
 def decode_table(data: bytes, num_codebooks: int) -> list[EncodedUtterance]:
-    """Parquet file bytes -> rows (codes as int16 [K, T])."""
-    table = pq.read_table(io.BytesIO(data)).to_pydict()
+    """Parquet file bytes -> rows (codes as int16 [K, T], or float32 where the schema says so)."""
+    read = pq.read_table(io.BytesIO(data))
+    dtype = (read.schema.metadata or {}).get(DTYPE_KEY, b"int16").decode()
+    if dtype not in STORED_DTYPES:
+        raise PrepareError(f"a shard stores arrays of {dtype!r}, which this voxrelay cannot read; update voxrelay")
+    table = read.to_pydict()
     out = []
     for i in range(len(table["id"])):
-        codes = np.frombuffer(table["codes"][i], dtype=np.int16).reshape(num_codebooks, -1)
+        codes = np.frombuffer(table["codes"][i], dtype=dtype).reshape(num_codebooks, -1)
         out.append(
             EncodedUtterance(
                 id=table["id"][i],
@@ -127,7 +152,7 @@ def decode_table(data: bytes, num_codebooks: int) -> list[EncodedUtterance]:
                 duration=float(table["duration"][i]),
                 codes=codes,
                 ref_audio=_from_pcm16(table["ref_audio"][i]) if table.get("ref_audio") else None,
-                voice_prompts=tuple(np.frombuffer(p, dtype=np.int16).reshape(num_codebooks, -1)
+                voice_prompts=tuple(np.frombuffer(p, dtype=dtype).reshape(num_codebooks, -1)
                                     for p in (table["voice_prompts"][i] or [])) if "voice_prompts" in table else (),
             )
         )

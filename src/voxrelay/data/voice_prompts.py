@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from voxrelay.data.audio import AUDIO_BYTES_KEY, load_utterance_audio
+from voxrelay.data.shards import stored_array
 from voxrelay.data.types import RowError, Utterance
 
 CSV_SEPARATOR = ";"
@@ -53,8 +54,9 @@ def prompt_refs(value: object, resolve: Resolve, row: Utterance, column: str) ->
 
 
 def encode_prompts(utt: Utterance, codec, max_duration: float, cache: dict) -> tuple[np.ndarray, ...]:
-    """The codes of each of ``utt``'s voice prompts (int16 [K, T]); ``cache``: path -> codes, shared by the rows
-    of a shard (many rows name the same few clips). Raises :class:`RowError` naming the prompt."""
+    """The codes of each of ``utt``'s voice prompts (int16 [K, T], or a codec's float32 features); ``cache``: path
+    -> codes, shared by the rows of a shard (many rows name the same few clips). Raises :class:`RowError` naming
+    the prompt."""
     out = []
     for i, ref in enumerate(utt.voice_prompts):
         if ref.audio_path is not None and ref.audio_path in cache:
@@ -64,7 +66,7 @@ def encode_prompts(utt: Utterance, codec, max_duration: float, cache: dict) -> t
             wav = load_utterance_audio(ref, codec.sample_rate, 0.0, max_duration)
         except RowError as err:
             raise RowError(f"voice prompt {i}{f' {ref.audio_path}' if ref.audio_path else ''}: {err}") from None
-        codes = np.asarray(codec.encode(wav)).astype(np.int16)
+        codes = stored_array(codec.encode(wav), codec)
         if ref.audio_path is not None:
             cache[ref.audio_path] = codes
         out.append(codes)

@@ -41,8 +41,9 @@ class DataSpec:
     """What a family learns from the prepared data before it can build a model.
 
     ``num_codebooks`` K and ``codebook_size`` of the codec, the speakers of the data (sorted names,
-    may be empty), the codec's ``frame_rate`` (frames per second) and ``sample_rate`` (Hz), and its
-    vector of each code (float [K, C, D], for codecs that have them, such as mel_kmeans' centroids).
+    may be empty), the codec's ``frame_rate`` (frames per second) and ``sample_rate`` (Hz), its
+    vector of each code (float [K, C, D], for codecs that have them, such as mel_kmeans' centroids), and the
+    data's codec description (``index.json``'s ``codec``: e.g. whose encoders made stored features).
     """
 
     num_codebooks: int
@@ -51,17 +52,18 @@ class DataSpec:
     frame_rate: float | None = None
     sample_rate: int | None = None
     code_vectors: Any = field(default=None, repr=False, compare=False)
+    codec: dict[str, Any] | None = field(default=None, repr=False, compare=False)  # index.json's, for a family's checks
 
     @classmethod
     def from_prepared(cls, index: dict, codec: Any) -> DataSpec:
         """From a prepared ``index.json`` and its codec (an :class:`~voxrelay.codecs.base.AudioCodec`)."""
         vectors = codec.code_vectors() if hasattr(codec, "code_vectors") else None
         return cls(int(index["num_codebooks"]), int(codec.codebook_size), list(index.get("speakers") or []),
-                   float(codec.frame_rate), int(codec.sample_rate), vectors)
+                   float(codec.frame_rate), int(codec.sample_rate), vectors, dict(index.get("codec") or {}))
 
     def to_note(self) -> dict[str, Any]:
-        """The JSON-able fields (all but ``code_vectors``), as an adapter-only export records them."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "code_vectors"}
+        """The JSON-able fields (all but ``code_vectors`` and ``codec``), as an adapter-only export records them."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("code_vectors", "codec")}
 
 
 @runtime_checkable
@@ -312,27 +314,33 @@ class DataNeeds:
     codec: str | None = None
     fields: tuple[str, ...] = ()
     audio_rate: int | None = None  # the family learns from the audio itself, stored at this rate (codec.type=pcm)
+    features: str | None = None  # ... or from its frozen encoders' outputs, precomputed by this codec.type
     # why a row (text, num_speakers, speaker; + its number of voice prompts when ``voice_prompts``) cannot be
     # used, or None: prepare rejects it with that reason
     row_check: Callable[..., str | None] | None = None
     voice_prompts: bool = False  # the family clones voices from prompts: prepare keeps a row's voice_prompts
     max_seconds: float | None = None  # longest audio a row may have (prepare rejects longer ones with max_seconds_why)
     max_seconds_why: str = ""  # the limit's reason and fix, e.g. "model.max_length=4096 allows at most 540 s"
+    # what the family advises about the prepared data (its index.json), e.g. another way to store it at this size
+    advice: Callable[[dict[str, Any]], str | None] | None = None
 
     def refusal(self, family: str, codec: dict[str, Any], where: str = "codec") -> str | None:
         """Why data whose codec is described by ``codec`` (``describe()``, as in index.json) cannot feed this
         family, with the fix; None when it can. ``where``: how to name the codec settings in the message."""
-        continuous = codec.get("type") == "pcm"
+        kind = codec.get("type")
+        if self.features is not None and kind == self.features:
+            return None
         if self.audio_rate is not None:
-            if continuous and int(codec.get("sample_rate", 0)) == self.audio_rate:
+            if kind == "pcm" and int(codec.get("sample_rate", 0)) == self.audio_rate:
                 return None
+            also = f", or codec.type={self.features} (its encoders' outputs, computed once)" if self.features else ""
             return (f"model.family={family} learns from the audio itself at {self.audio_rate} Hz, but the {where} is "
-                    f"{codec.get('type')} at {codec.get('sample_rate')} Hz; set codec.type=pcm and codec.sample_rate="
-                    f"{self.audio_rate} (under another data.name)")
-        if continuous:
-            return (f"model.family={family} learns discrete codes, but the {where} stores plain audio "
-                    "(codec.type=pcm); set codec.type to a codec with codes (mel_kmeans, snac, dac), "
-                    "under another data.name")
+                    f"{kind} at {codec.get('sample_rate')} Hz; set codec.type=pcm and codec.sample_rate="
+                    f"{self.audio_rate}{also} (under another data.name)")
+        if kind == "pcm" or int(codec.get("codebook_size", 1)) == 0:  # audio, or a model's features: no codes
+            what = "plain audio (codec.type=pcm)" if kind == "pcm" else f"features, not codes (codec.type={kind})"
+            return (f"model.family={family} learns discrete codes, but the {where} stores {what}; set codec.type to "
+                    "a codec with codes (mel_kmeans, snac, dac), under another data.name")
         return None
 
 

@@ -82,6 +82,9 @@ class FamilySpec:
     fsdp_forward_methods: tuple[str, ...] = ()
     # `voxrelay import KIND FILE`: KIND -> "module:function" turning an upstream file into (YAML text, notes)
     importers: Mapping[str, str] = field(default_factory=dict)
+    # the family's own codec.type values -> "module:Class": an AudioCodec built by Class.load(codec.path) for
+    # prepare and by Class.from_description(index.json's codec) for a prepared dataset (e.g. a model's encoders)
+    codecs: Mapping[str, str] = field(default_factory=dict)
 
     def builder(self) -> Callable[..., Any]:
         return _resolve(self.build)

@@ -10,4 +10,5 @@ SPEC = FamilySpec(
     load="voxrelay.models.vibevoice.loading:load_folder",
     summary="VibeVoice: a Qwen2 LM over dialogue scripts and voice prompts, latents by diffusion",
     fsdp_forward_methods=("generate_speech",),  # synthesis runs transformers' generate through the root
+    codecs={"vibevoice_latents": "voxrelay.models.vibevoice.latent_codec:VibeVoiceLatentCodec"},  # its encoders'
 )

@@ -18,6 +18,14 @@ from voxrelay.models.vibevoice.script import check_transcript
 
 SAMPLE_RATE = 24000  # every released VibeVoice: 24 kHz audio, one latent per 3200 samples (7.5 per second)
 HOP = 3200
+# Seconds the two frozen encoders take per hour of audio (bench/vibevoice_features.py): H200 bf16 measured 2026-11-26
+# (3.11 s of a step for 1,140 s of audio), 2 CPU cores fp32 measured 2026-11-29 (VibeVoice-1.5B sizes), L4 estimated
+# from the H200's by their dense bf16 peaks (989 / 121 TFLOP/s)
+ENCODE_S_PER_HOUR = {"an H200": 9.8, "an L4 (est.)": 80.0, "2 CPU cores": 2741.0}
+# From here, stored audio costs each training session over 10 minutes of encoding on an L4: store the latents
+LATENTS_ADVISED_HOURS = 8.0
+LATENT_BYTES_PER_HOUR = (64 + 128) * 4 * 7.5 * 3600  # float32 means + semantic features: 20.7 MB
+AUDIO_BYTES_PER_HOUR = 138e6  # 24 kHz 16-bit in zstd Parquet (bench/vibevoice_features.py)
 # tokens of an example besides its latents: the system line, "Voice input:", "Text input:", "Speech output:",
 # the audio start/end tokens, end of text (what prepare allows for when it rejects audio too long for max_length)
 FIXED_TOKENS = 64
@@ -98,9 +106,28 @@ class VibeVoiceFamilyConfig(FamilyConfig):
         return int(self.feature_cache_gb * 2**30)
 
     def data_needs(self) -> DataNeeds:
-        """The audio itself at 24 kHz (the family encodes it with its own frozen tokenizers), transcripts whose
-        speakers match ``num_speakers`` (and the row's voice prompts, kept with it), audio that fits ``max_length``."""
+        """The audio itself at 24 kHz (the family encodes it with its own frozen tokenizers), or those tokenizers'
+        outputs computed once by prepare (``codec.type: vibevoice_latents``); transcripts whose speakers match
+        ``num_speakers`` (and the row's voice prompts, kept with it), audio that fits ``max_length``."""
         limit = self.max_seconds()
-        return DataNeeds(audio_rate=SAMPLE_RATE, row_check=check_transcript, voice_prompts=True, max_seconds=limit,
+        return DataNeeds(audio_rate=SAMPLE_RATE, features="vibevoice_latents", row_check=check_transcript,
+                         voice_prompts=True, max_seconds=limit, advice=self.storage_advice,
                          max_seconds_why=f"model.max_length={self.max_length} allows at most {limit:g} s of audio "
                          "(7.5 latents per second); raise model.max_length or cut the clip")
+
+    def storage_advice(self, index: dict) -> str | None:
+        """Past :data:`LATENTS_ADVISED_HOURS` of stored audio: what each session pays to encode it again, and how to
+        store the encoders' outputs once instead."""
+        hours = float(index.get("hours") or 0.0)
+        if (index.get("codec") or {}).get("type") != "pcm" or hours < LATENTS_ADVISED_HOURS:
+            return None
+        costs = ", ".join(f"{hours * s / 60:.0f} min on {where}" for where, s in ENCODE_S_PER_HOUR.items())
+        held = self.feature_cache_gb * 2**30 / LATENT_BYTES_PER_HOUR
+        cache = (f"; model.feature_cache_gb={self.feature_cache_gb:g} holds {held:.0f} h of them, so the rest is "
+                 "encoded again at every epoch") if held < hours else ""
+        return (f"{hours:.1f} h of audio are stored as audio (codec.type=pcm): every training session (every resume "
+                f"too) encodes each clip again with the frozen encoders ({costs}){cache}. Past "
+                f"{LATENTS_ADVISED_HOURS:g} h, store their outputs once: prepare with codec.type=vibevoice_latents "
+                f"codec.path={self.init_from} under another data.name ({LATENT_BYTES_PER_HOUR * hours / 1e9:.1f} GB "
+                f"instead of about {AUDIO_BYTES_PER_HOUR * hours / 1e9:.1f} GB; prepare on a GPU); README: VibeVoice, "
+                "feature storage")

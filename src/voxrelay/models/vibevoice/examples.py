@@ -30,9 +30,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from voxrelay.codecs.pcm import PCM_SCALE
 from voxrelay.models.base import num_frames, with_counts
 from voxrelay.models.hf import ModelLoadError
+from voxrelay.models.vibevoice.latent_codec import normalize, pcm16_normalized  # noqa: F401 - normalize: re-exported
 from voxrelay.models.vibevoice.script import Turn, parse_script, voices_of
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def _unit(*parts: object) -> float:
 
 
 class Prompt(NamedTuple):
-    """The voice prompt of a speaker: the audio of ``row`` (another clip of the voice), or, with ``index``, the
+    """The voice prompt of a speaker: the clip of ``row`` (another clip of the voice), or, with ``index``, the
     row's own ``voice_prompts[index]``."""
 
     row: object
@@ -69,22 +69,23 @@ class Prompt(NamedTuple):
         return clip_key(self.row.id if self.index is None else f"{self.row.id}\x1fvoice prompt {self.index}")
 
     def size(self) -> int:
-        """Samples of the clip (read from the row's metadata when it is the row's audio)."""
+        """Frames of the stored clip (samples, or latents of stored features), from the row's metadata when it is
+        the row's own clip."""
         if self.index is None:
-            return _samples_in(self.row)
+            return num_frames(self.row)
         return int(np.asarray(self.row.voice_prompts[self.index]).shape[-1])
 
-    def samples(self) -> np.ndarray:
-        if self.index is None:
-            return samples(self.row)
-        return _normalized(self.row.voice_prompts[self.index])
+    def stored(self) -> np.ndarray:
+        """The clip as prepared data stores it (int16 [1, N] audio, or float32 [D, T] features)."""
+        return self.row.codes if self.index is None else self.row.voice_prompts[self.index]
 
 
 @dataclass
 class ExampleMaker:
     """Turns rows into token ids and clips. ``tokenizer``: the Qwen2 tokenizer; ``ids``: the special token ids
     (keys ``pad``, ``bos``, ``eos``, ``end``: ``<|vision_pad|>``, ``<|vision_start|>``, ``<|vision_end|>``,
-    ``<|endoftext|>``); ``hop``: samples per latent."""
+    ``<|endoftext|>``); ``hop``: samples per latent; ``features``: the data stores the encoders' outputs
+    (``codec.type: vibevoice_latents``, float32 [D, T] per clip) instead of the audio."""
 
     tokenizer: object
     ids: dict[str, int]
@@ -92,6 +93,7 @@ class ExampleMaker:
     seed: int
     drop_rate: float
     corpus: dict[str, list] | None = None  # voice -> rows with that voice alone (see use_corpus)
+    features: bool = False
 
     def use_corpus(self, rows: Sequence) -> None:
         """The rows voice prompts are taken from: those whose speaker column names a single voice. Says (a
@@ -118,8 +120,17 @@ class ExampleMaker:
                         "prompt (a prompt is another clip of the same voice, never the row itself): %s",
                         len(lonely), ", ".join(lonely[:8]))
 
-    def latents(self, samples: int) -> int:
-        return math.ceil(samples / self.hop)
+    def latents(self, frames: int) -> int:
+        """Latents of a stored clip of ``frames`` frames (samples of audio, or latents of features)."""
+        return frames if self.features else math.ceil(frames / self.hop)
+
+    def clip(self, stored: np.ndarray) -> np.ndarray:
+        """A stored clip as training takes it: normalised samples [N], or features [T, D]."""
+        return np.asarray(stored, dtype=np.float32).T if self.features else _normalized(stored)
+
+    def count(self, clip: np.ndarray) -> int:
+        """Latents of a clip as :meth:`clip` gives it."""
+        return int(clip.shape[0]) if clip.ndim == 2 else math.ceil(len(clip) / self.hop)
 
     def prompts(self, row, count: int) -> dict[int, Prompt]:
         """Speaker -> the voice prompt each speaker of ``row`` gets (may be none): the row's own prompts when it
@@ -145,28 +156,28 @@ class ExampleMaker:
                 chosen[i] = pick
         return chosen
 
-    def prompt_ids(self, turns: Sequence[Turn], sizes: dict[int, int]) -> list[int]:
-        """Token ids up to the target's ``<|vision_start|>``; ``sizes``: speaker -> samples of its prompt, whose
-        pad is expanded to the prompt's latent count."""
-        ids = self.tokenizer(render(turns, sorted(sizes)), add_special_tokens=False)["input_ids"]
-        pad, runs, expanded = self.ids["pad"], iter(sizes[i] for i in sorted(sizes)), []
+    def prompt_ids(self, turns: Sequence[Turn], latents: dict[int, int]) -> list[int]:
+        """Token ids up to the target's ``<|vision_start|>``; ``latents``: speaker -> latents of its prompt, to
+        which the prompt's pad is expanded."""
+        ids = self.tokenizer(render(turns, sorted(latents)), add_special_tokens=False)["input_ids"]
+        pad, runs, expanded = self.ids["pad"], iter(latents[i] for i in sorted(latents)), []
         for token in ids:
-            expanded += [pad] * self.latents(next(runs)) if token == pad else [token]
+            expanded += [pad] * next(runs) if token == pad else [token]
         return expanded
 
     def make(self, row) -> dict[str, np.ndarray]:
         """One example: ``input_ids`` int64 [L], ``labels`` int64 [L] (-100 but on the target span), ``clips``
-        (the prompts', then the target's samples), ``is_target`` bool per clip, ``clip_keys`` (their rows' keys in
-        the encoders' cache: :func:`clip_key`)."""
+        (the prompts', then the target's: samples, or features [T, D]), ``is_target`` bool per clip, ``clip_keys``
+        (their rows' keys in the encoders' cache: :func:`clip_key`)."""
         turns, labels = parse_script(row.text)
-        target = samples(row)
+        target = self.clip(row.codes)
         chosen = self.prompts(row, len(labels))
-        prompts = {i: p.samples() for i, p in chosen.items()}
+        prompts = {i: self.clip(p.stored()) for i, p in chosen.items()}
         clips = [prompts[i] for i in sorted(prompts)]
-        expanded = self.prompt_ids(turns, {i: len(c) for i, c in prompts.items()})
+        expanded = self.prompt_ids(turns, {i: self.count(c) for i, c in prompts.items()})
         pad = self.ids["pad"]
         start = len(expanded) - 1  # the target's <|vision_start|>: its output is the first audio token
-        expanded += [pad] * self.latents(len(target)) + [self.ids["end"], self.ids["eos"]]
+        expanded += [pad] * self.count(target) + [self.ids["end"], self.ids["eos"]]
         input_ids = np.asarray(expanded, dtype=np.int64)
         targets = np.full_like(input_ids, -100)
         targets[start:-1] = input_ids[start + 1:]
@@ -180,13 +191,14 @@ class ExampleMaker:
             raise ModelLoadError("the tokenizer of model.init_from is not at hand (a hub id not downloaded): pass "
                                  "`voxrelay plan --seq-len N`, or set model.init_from / model.tokenizer to a folder")
         turns, labels = parse_script(row.text)  # the example's size without reading its audio
-        sizes = {i: p.size() for i, p in self.prompts(row, len(labels)).items()}
-        return len(self.prompt_ids(turns, sizes)) + self.latents(_samples_in(row)) + 2  # + end of speech, of text
+        sizes = {i: self.latents(p.size()) for i, p in self.prompts(row, len(labels)).items()}
+        return len(self.prompt_ids(turns, sizes)) + self.latents(num_frames(row)) + 2  # + end of speech, of text
 
 
 def collate(examples: list[dict], pad_id: int, hop: int, draws: int) -> dict[str, torch.Tensor]:
-    """Right-pad ids (``pad_id``, attention 0, labels -100) and clips (zeros; ``audio_len`` keeps each length),
-    with the loss counts: ``ce`` = label positions, ``diffusion`` = target latents x ``draws`` noise draws."""
+    """Right-pad ids (``pad_id``, attention 0, labels -100) and clips (zeros; ``audio_len`` keeps each length in
+    samples), with the loss counts: ``ce`` = label positions, ``diffusion`` = target latents x ``draws`` noise
+    draws. Clips of stored features ([T, D]) make ``audio`` [A, T, D], their lengths T x ``hop``."""
     width = max(len(e["input_ids"]) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.int64)
     mask = torch.zeros((len(examples), width), dtype=torch.int64)
@@ -194,12 +206,16 @@ def collate(examples: list[dict], pad_id: int, hop: int, draws: int) -> dict[str
     for i, e in enumerate(examples):
         n = len(e["input_ids"])
         ids[i, :n], mask[i, :n], labels[i, :n] = torch.from_numpy(e["input_ids"]), 1, torch.from_numpy(e["labels"])
-    clips = [c for e in examples for c in e["clips"]]
-    longest = -(-max(len(c) for c in clips) // hop) * hop  # whole latents, as the feature extractor pads
-    audio = torch.zeros((len(clips), longest), dtype=torch.float32)
+    clips = [np.asarray(c, dtype=np.float32) for e in examples for c in e["clips"]]
+    if clips[0].ndim == 2:  # features: latents [T, D]
+        audio = torch.zeros((len(clips), max(len(c) for c in clips), clips[0].shape[1]), dtype=torch.float32)
+        lengths = torch.tensor([len(c) * hop for c in clips], dtype=torch.int64)
+    else:
+        longest = -(-max(len(c) for c in clips) // hop) * hop  # whole latents, as the feature extractor pads
+        audio = torch.zeros((len(clips), longest), dtype=torch.float32)
+        lengths = torch.tensor([len(c) for c in clips], dtype=torch.int64)
     for j, c in enumerate(clips):
-        audio[j, : len(c)] = torch.from_numpy(np.asarray(c, dtype=np.float32))
-    lengths = torch.tensor([len(c) for c in clips], dtype=torch.int64)
+        audio[j, : len(c)] = torch.from_numpy(c)
     is_target = torch.from_numpy(np.concatenate([e["is_target"] for e in examples]))
     keys = torch.from_numpy(np.concatenate([e["clip_keys"] for e in examples]))
     batch = {"input_ids": ids, "attention_mask": mask, "labels": labels, "audio": audio, "audio_len": lengths,
@@ -213,10 +229,6 @@ def clip_key(row_id: str) -> int:
     return int.from_bytes(hashlib.sha256(row_id.encode()).digest()[:8], "big") >> 1
 
 
-def _samples_in(row) -> int:
-    return num_frames(row)  # audio prepared with codec.type=pcm: int16 [1, N], a frame per sample
-
-
 def samples(row) -> np.ndarray:
     """A prepared row's audio as float32 samples (the data is prepared with codec.type=pcm: int16 [1, N]),
     normalised as VibeVoice's feature extractor does."""
@@ -225,12 +237,4 @@ def samples(row) -> np.ndarray:
 
 def _normalized(codes: np.ndarray) -> np.ndarray:
     """Samples stored with codec.type=pcm (int16 [1, N]) as VibeVoice's feature extractor gives them."""
-    return normalize(np.asarray(codes, dtype=np.float32).reshape(-1) / PCM_SCALE)
-
-
-def normalize(wav: np.ndarray, target_dbfs: float = -25.0, eps: float = 1e-6) -> np.ndarray:
-    """RMS to ``target_dbfs``, then peaks above 1 scaled down (VibeVoiceAcousticTokenizerFeatureExtractor's)."""
-    wav = np.asarray(wav, dtype=np.float32).reshape(-1)
-    wav = wav * (10 ** (target_dbfs / 20) / (float(np.sqrt(np.mean(wav ** 2))) + eps))
-    peak = float(np.abs(wav).max()) if wav.size else 0.0
-    return (wav / (peak + eps) if peak > 1.0 else wav).astype(np.float32)
+    return pcm16_normalized(codes)

@@ -30,7 +30,22 @@ def voice_prompts(model: VibeVoice, request: Request, labels: list[str]) -> dict
                            "given: give one per speaker (--voice 0=a.wav --voice 1=b.wav), or none")
     if clips:
         return {i: normalize(c) for i, c in enumerate(clips)}
-    return {i: samples(r) for i, r in model.maker.prompts_for(request.speaker, len(labels)).items()}
+    return {i: prompt_audio(model, r) for i, r in model.maker.prompts_for(request.speaker, len(labels)).items()}
+
+
+def prompt_audio(model: VibeVoice, row) -> np.ndarray:
+    """A training row's clip as a voice prompt: its audio, or, where the data stores the encoders' outputs, the
+    σ-VAE's decoding of its stored means (normalised as the feature extractor would)."""
+    if not model.maker.features:
+        return samples(row)
+    inner = model.net.model
+    width = int(inner.config.audio_config.hidden_size)
+    tower = inner.audio_tower
+    param = next(tower.parameters())
+    means = torch.from_numpy(np.asarray(row.codes, dtype=np.float32)[:width].T.copy())[None]
+    with torch.no_grad():
+        audio = tower.decode(means.to(param.device, param.dtype)).audio
+    return normalize(audio.float().cpu().numpy().reshape(-1))
 
 
 def _audio_inputs(prompts: dict[int, np.ndarray], hop: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -53,7 +68,7 @@ def speak(model: VibeVoice, request: Request, max_frames: int | None, seed: int)
     except ScriptError as e:
         raise RequestError(f"the script cannot be read: {e}") from None
     prompts = voice_prompts(model, request, labels)
-    ids = model.maker.prompt_ids(turns, {i: len(c) for i, c in prompts.items()})
+    ids = model.maker.prompt_ids(turns, {i: -(-len(c) // model.maker.hop) for i, c in prompts.items()})
     room = model.max_length - len(ids) - 2
     if room < 1:
         raise RequestError(f"the script and voice prompts take {len(ids)} tokens, which leaves no room for speech "

@@ -18,6 +18,7 @@ from voxrelay.models.hf import FIX, ModelLoadError, ModelNotFoundError, looks_lo
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.float32}
 FROZEN = ("model.audio_tower.", "model.semantic_tokenizer_encoder.", "model.latent_scaling_factor",
           "model.latent_bias_factor")  # rebuilt from init_from, never trained, never checkpointed
+LATENTS = "vibevoice_latents"  # codec.type of data that holds the encoders' outputs
 SPECIAL = {"bos": "<|vision_start|>", "end": "<|vision_end|>", "pad": "<|vision_pad|>", "eos": "<|endoftext|>"}
 
 # Sizes of the released checkpoints (Qwen2.5-1.5B / 7B LMs, 4-layer diffusion heads, the σ-VAE and semantic
@@ -161,8 +162,27 @@ def build(cfg: Any, data: Any, seed: int, meta: bool = False) -> Any:
             what = "model.tokenizer" if cfg.tokenizer else "model.init_from"
             tokenizer = load_tokenizer(cfg.tokenizer or cfg.init_from, what)
     settings = {key: getattr(cfg, key) for key in SETTINGS}
-    return assemble(net, tokenizer, seed, cfg.max_length, cfg.voice_prompt_drop_rate, settings,
-                    int(cfg.feature_cache_gb * 2**30))
+    model = assemble(net, tokenizer, seed, cfg.max_length, cfg.voice_prompt_drop_rate, settings,
+                     int(cfg.feature_cache_gb * 2**30))
+    stored = getattr(data, "codec", None) or {}
+    if stored.get("type") == LATENTS:  # the data holds the encoders' outputs, not the audio
+        if not meta:
+            check_encoders(net, stored, cfg.init_from)
+        model.maker.features = True
+    return model
+
+
+def check_encoders(net: Any, stored: dict, init_from: str) -> None:
+    """Refuse prepared latents made by other encoders than ``net``'s (``encoders_sha256`` of the data)."""
+    from voxrelay.models.vibevoice.latent_codec import encoders_digest
+
+    inner = net.model
+    if encoders_digest(inner.audio_tower.encoder, inner.semantic_tokenizer_encoder) != stored.get("encoders_sha256"):
+        raise ModelLoadError(
+            f"the prepared data holds latents of the encoders of {stored.get('path')!r} (codec.type={LATENTS}), but "
+            f"model.init_from={init_from!r} has other encoders, so those latents mean nothing to it; prepare the "
+            f"data again with codec.path={init_from} under another data.name, or with codec.type=pcm (the audio, "
+            "which any VibeVoice encodes itself)")
 
 
 SETTINGS = ("ce_loss_weight", "diffusion_loss_weight", "ddpm_batch_multiplier", "ema_decay", "train_diffusion_head",

@@ -87,9 +87,12 @@ class VibeVoiceTrainer(nn.Module):
     def features(self, audio: torch.Tensor, audio_len: torch.Tensor, audio_key: torch.Tensor,
                  is_target: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """(σ-VAE means [A, T, D] of every clip, zero-padded to the batch's T = samples / hop; semantic features
-        [T_j, Ds] of each target clip, in order)."""
+        [T_j, Ds] of each target clip, in order). ``audio`` [A, T, D + Ds]: the encoders' outputs as prepare stored
+        them (``codec.type: vibevoice_latents``), taken as they are."""
         hop = self.net.model.config.audio_config.hop_length
         count = ((audio_len + hop - 1) // hop).tolist()
+        if audio.ndim == 3:
+            return self.stored_features(audio, count, is_target)
         means, semantic = [], []
         for j, n in enumerate(count):
             clip, key = audio[j, : n * hop], int(audio_key[j])
@@ -101,6 +104,17 @@ class VibeVoiceTrainer(nn.Module):
         for j, m in enumerate(means):
             padded[j, : m.shape[0]] = m
         return padded, semantic
+
+    def stored_features(self, stored: torch.Tensor, count: list[int], is_target: torch.Tensor
+                        ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """:meth:`features` from stored encoder outputs, in the dtype and memory layout the encoders give them
+        (channel-major [T, D] views: the connector's matmul then sums in the same order, so a run on stored
+        latents equals a run on the audio bit for bit)."""
+        model = self.net.model
+        width = int(model.config.audio_config.hidden_size)
+        stored = stored.to(next(model.audio_tower.parameters()).dtype)
+        semantic = [stored[j, :n, width:].T.contiguous().T for j, n in enumerate(count) if bool(is_target[j])]
+        return stored[:, :, :width].contiguous(), semantic
 
     def latents(self, mean: torch.Tensor, sample: bool) -> torch.Tensor:
         """Scaled acoustic latents [A, T, D] from the σ-VAE's means; with ``sample`` its noise: a std drawn per
