@@ -28,7 +28,8 @@ def data_spec(cfg: RunConfig, index: dict | None) -> DataSpec:
         from voxrelay.data.prepare import load_prepared_codec
 
         size = load_prepared_codec(cfg.prepared_uri, index).codebook_size
-    return DataSpec(int(index["num_codebooks"]), int(size), list(index.get("speakers") or []))
+    return DataSpec(int(index["num_codebooks"]), int(size), list(index.get("speakers") or []),
+                    codec=dict(index.get("codec") or {}))  # what the rows hold (e.g. a family's stored latents)
 
 
 def read_index(cfg: RunConfig) -> dict | None:

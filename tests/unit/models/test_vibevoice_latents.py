@@ -180,6 +180,25 @@ def test_prepare_stores_latents_with_the_rows_own_voice_prompts_and_the_eval_ref
     assert held_out and held_out[0].ref_audio is not None  # MCD at eval scores against the recording
 
 
+def test_plan_sizes_examples_of_stored_latents_as_those_of_the_audio(checkpoints, tmp_path, monkeypatch):
+    """`voxrelay plan` reads example lengths from the prepared rows: latents (a row's frames are latents) and audio
+    (its frames are samples) of the same clips give the same token counts."""
+    from voxrelay.config import load_config
+    from voxrelay.plan.model import lengths, model_facts, read_index
+
+    folder = seed_003_corpus(tmp_path)
+    sizes = {}
+    for name, extra in (("audio", ()), ("latents", ("codec.type=vibevoice_latents", f"codec.path={checkpoints[0]}"))):
+        overrides = (f"data.name={name}", f"model.init_from={checkpoints[0]}", *extra)
+        prepare_for_vibevoice(tmp_path, monkeypatch, f"{{type: folder, path: {folder}}}", *overrides)
+        cfg = load_config(None, [f"root={tmp_path / 'root'}", f"data.sources=[{{type: folder, path: {folder}}}]",
+                                 "data.eval_size=0", "codec.type=pcm", "codec.sample_rate=24000",
+                                 "model.family=vibevoice", "model.max_length=4096", *overrides])
+        index = read_index(cfg)
+        sizes[name] = lengths(cfg, model_facts(cfg, index)[1], index, None).max_len
+    assert sizes["latents"] == sizes["audio"] > 40, sizes
+
+
 def test_prepare_advises_latents_past_the_measured_threshold(tmp_path, monkeypatch, caplog):
     from voxrelay.models.vibevoice import config as vv
 
