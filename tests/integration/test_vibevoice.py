@@ -217,15 +217,21 @@ def test_precomputed_latents_train_as_the_audio_and_are_refused_for_other_encode
     assert_same_weights(a, b)
     assert all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)
 
-    texts = tmp_path / "dialogues.jsonl"  # the corpus' voices: prompts decoded from their stored latents
+    res = voxrelay("eval", str(base / "root/runs/on-latents"), "--json", env=env)  # held out: prompts as stored
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert {"eval/loss/diffusion", "eval/length_ratio"} <= set(json.loads(res.stdout.strip().splitlines()[-1]))
+    texts = tmp_path / "dialogues.jsonl"  # the corpus' voices: prompts from their stored latents
     texts.write_text(json.dumps({"text": "[SPEAKER_A] Hello there.\n[SPEAKER_B] Fine, thanks.",
                                  "speaker": "en-us,en-gb+f3"}) + "\n")
     res = voxrelay("eval", str(base / "root/runs/on-latents"), "--texts", str(texts), "--json", env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert {"eval/speaker_sim/0", "eval/speaker_sim/1"} <= set(json.loads(res.stdout.strip().splitlines()[-1]))
+    res = voxrelay("train", EXAMPLE, *tiny(str(base / "root"), "name=config-says-audio", "data.name=tiny-latents",
+                                           *short), env=env)  # the example's codec (pcm) on the latents
+    assert res.returncode == 2 and "codec.type 'vibevoice_latents' -> 'pcm'" in res.stderr, res.stderr
 
     other = save_tiny_vibevoice(tmp_path / "other-vibevoice", seed=1)
     res = voxrelay("train", EXAMPLE, *tiny(str(base / "root"), "name=other-encoders", *latents, *short),
                    f"model.init_from={other}", env=env)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert "other encoders" in res.stderr and f"codec.path={other}" in res.stderr
+    assert "encoders have other weights" in res.stderr and f"codec.path={other}" in res.stderr

@@ -55,6 +55,9 @@ def synthesize_cmd(
     seconds = inf.synthesize(model, codec, request, output, temperature=temperature, seed=seed,
                              max_seconds=max_seconds, top_p=top_p, repetition_penalty=repetition_penalty)
     err.print(f"{what}: {seconds:.2f} s of audio")
+    if seconds == 0:
+        err.print("[yellow]warning:[/yellow] the model ended its speech at once: the wav holds no audio (an "
+                  "untrained or diverged model does this; `voxrelay eval` shows eval/empty_frac)")
     out.print(str(output), highlight=False)
 
 

@@ -110,11 +110,10 @@ def build_codec(cfg: CodecConfig) -> AudioCodec:
         return FITTABLE_CODECS[cfg.type]({k: getattr(cfg, k) for k in _MEL_KMEANS_PARAMS})
     if from_path(cfg.type):
         if not cfg.path:
-            raise CodecError(
-                f"codec.type '{cfg.type}' needs codec.path: a local folder or hub id of the pretrained "
-                "codec (e.g. codec.path=hubertsiuzdak/snac_24khz or codec.path=descript/dac_16khz; a family's own "
-                "codec: the model whose parts make it, as its README section says)"
-            )
+            what = (getattr(_family_codec(cfg.type), "path_hint", "the model whose parts make it")
+                    if cfg.type in family_codecs() else "a local folder or hub id of the pretrained codec (e.g. "
+                    "codec.path=hubertsiuzdak/snac_24khz or codec.path=descript/dac_16khz)")
+            raise CodecError(f"codec.type '{cfg.type}' needs codec.path: {what}")
         if cfg.type in PRETRAINED_CODECS:
             return PRETRAINED_CODECS[cfg.type](cfg.path)
         _import_sdk("transformers", "transformers", cfg.type)

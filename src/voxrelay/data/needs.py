@@ -24,6 +24,18 @@ def missing_field(utt: Utterance, cfg: RunConfig, required: tuple[str, ...]) -> 
     return None
 
 
+def check_codec_type(cfg: RunConfig) -> None:
+    """Refuse, before any codec is built, a codec of a model family's own (``FamilySpec.codecs``) for a family that
+    does not take it."""
+    from voxrelay.codecs.registry import family_codecs
+
+    needs = cfg.model.data_needs()
+    if cfg.codec.type in family_codecs() and needs.features != cfg.codec.type:
+        refusal = needs.refusal(cfg.model.family, {"type": cfg.codec.type, "codebook_size": 0},
+                                where="configured codec")
+        raise PrepareError(refusal or f"model.family={cfg.model.family} cannot learn from codec.type={cfg.codec.type}")
+
+
 def family_needs(cfg: RunConfig, codec: AudioCodec) -> DataNeeds:
     """What ``model.family`` needs from prepare; a codec it cannot take is refused before anything is encoded."""
     needs = cfg.model.data_needs()

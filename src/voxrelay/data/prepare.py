@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from collections import Counter
 
@@ -30,7 +31,7 @@ from voxrelay.data import rowindex
 from voxrelay.data import shards as sh
 from voxrelay.data.audio import load_utterance_audio
 from voxrelay.data.encode import StrictStop, encode_shard
-from voxrelay.data.needs import family_needs
+from voxrelay.data.needs import check_codec_type, family_needs
 from voxrelay.data.shards import PrepareError, load_index
 from voxrelay.data.sources import SourceMissing, read_source
 from voxrelay.data.sources_gone import SourcesGone, committed_without_sources
@@ -284,9 +285,10 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     except SourcesGone as gone:  # a later session of a notebook: the data is in the bucket, the raw files not
         return committed_without_sources(cfg, gone, rank)
     _check_usable(rows, cfg, strict, rank)
+    check_codec_type(cfg)  # before a codec is loaded (or downloaded) for nothing
     codec = build_codec(cfg.codec)
-    if hasattr(codec, "to") and torch.cuda.is_available():
-        codec.to("cuda")  # a neural codec encodes on the GPU when there is one (prepare only, not at training)
+    if hasattr(codec, "to") and torch.cuda.is_available():  # a neural codec encodes on the GPU when there is one
+        codec.to(f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}")  # its process's own
     needs = family_needs(cfg, codec)
     check_params(cfg, codec, overwrite, rank)
     params = ident.shard_params(cfg, codec, _load_codec(cfg, codec, rows, rank), needs.fields)

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from voxrelay.models.base import DataNeeds, Request, Row
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from voxrelay.plan.formulas import Shape
@@ -185,6 +186,11 @@ class FamilyModelBase:
     def spoken_text(self, text: str) -> str:
         """What a listener hears of ``text`` (a dialogue's words without its speaker tags), for WER."""
         return text
+
+    def stored_prompt(self, codec: Any, stored: np.ndarray) -> np.ndarray:
+        """A prepared row's voice prompt (its stored array) as :meth:`speak` takes it in ``Request.voice_prompts``:
+        the codec's decoding (a family may keep stored features as they are)."""
+        return codec.decode(stored)
 
     def fsdp_layer_classes(self) -> tuple[type[torch.nn.Module], ...]:
         """The decoder layer class of whichever transformers model the module is (transformers lists it in

@@ -119,7 +119,7 @@ def generate_samples(model, codec, rows: list, seed_base: int, max_seconds: floa
         has_ref = row.codes is not None
         ref_frames = _ref_frames(model, codec, row) if has_ref else 0
         max_frames = 2 * ref_frames + 20 if has_ref else int(max_seconds * (model.frame_rate or codec.frame_rate))
-        prompts = tuple(codec.decode(np.asarray(p)) for p in getattr(row, "voice_prompts", None) or ())
+        prompts = tuple(model.stored_prompt(codec, np.asarray(p)) for p in getattr(row, "voice_prompts", None) or ())
         request = request_for(model, row.text, row.speaker or speaker, row.description, prompts)
         speech = model.speak(request, codec, max_frames=max_frames, seed=seed_base + i, temperature=temperature,
                              top_k=top_k, **sampling_options(model, **options))

@@ -40,7 +40,7 @@ from voxrelay.precision import settle as settle_precision
 from voxrelay.quality.scorer import Scorer
 from voxrelay.storage.mounts import root_mount
 from voxrelay.train import state as st
-from voxrelay.train.data import build_stream, check_trainable, eval_split, packing
+from voxrelay.train.data import build_stream, check_same_codec, check_trainable, eval_split, packing
 from voxrelay.train.evaluate import SAMPLES_DIR
 from voxrelay.train.launch_env import apply_accelerate_env, launched_rank, one_voice_per_job
 from voxrelay.train.optim import build_optimizer, build_scheduler, check_available, started_schedule
@@ -200,6 +200,7 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     ranks.on_main(usage.heartbeat)  # this session counts from now on, even if it dies before its first save
     index = load_index(cfg.prepared_uri)
     check_trainable(cfg.prepared_uri, index)
+    check_same_codec(cfg, index)
     ck = cfg.checkpoint
     checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged,
                                     guard=guard)

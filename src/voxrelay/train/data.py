@@ -107,6 +107,21 @@ def check_trainable(prepared_uri: str, index: dict) -> None:
             "again (it now stops, naming the reasons, when it keeps no training row)")
 
 
+def check_same_codec(cfg: RunConfig, index: dict) -> None:
+    """Stop a run whose ``codec.*`` settings are not those its prepared data was made with: training reads the data
+    as it is, so the run's config would record a codec the data does not hold (and a later session with the data's
+    settings could not resume)."""
+    from voxrelay.data.identity import config_changes
+
+    params = (index.get("identity") or {}).get("params")
+    changed = [c for c in config_changes(cfg, params) if c.startswith("codec.")] if params else []
+    if changed:
+        raise UserError(
+            f"data.name={cfg.data.name} holds data prepared with other codec settings than this config's "
+            f"({'; '.join(changed)}): point data.name at data prepared with this config (`voxrelay prepare CONFIG`), "
+            "or set codec.* as that data was prepared (its index.json's codec)")
+
+
 def _kept(model: FamilyModel, lengths: np.ndarray) -> np.ndarray:
     """Positions of the rows whose example fits ``max_length`` (the others are left out, with a warning)."""
     keep = np.flatnonzero(lengths <= model.max_length).astype(np.int32)

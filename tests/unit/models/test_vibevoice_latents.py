@@ -113,17 +113,21 @@ def test_training_on_stored_latents_equals_training_on_the_audio_and_never_runs_
     assert all(torch.equal(a, b) for a, b in zip(weights_a, weights_b, strict=True))
 
 
-def test_latents_of_other_encoders_are_refused_and_a_dtype_change_is_not(checkpoints, latent_codec):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_latents_of_other_encoders_are_refused_and_a_dtype_change_is_not(checkpoints, latent_codec, dtype):
     rows = _rows(latent_codec)[:3]
-    with pytest.raises(ModelLoadError, match="other encoders.*codec.path=.*other"):
+    with pytest.raises(ModelLoadError, match=r"do not fit .*encoders have other weights.*codec.path=.*other"):
         _model(checkpoints[1], _spec(latent_codec), rows)
-    bf16 = _model(checkpoints[0], _spec(latent_codec), rows, weights_dtype="bfloat16")
-    assert bf16.maker.features  # the same encoders loaded in bfloat16: the digest is taken over bf16-rounded weights
-    batch = bf16.collate([bf16.example(rows[0])])
+    moved = DataSpec(96, 0, [], 7.5, 24000, codec=dict(latent_codec.describe(), hop_length=1600))
+    with pytest.raises(ModelLoadError, match="per 1600 samples, the model's 64 \\+ 32 per 3200"):
+        _model(checkpoints[0], moved, rows)
+    low = _model(checkpoints[0], _spec(latent_codec), rows, weights_dtype=dtype)
+    assert low.maker.features  # the same encoders in 16 bits: the sketch moves by their rounding only
+    batch = low.collate([low.example(rows[0])])
     pop_counts(batch)
-    embeds, lat, target = bf16.module.audio_embeddings(batch["audio"], batch["audio_len"], batch["audio_key"],
-                                                       batch["audio_is_target"])
-    assert lat.dtype == torch.bfloat16 and int(target.sum()) == latent_codec.encode(_wav(0, 2.0)).shape[1]
+    embeds, lat, target = low.module.audio_embeddings(batch["audio"], batch["audio_len"], batch["audio_key"],
+                                                      batch["audio_is_target"])
+    assert lat.dtype == getattr(torch, dtype) and int(target.sum()) == latent_codec.encode(_wav(0, 2.0)).shape[1]
 
 
 def test_the_codec_rebuilt_from_the_index_loads_its_weights_only_to_decode_and_checks_them(checkpoints,
@@ -140,7 +144,7 @@ def test_the_codec_rebuilt_from_the_index_loads_its_weights_only_to_decode_and_c
     tower = latent_codec.parts["acoustic"]
     expect = tower.decode(torch.from_numpy(stored[:64].T.copy())[None]).audio.reshape(-1).detach().numpy()
     assert wav.shape == (8 * 3200,) and np.array_equal(wav, expect)
-    with pytest.raises(CodecError, match="other encoders"):
+    with pytest.raises(CodecError, match="no longer holds the encoders.*other weights"):
         codec_from_description(dict(desc, path=str(checkpoints[1]))).decode(stored)
 
 
@@ -170,7 +174,8 @@ def test_prepare_stores_latents_with_the_rows_own_voice_prompts_and_the_eval_ref
     _, index, rows = prepare_for_vibevoice(
         tmp_path, monkeypatch, f"{{type: folder, path: {folder}}}", "data.eval_size=1",
         "codec.type=vibevoice_latents", f"codec.path={checkpoints[0]}")
-    assert index["codec"]["type"] == "vibevoice_latents" and index["identity"]["params"]["codec.encoders_sha256"]
+    assert index["codec"]["type"] == "vibevoice_latents"
+    assert len(index["identity"]["params"]["codec.encoders_sketch"]) == 9  # the data's identity names the encoders
     prompted = next(iter(rows.values()))  # one row trains, the other is held out
     assert prompted.codes.dtype == np.float32 and [p.shape[0] for p in prompted.voice_prompts] == [96, 96]
     assert prompted.codes.shape[1] == -(-round(prompted.duration * 24000) // 3200)
@@ -211,3 +216,63 @@ def test_prepare_advises_latents_past_the_measured_threshold(tmp_path, monkeypat
     folder = seed_003_corpus(tmp_path)
     prepare_for_vibevoice(tmp_path, monkeypatch, f"{{type: folder, path: {folder}}}")
     assert "store their outputs once: prepare with codec.type=vibevoice_latents" in caplog.text
+
+
+def _speaks_audio(model) -> None:
+    """The random LM made to emit audio tokens (greedy generation would end at once): its logits pushed there."""
+    bump = torch.zeros(model.net.config.text_config.vocab_size)
+    bump[model.maker.ids["pad"]] = 1e4
+    model.net.lm_head.register_forward_hook(lambda module, args, out: out + bump.to(out))
+
+
+def test_synthesis_takes_stored_prompts_as_training_did_without_a_round_trip(checkpoints, latent_codec):
+    """A voice prompt given as stored latents (eval's held-out rows, corpus voices) conditions synthesis exactly as
+    the same clip given as audio (the stored means are what the encoder gives it): the same speech, bit for bit;
+    its reference voice for similarity is the σ-VAE's decoding."""
+    from voxrelay.models.base import Request
+
+    model = _model(checkpoints[0], _spec(latent_codec), _rows(latent_codec)[:3])
+    _speaks_audio(model)
+    pcm = np.round(np.clip(_wav(5, 1.1), -1, 1) * 32767)
+    stored = sh.stored_array(latent_codec.encode(_wav(5, 1.1)), latent_codec)
+    assert model.stored_prompt(latent_codec, stored).shape == (96, 9)  # as stored: nothing decoded
+    text = "Speaker 0: Hello there."
+    as_audio = model.speak(Request(text, voice_prompts=((pcm / 32767).astype(np.float32),)), latent_codec,
+                           max_frames=3, seed=1)
+    as_latents = model.speak(Request(text, voice_prompts=(stored,)), latent_codec, max_frames=3, seed=1)
+    assert as_audio.frames == as_latents.frames == 3 and np.array_equal(as_audio.wav, as_latents.wav)
+    elsewhere = sh.stored_array(latent_codec.encode(_wav(9, 1.1)), latent_codec)
+    other = model.speak(Request(text, voice_prompts=(elsewhere,)), latent_codec, max_frames=3, seed=1)
+    assert not np.array_equal(other.wav, as_latents.wav)  # the prompt does condition it
+    voice = model.voice_references(Request(text, voice_prompts=(stored,)))
+    assert len(voice) == 1 and voice[0].shape == (9 * 3200,)
+
+
+def test_stored_prompts_speak_and_decode_under_fsdp(checkpoints, latent_codec):
+    """Under train.strategy=fsdp (a world of one here) the root's parameters are sharded between steps: synthesis
+    with stored prompts and their decoding for similarity run through the root's registered methods."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from voxrelay.models.base import Request
+    from voxrelay.models.registry import get_family
+    from voxrelay.train.strategies import apply_fsdp
+
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        rows = _rows(latent_codec)[:3]
+        model = _model(checkpoints[0], _spec(latent_codec), rows)
+        _speaks_audio(model)
+        apply_fsdp(model.module, model.fsdp_layer_classes(), "full_shard", "no", False, init_device_mesh("cpu", (1,)),
+                   get_family("vibevoice").fsdp_forward_methods)
+        batch = model.collate([model.example(rows[0])])
+        pop_counts(batch)
+        sum(t.sum / t.count for t in model.loss(model.module, batch).values()).backward()  # resharded after
+        request = Request("Speaker 0: Hello.", voice_prompts=(rows[1].codes,))
+        assert model.speak(request, latent_codec, max_frames=2).frames == 2
+        assert model.voice_references(request)[0].size == rows[1].codes.shape[1] * 3200
+    finally:
+        if own:
+            dist.destroy_process_group()

@@ -118,7 +118,7 @@ class VibeVoiceFamilyConfig(FamilyConfig):
     def storage_advice(self, index: dict) -> str | None:
         """Past :data:`LATENTS_ADVISED_HOURS` of stored audio: what each session pays to encode it again, and how to
         store the encoders' outputs once instead."""
-        hours = float(index.get("hours") or 0.0)
+        hours = float(index.get("hours") or 0.0)  # both splits
         if (index.get("codec") or {}).get("type") != "pcm" or hours < LATENTS_ADVISED_HOURS:
             return None
         costs = ", ".join(f"{hours * s / 60:.0f} min on {where}" for where, s in ENCODE_S_PER_HOUR.items())
@@ -129,5 +129,6 @@ class VibeVoiceFamilyConfig(FamilyConfig):
                 f"too) encodes each clip again with the frozen encoders ({costs}){cache}. Past "
                 f"{LATENTS_ADVISED_HOURS:g} h, store their outputs once: prepare with codec.type=vibevoice_latents "
                 f"codec.path={self.init_from} under another data.name ({LATENT_BYTES_PER_HOUR * hours / 1e9:.1f} GB "
-                f"instead of about {AUDIO_BYTES_PER_HOUR * hours / 1e9:.1f} GB; prepare on a GPU); README: VibeVoice, "
-                "feature storage")
+                f"instead of about {AUDIO_BYTES_PER_HOUR * hours / 1e9:.1f} GB; prepare on a GPU). A run already "
+                "training on this data keeps it (another data.name is refused on resume): start the next run on the "
+                "latents. README: VibeVoice, feature storage")

@@ -126,7 +126,7 @@ class ExampleMaker:
 
     def clip(self, stored: np.ndarray) -> np.ndarray:
         """A stored clip as training takes it: normalised samples [N], or features [T, D]."""
-        return np.asarray(stored, dtype=np.float32).T if self.features else _normalized(stored)
+        return np.array(stored, dtype=np.float32).T if self.features else _normalized(stored)  # a copy: writable
 
     def count(self, clip: np.ndarray) -> int:
         """Latents of a clip as :meth:`clip` gives it."""

@@ -4,10 +4,12 @@ sampler (:mod:`.schedule`) so that diffusers is not needed."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from voxrelay.models.base import RequestError, Speech
 from voxrelay.models.vibevoice.config import SAMPLE_RATE
@@ -21,43 +23,77 @@ if TYPE_CHECKING:
 
 
 def voice_prompts(model: VibeVoice, request: Request, labels: list[str]) -> dict[int, np.ndarray]:
-    """Speaker -> its prompt clip (normalised samples): the request's clips, else clips of the training data's
-    voices that ``request.speaker`` names."""
+    """Speaker -> its prompt clip: normalised samples [N], or the encoders' outputs as prepared data stores them
+    (float32 [Da + Ds, T], ``codec.type: vibevoice_latents``): the request's clips, else clips of the training
+    data's voices that ``request.speaker`` names."""
     clips = list(request.voice_prompts)
     if clips and len(clips) != len(labels):
         named = ", ".join(f"Speaker {i}" for i in range(len(labels)))
         raise RequestError(f"the script has {len(labels)} speaker(s) ({named}) but {len(clips)} voice prompt(s) were "
                            "given: give one per speaker (--voice 0=a.wav --voice 1=b.wav), or none")
     if clips:
-        return {i: normalize(c) for i, c in enumerate(clips)}
-    return {i: prompt_audio(model, r) for i, r in model.maker.prompts_for(request.speaker, len(labels)).items()}
+        return {i: np.asarray(c, dtype=np.float32) if np.ndim(c) == 2 else normalize(c) for i, c in enumerate(clips)}
+    rows = model.maker.prompts_for(request.speaker, len(labels))
+    return {i: np.array(r.codes, dtype=np.float32) if model.maker.features else samples(r) for i, r in rows.items()}
 
 
-def prompt_audio(model: VibeVoice, row) -> np.ndarray:
-    """A training row's clip as a voice prompt: its audio, or, where the data stores the encoders' outputs, the
-    σ-VAE's decoding of its stored means (normalised as the feature extractor would)."""
-    if not model.maker.features:
-        return samples(row)
-    inner = model.net.model
-    width = int(inner.config.audio_config.hidden_size)
-    tower = inner.audio_tower
-    param = next(tower.parameters())
-    means = torch.from_numpy(np.asarray(row.codes, dtype=np.float32)[:width].T.copy())[None]
+def latent_count(clip: np.ndarray, hop: int) -> int:
+    """Latents of a prompt clip (samples, or stored latents [D, T])."""
+    return int(clip.shape[1]) if clip.ndim == 2 else -(-len(clip) // hop)
+
+
+def waveform(model: VibeVoice, clip: np.ndarray) -> np.ndarray:
+    """A prompt clip as audio: stored latents decoded by the σ-VAE's decoder (through the root module, so under
+    FSDP its parameters are gathered), normalised as the feature extractor would."""
+    if clip.ndim == 1:
+        return clip
+    width = int(model.net.model.config.audio_config.hidden_size)
+    means = torch.from_numpy(np.ascontiguousarray(clip[:width].T))[None]
     with torch.no_grad():
-        audio = tower.decode(means.to(param.device, param.dtype)).audio
+        audio = model.module.decode_means(means)
     return normalize(audio.float().cpu().numpy().reshape(-1))
 
 
+@contextmanager
+def stored_features(net, clips: list[np.ndarray]):
+    """While generating: the prompts' acoustic features from their stored means, scaled and projected as the
+    model's own ``get_audio_features`` does from audio (without noise, as synthesis asks), so a prompt conditions
+    synthesis exactly as it conditioned training; no σ-VAE round trip."""
+    inner = net.model
+    width = int(inner.config.audio_config.hidden_size)
+
+    def features(input_values, padding_mask, sample=True, **kwargs):
+        param = inner.latent_scaling_factor
+        means = torch.zeros((len(clips), max(c.shape[1] for c in clips), width), dtype=param.dtype, device=param.device)
+        for j, c in enumerate(clips):
+            means[j, : c.shape[1]] = torch.from_numpy(np.ascontiguousarray(c[:width].T)).to(means)
+        scaled = (means + inner.latent_bias_factor) * inner.latent_scaling_factor
+        counts = torch.tensor([c.shape[1] for c in clips], device=means.device)
+        mask = torch.arange(means.shape[1], device=means.device)[None, :] < counts[:, None]
+        return BaseModelOutputWithPooling(last_hidden_state=scaled[mask],
+                                          pooler_output=inner.multi_modal_projector(scaled)[mask])
+
+    inner.get_audio_features = features
+    try:
+        yield
+    finally:
+        del inner.get_audio_features  # the class's own again
+
+
 def _audio_inputs(prompts: dict[int, np.ndarray], hop: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """``input_values``/``padding_mask`` of the prompts (zeros of the right length for stored latents: their
+    features come from :func:`stored_features`)."""
     if not prompts:
         return {}
     clips = [prompts[i] for i in sorted(prompts)]
-    longest = -(-max(len(c) for c in clips) // hop) * hop  # whole latents, as the feature extractor pads
+    sizes = [latent_count(c, hop) * hop if c.ndim == 2 else len(c) for c in clips]
+    longest = -(-max(sizes) // hop) * hop  # whole latents, as the feature extractor pads
     values = torch.zeros((len(clips), 1, longest))
     mask = torch.zeros((len(clips), longest), dtype=torch.bool)
-    for j, c in enumerate(clips):
-        values[j, 0, : len(c)] = torch.from_numpy(c)
-        mask[j, : len(c)] = True
+    for j, (c, n) in enumerate(zip(clips, sizes, strict=True)):
+        if c.ndim == 1:
+            values[j, 0, :n] = torch.from_numpy(c)
+        mask[j, :n] = True
     return {"input_values": values.to(device), "padding_mask": mask.to(device)}
 
 
@@ -68,7 +104,10 @@ def speak(model: VibeVoice, request: Request, max_frames: int | None, seed: int)
     except ScriptError as e:
         raise RequestError(f"the script cannot be read: {e}") from None
     prompts = voice_prompts(model, request, labels)
-    ids = model.maker.prompt_ids(turns, {i: -(-len(c) // model.maker.hop) for i, c in prompts.items()})
+    stored = [prompts[i] for i in sorted(prompts) if prompts[i].ndim == 2]
+    if stored and len(stored) < len(prompts):  # some clips as audio: all go through the encoders
+        prompts, stored = {i: waveform(model, c) for i, c in prompts.items()}, []
+    ids = model.maker.prompt_ids(turns, {i: latent_count(c, model.maker.hop) for i, c in prompts.items()})
     room = model.max_length - len(ids) - 2
     if room < 1:
         raise RequestError(f"the script and voice prompts take {len(ids)} tokens, which leaves no room for speech "
@@ -87,7 +126,8 @@ def speak(model: VibeVoice, request: Request, max_frames: int | None, seed: int)
     was_training = net.training
     net.eval()
     try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), \
+                stored_features(net, stored) if stored else nullcontext():
             torch.manual_seed(seed)
             out = model.module.generate_speech(**kwargs)
     finally:

@@ -173,14 +173,17 @@ def build(cfg: Any, data: Any, seed: int, meta: bool = False) -> Any:
 
 
 def check_encoders(net: Any, stored: dict, init_from: str) -> None:
-    """Refuse prepared latents made by other encoders than ``net``'s (``encoders_sha256`` of the data)."""
-    from voxrelay.models.vibevoice.latent_codec import encoders_digest
+    """Refuse prepared latents made by other encoders than ``net``'s (the data's ``encoders_sketch``, dims, hop and
+    extraction), naming the fix."""
+    from voxrelay.models.vibevoice.latent_codec import mismatch
 
     inner = net.model
-    if encoders_digest(inner.audio_tower.encoder, inner.semantic_tokenizer_encoder) != stored.get("encoders_sha256"):
+    why = mismatch(stored, inner.audio_tower.encoder, inner.semantic_tokenizer_encoder,
+                   int(inner.config.audio_config.hop_length))
+    if why:
         raise ModelLoadError(
             f"the prepared data holds latents of the encoders of {stored.get('path')!r} (codec.type={LATENTS}), but "
-            f"model.init_from={init_from!r} has other encoders, so those latents mean nothing to it; prepare the "
+            f"they do not fit model.init_from={init_from!r} ({why}), so those latents mean nothing to it; prepare the "
             f"data again with codec.path={init_from} under another data.name, or with codec.type=pcm (the audio, "
             "which any VibeVoice encodes itself)")
 

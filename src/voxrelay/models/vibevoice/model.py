@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from voxrelay.models.base import (
@@ -31,7 +32,7 @@ from voxrelay.models.seam import decoder_shape
 from voxrelay.models.vibevoice import examples as ex
 from voxrelay.models.vibevoice.config import SAMPLE_RATE
 from voxrelay.models.vibevoice.ema import DiffusionEma
-from voxrelay.models.vibevoice.generation import speak, voice_prompts
+from voxrelay.models.vibevoice.generation import speak, voice_prompts, waveform
 from voxrelay.models.vibevoice.script import parse_script, spoken
 
 FORMAT_VERSION = 1
@@ -46,9 +47,9 @@ class VibeVoice(DiffusionEma):
     keys that act after building (loss weights, synthesis steps, LoRA extras)."""
 
     family = "vibevoice"
-    packing_refusal = ("a batch's speech latents go through the diffusion head and the acoustic/semantic encoders "
-                       "clip by clip, and voice prompts are drawn per example; batches stay padded, bucketed by "
-                       "length")
+    packing_refusal = ("a batch's speech latents go through the diffusion head clip by clip (and, from stored "
+                       "audio, through the encoders), and voice prompts are drawn per example; batches stay padded, "
+                       "bucketed by length")
     chunked_heads = True  # its CE goes through head_loss (train.chunked_loss)
     max_length_key = "model.max_length"
     request_fields: tuple[str, ...] = ("voice_prompts",)
@@ -139,7 +140,12 @@ class VibeVoice(DiffusionEma):
         per-speaker similarity; empty when a speaker has none."""
         labels = parse_script(request.text)[1]
         prompts = voice_prompts(self, request, labels)
-        return [prompts[i] for i in range(len(labels))] if len(prompts) == len(labels) else []
+        return [waveform(self, prompts[i]) for i in range(len(labels))] if len(prompts) == len(labels) else []
+
+    def stored_prompt(self, codec: Any, stored: np.ndarray) -> np.ndarray:
+        """A held-out row's voice prompt for :meth:`speak`: stored latents as they are (synthesis conditions on
+        them as training did; nothing is decoded), else the audio."""
+        return np.array(stored, dtype=np.float32) if self.maker.features else codec.decode(stored)
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
         """transformers' layout (the diffusion head's EMA weights when kept) + tokenizer + ``voxrelay.json``."""

@@ -67,6 +67,13 @@ class VibeVoiceTrainer(nn.Module):
         sharded parameters are gathered for the whole generation."""
         return self.net.generate(**kwargs)
 
+    def decode_means(self, means: torch.Tensor) -> torch.Tensor:
+        """Audio [1, 1, N] of σ-VAE means [1, T, D] (stored latents as a voice prompt's waveform), through this
+        module: under FSDP2 a registered forward method, so the tower's parameters are gathered."""
+        tower = self.net.model.audio_tower
+        param = next(tower.parameters())
+        return tower.decode(means.to(param.device, param.dtype)).audio
+
     def _draw_normal(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         return torch.randn(shape, generator=self.generator).to(like.device, like.dtype)
 
