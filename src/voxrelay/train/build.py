@@ -200,19 +200,17 @@ def _build(cfg: RunConfig, accelerator: Accelerator, ranks: Ranks, lease: RunLea
     ranks.on_main(usage.heartbeat)  # this session counts from now on, even if it dies before its first save
     index = load_index(cfg.prepared_uri)
     check_trainable(cfg.prepared_uri, index)
-    if fresh:
-        check_same_codec(cfg, index)  # before --fresh deletes anything
     ck = cfg.checkpoint
     checkpoints = CheckpointManager(cfg.run_uri, ck.keep_last, ck.keep_every, ck.keep_best, ck.max_staged,
                                     guard=guard)
+    found = None if fresh else _load_latest(checkpoints, accelerator, ranks)
+    accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
+    if found is None:  # a new run (before --fresh deletes anything; a resumed one is compared with its checkpoint)
+        check_same_codec(cfg, index)
     if fresh and accelerator.is_main_process:
         lease.check()  # still ours (a lease taken over meanwhile must not lose its run)
         start_over(cfg.run_uri, checkpoints)
     accelerator.wait_for_everyone()
-    found = None if fresh else _load_latest(checkpoints, accelerator, ranks)
-    accelerator.wait_for_everyone()  # every rank has read a shared fetched copy before rank 0 cleans it up
-    if found is None and not fresh:  # a new run (a resumed one: its data is compared with its checkpoint's)
-        check_same_codec(cfg, index)
     if found is not None:  # before the model is built: a default that changed may say how (model.weights_dtype)
         keep_started(cfg, found.state[st.K_CONFIG], accelerator.is_main_process)
     check_fits(cfg, index, world, gpu_memory())  # on a GPU: stop now, with the plan, if it will not fit
