@@ -32,7 +32,7 @@ import torch
 
 from voxrelay.models.base import num_frames, with_counts
 from voxrelay.models.hf import ModelLoadError
-from voxrelay.models.vibevoice.latent_codec import normalize, pcm16_normalized  # noqa: F401 - normalize: re-exported
+from voxrelay.models.vibevoice.latent_codec import pcm16_normalized
 from voxrelay.models.vibevoice.script import Turn, parse_script, voices_of
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class ExampleMaker:
 
     def clip(self, stored: np.ndarray) -> np.ndarray:
         """A stored clip as training takes it: normalised samples [N], or features [T, D]."""
-        return np.array(stored, dtype=np.float32).T if self.features else _normalized(stored)  # a copy: writable
+        return np.array(stored, dtype=np.float32).T if self.features else pcm16_normalized(stored)  # a copy: writable
 
     def count(self, clip: np.ndarray) -> int:
         """Latents of a clip as :meth:`clip` gives it."""
@@ -227,14 +227,3 @@ def collate(examples: list[dict], pad_id: int, hop: int, draws: int) -> dict[str
 def clip_key(row_id: str) -> int:
     """A clip's key in the encoders' cache: a 63-bit number of its row id (the same in every process and run)."""
     return int.from_bytes(hashlib.sha256(row_id.encode()).digest()[:8], "big") >> 1
-
-
-def samples(row) -> np.ndarray:
-    """A prepared row's audio as float32 samples (the data is prepared with codec.type=pcm: int16 [1, N]),
-    normalised as VibeVoice's feature extractor does."""
-    return _normalized(row.codes)
-
-
-def _normalized(codes: np.ndarray) -> np.ndarray:
-    """Samples stored with codec.type=pcm (int16 [1, N]) as VibeVoice's feature extractor gives them."""
-    return pcm16_normalized(codes)

@@ -13,7 +13,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from voxrelay.models.base import RequestError, Speech
 from voxrelay.models.vibevoice.config import SAMPLE_RATE
-from voxrelay.models.vibevoice.examples import normalize, samples
+from voxrelay.models.vibevoice.latent_codec import normalize
 from voxrelay.models.vibevoice.schedule import CosineVSchedule
 from voxrelay.models.vibevoice.script import ScriptError, parse_script
 
@@ -23,23 +23,17 @@ if TYPE_CHECKING:
 
 
 def voice_prompts(model: VibeVoice, request: Request, labels: list[str]) -> dict[int, np.ndarray]:
-    """Speaker -> its prompt clip: normalised samples [N], or the encoders' outputs as prepared data stores them
-    (float32 [Da + Ds, T], ``codec.type: vibevoice_latents``): the request's clips, else clips of the training
-    data's voices that ``request.speaker`` names."""
+    """Speaker -> its prompt clip as training takes it (:meth:`ExampleMaker.clip`): normalised samples [N], or the
+    encoders' stored outputs [T, Da + Ds] (``codec.type: vibevoice_latents``; a request carries them as stored,
+    [Da + Ds, T]): the request's clips, else clips of the training data's voices that ``request.speaker`` names."""
     clips = list(request.voice_prompts)
     if clips and len(clips) != len(labels):
         named = ", ".join(f"Speaker {i}" for i in range(len(labels)))
         raise RequestError(f"the script has {len(labels)} speaker(s) ({named}) but {len(clips)} voice prompt(s) were "
                            "given: give one per speaker (--voice 0=a.wav --voice 1=b.wav), or none")
     if clips:
-        return {i: np.asarray(c, dtype=np.float32) if np.ndim(c) == 2 else normalize(c) for i, c in enumerate(clips)}
-    rows = model.maker.prompts_for(request.speaker, len(labels))
-    return {i: np.array(r.codes, dtype=np.float32) if model.maker.features else samples(r) for i, r in rows.items()}
-
-
-def latent_count(clip: np.ndarray, hop: int) -> int:
-    """Latents of a prompt clip (samples, or stored latents [D, T])."""
-    return int(clip.shape[1]) if clip.ndim == 2 else -(-len(clip) // hop)
+        return {i: np.array(c, dtype=np.float32).T if np.ndim(c) == 2 else normalize(c) for i, c in enumerate(clips)}
+    return {i: model.maker.clip(r.codes) for i, r in model.maker.prompts_for(request.speaker, len(labels)).items()}
 
 
 def waveform(model: VibeVoice, clip: np.ndarray) -> np.ndarray:
@@ -48,7 +42,7 @@ def waveform(model: VibeVoice, clip: np.ndarray) -> np.ndarray:
     if clip.ndim == 1:
         return clip
     width = int(model.net.model.config.audio_config.hidden_size)
-    means = torch.from_numpy(np.ascontiguousarray(clip[:width].T))[None]
+    means = torch.from_numpy(np.ascontiguousarray(clip[:, :width]))[None]
     with torch.no_grad():
         audio = model.module.decode_means(means)
     return normalize(audio.float().cpu().numpy().reshape(-1))
@@ -64,11 +58,11 @@ def stored_features(net, clips: list[np.ndarray]):
 
     def features(input_values, padding_mask, sample=True, **kwargs):
         param = inner.latent_scaling_factor
-        means = torch.zeros((len(clips), max(c.shape[1] for c in clips), width), dtype=param.dtype, device=param.device)
+        means = torch.zeros((len(clips), max(len(c) for c in clips), width), dtype=param.dtype, device=param.device)
         for j, c in enumerate(clips):
-            means[j, : c.shape[1]] = torch.from_numpy(np.ascontiguousarray(c[:width].T)).to(means)
+            means[j, : len(c)] = torch.from_numpy(np.ascontiguousarray(c[:, :width])).to(means)
         scaled = (means + inner.latent_bias_factor) * inner.latent_scaling_factor
-        counts = torch.tensor([c.shape[1] for c in clips], device=means.device)
+        counts = torch.tensor([len(c) for c in clips], device=means.device)
         mask = torch.arange(means.shape[1], device=means.device)[None, :] < counts[:, None]
         return BaseModelOutputWithPooling(last_hidden_state=scaled[mask],
                                           pooler_output=inner.multi_modal_projector(scaled)[mask])
@@ -86,7 +80,7 @@ def _audio_inputs(prompts: dict[int, np.ndarray], hop: int, device: torch.device
     if not prompts:
         return {}
     clips = [prompts[i] for i in sorted(prompts)]
-    sizes = [latent_count(c, hop) * hop if c.ndim == 2 else len(c) for c in clips]
+    sizes = [len(c) * hop if c.ndim == 2 else len(c) for c in clips]
     longest = -(-max(sizes) // hop) * hop  # whole latents, as the feature extractor pads
     values = torch.zeros((len(clips), 1, longest))
     mask = torch.zeros((len(clips), longest), dtype=torch.bool)
@@ -107,7 +101,7 @@ def speak(model: VibeVoice, request: Request, max_frames: int | None, seed: int)
     stored = [prompts[i] for i in sorted(prompts) if prompts[i].ndim == 2]
     if stored and len(stored) < len(prompts):  # some clips as audio: all go through the encoders
         prompts, stored = {i: waveform(model, c) for i, c in prompts.items()}, []
-    ids = model.maker.prompt_ids(turns, {i: latent_count(c, model.maker.hop) for i, c in prompts.items()})
+    ids = model.maker.prompt_ids(turns, {i: model.maker.count(c) for i, c in prompts.items()})
     room = model.max_length - len(ids) - 2
     if room < 1:
         raise RequestError(f"the script and voice prompts take {len(ids)} tokens, which leaves no room for speech "

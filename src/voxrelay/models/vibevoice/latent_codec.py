@@ -199,7 +199,8 @@ class VibeVoiceLatentCodec:
             module.float().eval().requires_grad_(False)
         acoustic.encoder.to(self.device)  # the decoder stays on the CPU: prepare never uses it
         self.parts = {"acoustic": acoustic, "semantic": semantic.to(self.device),
-                      "hop": int(np.prod(config.audio_config.downsampling_ratios))}
+                      "hop": int(np.prod(config.audio_config.downsampling_ratios)),
+                      "sketch": encoders_sketch(acoustic.encoder, semantic)}  # once: describe() is asked often
         if self.desc is not None:
             why = mismatch(self.desc, acoustic.encoder, semantic, self.parts["hop"])
             if why:
@@ -264,7 +265,6 @@ class VibeVoiceLatentCodec:
         if self.desc is not None:
             return dict(self.desc)
         acoustic, semantic = self.dims
-        parts = self._load()
         return describe_common(self, path=self.path, hop_length=self.hop, acoustic_dim=acoustic,
                                semantic_dim=semantic, dtype=self.stored_dtype, extraction=EXTRACTION,
-                               encoders_sketch=encoders_sketch(parts["acoustic"].encoder, parts["semantic"]))
+                               encoders_sketch=self._load()["sketch"])
