@@ -25,12 +25,13 @@ def reference_markdown() -> str:
                 subs.extend((sub, f"{prefix}{name}.") for sub in variants)
                 if type(None) not in get_args(field.annotation):
                     continue  # an optional section (train.lora) also gets a row: what null means
-            default = field.get_default(call_default_factory=True)
+            default = "required" if field.is_required() else field.get_default(call_default_factory=True)
             if isinstance(default, BaseModel):  # an optional section on by default (eval.asr)
                 default = {}
             if isinstance(default, list) and default and isinstance(default[0], BaseModel):
                 default = [d.model_dump(exclude_defaults=True) for d in default]
-            rows.append(f"| `{prefix}{name}` | `{json.dumps(default)}` | {field.description or ''} |")
+            shown = default if field.is_required() else json.dumps(default)
+            rows.append(f"| `{prefix}{name}` | `{shown}` | {field.description or ''} |")
         if rows:
             title = f"**{prefix.rstrip('.') or 'top level'}**"
             if model in [spec.config for spec in FAMILIES.values()]:  # one table per family, all under `model.`

@@ -133,5 +133,5 @@ def test_save_and_load_by_the_family_the_folder_names(tmp_path: Path) -> None:
         assert torch.equal(model.module(input_ids=ids).logits, again.module(input_ids=ids).logits)
     meta = json.loads((tmp_path / "m" / "voxrelay.json").read_text())
     (tmp_path / "m" / "voxrelay.json").write_text(json.dumps({**meta, "family": "future_tts"}))
-    with pytest.raises(ModelFolderError, match=r"model family 'future_tts'.*known: codec_lm"):
+    with pytest.raises(ModelFolderError, match=r"model family 'future_tts'.*known: .*codec_lm"):
         load_model(tmp_path / "m")

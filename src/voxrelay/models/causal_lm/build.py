@@ -1,0 +1,67 @@
+"""Build and load :class:`LayoutLM` models (the ``causal_lm`` spec's ``build`` and ``load``)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from voxrelay.errors import ConfigError
+from voxrelay.models.base import DataSpec
+from voxrelay.models.causal_lm.config import CausalLMConfig
+from voxrelay.models.causal_lm.layout import Layout
+from voxrelay.models.causal_lm.loading import build_module, load_tokenizer, meta_module, rows_needed, tokenizer_source
+from voxrelay.models.causal_lm.model import LayoutLM
+from voxrelay.models.causal_lm.tokens import resolve
+from voxrelay.models.hf import auto_config
+
+
+def build(cfg: CausalLMConfig, data: DataSpec, seed: int, meta: bool = False) -> LayoutLM:
+    layout = cfg.resolved()
+    check_data(layout, data)
+    source = tokenizer_source(cfg, layout)
+    what = "model.tokenizer" if cfg.tokenizer else "model.init_from"
+    tokenizer = load_tokenizer(source, what, layout)  # planning needs it too: it sizes examples and ids
+    rows = rows_needed(layout, len(tokenizer))
+    ids = special_ids(layout, tokenizer)
+    if meta:  # `plan`: the shapes come from config.json
+        module = meta_module(cfg, layout, rows, ids)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            module = build_module(cfg, layout, rows, ids)
+    loss_on = cfg.loss_on or layout.loss_on
+    drop = layout.drop_repeated_frames if cfg.drop_repeated_frames is None else cfg.drop_repeated_frames
+    model = LayoutLM(module, tokenizer, layout, list(data.speakers), cfg.seq_len(), loss_on, drop)
+    model.new_rows = new_rows(cfg, rows)
+    return model
+
+
+def load(folder: str | os.PathLike[str]) -> LayoutLM:
+    return LayoutLM.from_pretrained(folder)
+
+
+def special_ids(layout: Layout, tokenizer) -> dict[str, int | None]:
+    """The config's pad / bos / eos ids: the layout's pad, bos and stop tokens."""
+    found = resolve(layout, tokenizer)
+    return {"pad_token_id": found.pad, "bos_token_id": found.bos, "eos_token_id": found.stop}
+
+
+def new_rows(cfg: CausalLMConfig, rows: int) -> tuple[int, int]:
+    """The ids the build grew onto ``init_from`` ([start, end)): the layout's when it is the base LM, none for a
+    checkpoint of the layout's model or a random init."""
+    if cfg.init_from is None:
+        return (0, 0)
+    have = auto_config(cfg.init_from).vocab_size
+    return (have, rows) if have < rows else (0, 0)
+
+
+def check_data(layout: Layout, data: DataSpec) -> None:
+    """The layout's ids hold K codes of its codebook size per frame: the data's codec must have them."""
+    if (data.num_codebooks, data.codebook_size) != (layout.codebooks, layout.codebook_size):
+        raise ConfigError(
+            f"layout {layout.name} needs codes of {layout.codebooks} x {layout.codebook_size} per frame "
+            f"(codec.type={layout.codec.type}" + (f", codec.path={layout.codec.path}" if layout.codec.path else "")
+            + f") but the prepared data has {data.num_codebooks} x {data.codebook_size}; prepare with that codec "
+            "under another data.name")
+

@@ -1,0 +1,140 @@
+"""The ``causal_lm`` family: layouts declared in YAML, checked against upstream ids; the Orpheus layout against the
+``orpheus`` family (same examples, batches, loss and generation, bit for bit); a layout no built-in model uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from tests.helpers.orpheus import save_llama3_tokenizer, save_tiny_llama
+from voxrelay.errors import ConfigError
+from voxrelay.models.base import LOSS_COUNT, DataSpec
+from voxrelay.models.causal_lm.config import CausalLMConfig
+from voxrelay.models.causal_lm.layout import BUILT_IN, load_layout
+from voxrelay.models.causal_lm.loading import load_tokenizer
+from voxrelay.models.causal_lm.tokens import drop_repeated_frames
+from voxrelay.models.hf import ModelLoadError
+from voxrelay.models.orpheus import layout as OL
+from voxrelay.models.orpheus.config import OrpheusConfig
+from voxrelay.models.registry import build_model, load_model
+
+ORPHEUS_DATA = DataSpec(7, 4096, ["tara", "leo"], 11.71875, 24000)
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    d = tmp_path_factory.mktemp("causal_lm")
+    tok = save_llama3_tokenizer(d / "llama3-tokenizer")
+    return SimpleNamespace(dir=d, tokenizer=tok, orpheus=save_tiny_llama(d / "orpheus", tok))
+
+
+def row(codes: np.ndarray, text: str = "hello there", speaker: str | None = "tara") -> SimpleNamespace:
+    return SimpleNamespace(text=text, speaker=speaker, description=None, codes=codes, duration=1.0)
+
+
+def test_every_built_in_layout_loads_and_names_its_upstream() -> None:
+    for path in sorted(BUILT_IN.glob("*.yaml")):
+        lay = load_layout(path.stem)
+        assert lay.name == path.stem and lay.upstream, path
+        assert len(set(lay.added_names())) == len(lay.added_names())
+
+
+def test_the_orpheus_layout_pins_the_orpheus_familys_ids() -> None:
+    lay = load_layout("orpheus")
+    assert lay.ids["<custom_token_10>"] == OL.AUDIO_START and lay.vocab_size == OL.VOCAB_SIZE
+    assert lay.rows == list(OL.FRAME_ROWS) and len(lay.added_names()) == OL.NUM_CUSTOM_TOKENS
+    codes = np.random.default_rng(0).integers(0, 4096, (7, 9))
+    codes[0, 3] = codes[0, 2]
+    assert np.array_equal(drop_repeated_frames(codes), OL.drop_duplicate_frames(codes))
+
+
+def test_llasa_tokens_added_to_a_llama3_tokenizer_get_upstreams_ids(parts: SimpleNamespace) -> None:
+    """RECIPES/upstream train_tts.py: 8 markers then <|s_0|>..<|s_65535|> after Llama-3's 128,256 ids:
+    TU_START 128258, SG_START 128260, SG_END 128261, <|s_k|> = 128264 + k (vocabulary 193,800)."""
+    tok = load_tokenizer(str(parts.tokenizer), "model.tokenizer", load_layout("llasa"))
+    assert len(tok) == 193_800
+    assert tok.convert_tokens_to_ids(["<|TEXT_UNDERSTANDING_START|>", "<|SPEECH_GENERATION_START|>",
+                                      "<|SPEECH_GENERATION_END|>", "<|s_0|>", "<|s_65535|>"]) == \
+        [128258, 128260, 128261, 128264, 193799]
+
+
+@pytest.fixture(scope="module")
+def twins(parts: SimpleNamespace) -> SimpleNamespace:
+    """The orpheus family and causal_lm with the orpheus layout, on the same checkpoint."""
+    family = build_model(OrpheusConfig(init_from=str(parts.orpheus), max_seq_len=512), ORPHEUS_DATA, 0)
+    layout = build_model(CausalLMConfig(layout="orpheus", init_from=str(parts.orpheus), max_seq_len=512),
+                         ORPHEUS_DATA, 0)
+    return SimpleNamespace(family=family, layout=layout)
+
+
+@pytest.mark.parametrize("loss_on", ["all", "speech"])
+def test_the_orpheus_layout_trains_on_the_orpheus_familys_examples_and_loss(twins, loss_on: str) -> None:
+    twins.family.loss_on = twins.layout.loss_on = loss_on
+    rng = np.random.default_rng(1)
+    rows = [row(rng.integers(0, 4096, (7, n)), text=t, speaker=s)
+            for n, t, s in [(5, "hello there", "tara"), (9, "<laugh> well, ok", "leo"), (3, "the dog", None)]]
+    for r in rows:
+        a, b = twins.family.example(r), twins.layout.example(r)
+        assert all(np.array_equal(a[k], b[k]) for k in ("input_ids", "labels"))
+        assert twins.family.length(r) == twins.layout.length(r)
+    for collate in ("collate", "collate_packed"):
+        a = getattr(twins.family, collate)([twins.family.example(r) for r in rows])
+        b = getattr(twins.layout, collate)([twins.layout.example(r) for r in rows])
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    batch = twins.layout.collate([twins.layout.example(r) for r in rows])
+    batch = {k: v for k, v in batch.items() if not k.startswith(LOSS_COUNT)}
+    la, lb = twins.family.loss(twins.family.module, batch), twins.layout.loss(twins.layout.module, batch)
+    assert la.keys() == lb.keys() and all(torch.equal(la[k].sum, lb[k].sum) for k in la)
+
+
+def test_the_orpheus_layout_generates_what_the_orpheus_family_does(twins) -> None:
+    for options in ({}, {"top_p": 0.5, "repetition_penalty": 1.3}, {"temperature": 0.0}):
+        a = twins.family.generate("hello there", "tara", max_frames=4, seed=3, **options)
+        b = twins.layout.generate("hello there", "tara", max_frames=4, seed=3, **options)
+        assert a.shape == (7, 4) and np.array_equal(a, b), options
+
+
+def test_a_saved_layout_model_loads_with_transformers_and_without_its_layout_file(parts, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = yaml.safe_load((BUILT_IN / "orpheus.yaml").read_text()) | {"name": "mine"}
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump(spec))
+    model = build_model(CausalLMConfig(layout=str(mine), init_from=str(parts.orpheus), max_seq_len=256),
+                        ORPHEUS_DATA, 0)
+    model.save_pretrained(tmp_path / "out")
+    mine.unlink()
+    again = load_model(tmp_path / "out")
+    assert again.layout.name == "mine" and again.ids == model.ids
+    assert np.array_equal(again.generate("hi", "tara", max_frames=2, seed=1),
+                          model.generate("hi", "tara", max_frames=2, seed=1))
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert hf.generation_config.eos_token_id == OL.END_OF_SPEECH and tok.convert_tokens_to_ids("<custom_token_10>") \
+        == OL.AUDIO_START
+
+
+def test_bad_layouts_and_setups_are_refused_naming_the_field(parts, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="neither a built-in layout"):
+        CausalLMConfig(layout=str(tmp_path / "nope.yaml"))
+    bad = yaml.safe_load((BUILT_IN / "llasa.yaml").read_text())
+    bad["prompt"] = "{text}"
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ValueError, match="exactly one of prompt"):
+        CausalLMConfig(layout=str(tmp_path / "two.yaml"))
+    bad = yaml.safe_load((BUILT_IN / "llasa.yaml").read_text()) | {"codebooks": "seven"}
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ValueError, match="codebooks"):
+        CausalLMConfig(layout=str(tmp_path / "typo.yaml"))
+    with pytest.raises(ConfigError, match="needs codes of 1 x 65536"):
+        build_model(CausalLMConfig(layout="llasa", tokenizer=str(parts.tokenizer)), ORPHEUS_DATA, 0)
+    wrong = yaml.safe_load((BUILT_IN / "llasa.yaml").read_text())
+    wrong["ids"]["<|s_0|>"] = 128265
+    (tmp_path / "wrong.yaml").write_text(yaml.safe_dump(wrong))
+    with pytest.raises(ModelLoadError, match="<|s_0|> is 128264"):
+        load_tokenizer(str(parts.tokenizer), "model.tokenizer", load_layout(str(tmp_path / "wrong.yaml")))
