@@ -1,5 +1,6 @@
-"""The ``causal_lm`` family: layouts declared in YAML, checked against upstream ids; the Orpheus layout against the
-``orpheus`` family (same examples, batches, loss and generation, bit for bit); a layout no built-in model uses."""
+"""The ``causal_lm`` family: layouts declared in YAML, checked against upstream ids; the orpheus layout built through
+causal_lm's own loading (tokenizer extension, module, ids) against the ``orpheus`` family's (same examples, batches,
+loss and generation, bit for bit; that family's outputs before it became a layout: test_orpheus_golden.py)."""
 
 from __future__ import annotations
 
@@ -138,3 +139,10 @@ def test_bad_layouts_and_setups_are_refused_naming_the_field(parts, tmp_path: Pa
     (tmp_path / "wrong.yaml").write_text(yaml.safe_dump(wrong))
     with pytest.raises(ModelLoadError, match="<|s_0|> is 128264"):
         load_tokenizer(str(parts.tokenizer), "model.tokenizer", load_layout(str(tmp_path / "wrong.yaml")))
+
+
+def test_the_orpheus_layout_file_resolves_to_upstreams_ids_written_out(twins) -> None:
+    """orpheus.yaml, resolved against a Llama-3 tokenizer, against Orpheus' ids as upstream's code writes them."""
+    got, want = twins.layout.ids, OL.token_map()
+    assert (got.before_text, got.after_text, got.after_audio, got.stop, got.pad, got.bos, got.audio_start) == \
+        (want.before_text, want.after_text, want.after_audio, want.stop, want.pad, want.bos, want.audio_start)

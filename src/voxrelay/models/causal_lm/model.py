@@ -41,6 +41,7 @@ from voxrelay.models.seam import FamilyModelBase
 
 FORMAT_VERSION = 1
 IGNORE_INDEX = -100
+LAYOUT_DEFAULT: Any = "layout default"  # a sampling option left out of speak/generate: the layout's (None: off)
 
 
 class Sampling(NamedTuple):
@@ -183,19 +184,19 @@ class LayoutLM(FamilyModelBase):
     # ---------------------------------------------------------------- synthesis
 
     def speak(self, request: Request, codec, max_frames: int | None = None, temperature: float = 0.8,
-              top_k: int | None = 50, seed: int = 0, top_p: float | None = None,
-              repetition_penalty: float | None = None) -> Speech:
+              top_k: int | None = 50, seed: int = 0, top_p: float | None = LAYOUT_DEFAULT,
+              repetition_penalty: float | None = LAYOUT_DEFAULT) -> Speech:
         """:meth:`generate` the request's text and speaker, decoded by ``codec``."""
         return speak_codes(self, request, codec, max_frames, temperature, top_k, seed, top_p=top_p,
                            repetition_penalty=repetition_penalty)
 
     @torch.no_grad()
     def generate(self, text: str, speaker: str | None = None, max_frames: int | None = None,
-                 temperature: float = 0.8, top_k: int | None = 50, seed: int = 0, top_p: float | None = None,
-                 repetition_penalty: float | None = None) -> np.ndarray:
+                 temperature: float = 0.8, top_k: int | None = 50, seed: int = 0,
+                 top_p: float | None = LAYOUT_DEFAULT, repetition_penalty: float | None = LAYOUT_DEFAULT) -> np.ndarray:
         """Codes int64 [K, T] for ``text``, deterministic for a ``seed``; ``temperature <= 0`` is greedy. Each
         position of a frame samples among its codebook's ids only (the stop token too at a frame boundary after
-        one frame); ``top_p`` / ``repetition_penalty`` None: the layout's defaults."""
+        one frame); ``top_p`` / ``repetition_penalty`` left out: the layout's (upstream's) defaults, None: off."""
         prompt = self.prompt_ids(text, speaker)
         k = self.layout.codebooks
         budget = (self.max_length - len(prompt) - 1) // k
@@ -204,8 +205,8 @@ class LayoutLM(FamilyModelBase):
                                       f"one frame in model.max_seq_len={self.max_length}; shorten the text")
         max_frames = budget if max_frames is None else max(1, min(max_frames, budget))
         hint = self.layout.sampling
-        how = Sampling(temperature, top_k, hint.top_p if top_p is None else top_p,
-                       hint.repetition_penalty if repetition_penalty is None else repetition_penalty)
+        how = Sampling(temperature, top_k, hint.top_p if top_p is LAYOUT_DEFAULT else top_p,
+                       hint.repetition_penalty if repetition_penalty is LAYOUT_DEFAULT else repetition_penalty)
         was_training = self.module.training
         self.module.eval()
         try:
