@@ -72,6 +72,9 @@ class CausalLMConfig(FamilyConfig):
         return self.max_seq_len or self.resolved().max_seq_len
 
     def data_needs(self) -> DataNeeds:
-        """The layout's codec: its codes per frame and codebook size."""
+        """The layout's codec: its codes per frame and codebook size (a section built without keys, as asked for the
+        family's facts alone, has no layout: any codes)."""
+        if "layout" not in self.__dict__:
+            return DataNeeds()
         lay = self.resolved()
         return DataNeeds(codes=(lay.codebooks, lay.codebook_size), codec=lay.codec.type)

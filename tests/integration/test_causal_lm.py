@@ -1,0 +1,115 @@
+"""The ``causal_lm`` family end to end on a CPU with a layout no built-in model uses (written here, in YAML only): a
+random-init Qwen2 over the built-in codec's 2 codebooks, frames laid out in reverse, a literal prompt, a speaker
+format, loss on the speech only. prepare -> train -> SIGKILL -> resume, bit-exact against a straight run ->
+synthesize -> eval -> export -> the folder loads with ``AutoModelForCausalLM`` / ``AutoTokenizer``."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import yaml
+
+from tests.helpers.orpheus import save_llama3_tokenizer
+from tests.helpers.runner import Trainer, assert_same_weights, env_for, final_weights, kill_once_a_checkpoint_exists
+from tests.helpers.runner import voxrelay as run_cli
+from voxrelay.cli import demo_config_path
+
+pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
+
+STEPS = 6
+DEMO = demo_config_path()
+LAYOUT = {
+    "name": "test-reversed", "summary": "a test-only layout: no built-in model lays codes out like this",
+    "upstream": "none (tests/integration/test_causal_lm.py)", "architecture": "qwen2",
+    "codec": {"type": "mel_kmeans"}, "codebooks": 2, "codebook_size": 64, "frame_order": [1, 0],
+    "audio_token": "<a{}>", "base_vocab": 128256,
+    "add_tokens": ["<speech>", "</speech>", {"template": "<a{}>", "count": 128}],
+    "ids": {"<speech>": 128256, "<a0>": 128258},
+    "prompt": "<|begin_of_text|>{text}<speech>", "speaker_format": "[{speaker}] {text}",
+    "after_audio": ["</speech>"], "stop": "</speech>", "pad": "<|eot_id|>", "loss_on": "speech",
+    "max_seq_len": 1024, "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+}
+
+
+def settings(parts: Path):
+    def tiny(root: str, *extra: str) -> list[str]:
+        return [
+            f"root={root}", "name=x", "data.name=two-books",
+            "data.sources=[{type: demo, minutes: 0.6, seed: 1, voices: [en-us, en-gb+f3]}]",
+            "data.eval_size=2", "data.shard_size=8",
+            f"train.max_steps={STEPS}", "train.batch_tokens=1200", "train.grad_accum=1", "train.warmup_steps=1",
+            "train.eval_every=100", "train.eval_synth=1", "train.log_every=1", "train.time_limit=null",
+            "checkpoint.every_minutes=null", "checkpoint.every_steps=2", *extra,
+        ]
+    return tiny
+
+
+def write_config(parts: Path) -> Path:
+    """The demo's config with this layout's model (random init, tiny) and the built-in codec at 2 x 64."""
+    cfg = yaml.safe_load(DEMO.read_text())
+    cfg["codec"] = {"type": "mel_kmeans", "num_codebooks": 2, "codebook_size": 64, "hop_length": 320}
+    cfg["model"] = {"family": "causal_lm", "layout": str(parts / "layout.yaml"), "tokenizer": str(parts / "tok"),
+                    "hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
+                    "dropout": 0.1}  # every step draws from the RNG: resume must restore it
+    (parts / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return parts / "config.yaml"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory):
+    base = tmp_path_factory.mktemp("causal_lm")
+    parts = base / "parts"
+    save_llama3_tokenizer(parts / "tok")
+    (parts / "layout.yaml").write_text(yaml.safe_dump(LAYOUT))
+    write_config(parts)
+    env = env_for(base / "cache")
+    res = run_cli("prepare", str(parts / "config.yaml"), *settings(parts)(str(base / "root")), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return base, parts, env
+
+
+def test_a_layout_of_your_own_prepares_trains_resumes_exactly_speaks_and_exports(setup, tmp_path: Path):
+    base, parts, env = setup
+    tiny = settings(parts)
+    config = str(parts / "config.yaml")
+    res = run_cli("train", config, *tiny(str(base / "root"), "name=straight"), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    trainer = Trainer(str(base / "root"), env, "name=killed", config=config, settings=tiny)
+    kill_once_a_checkpoint_exists(trainer, base / "cache", str(base / "root/runs/killed"), STEPS)
+    res = run_cli("train", config, *tiny(str(base / "root"), "name=killed"), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    resumed = int(re.search(r"resuming \S+ from step (\d+)", res.stderr).group(1))
+    assert 2 <= resumed < STEPS, res.stderr
+    step_a, a = final_weights(str(base / "root/runs/straight"), base / "cache/fetch")
+    step_b, b = final_weights(str(base / "root/runs/killed"), base / "cache/fetch")
+    assert step_a == step_b == STEPS and any("embed_tokens" in k for k in a)
+    assert_same_weights(a, b)
+
+    run = base / "root/runs/killed"
+    wav = tmp_path / "hi.wav"
+    res = run_cli("synthesize", str(run), "hello there", "-o", str(wav), "--voice", "en-us", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    audio, _ = sf.read(wav)
+    assert audio.size > 0 and np.isfinite(audio).all()
+    res = run_cli("eval", str(run), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    scores = [json.loads(line) for p in run.glob("eval/step-*/scores.jsonl") for line in p.read_text().splitlines()]
+    assert scores and all("wer" in s for s in scores), scores
+
+    out = tmp_path / "export"
+    res = run_cli("export", str(run), "-o", str(out), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    lm = AutoModelForCausalLM.from_pretrained(str(out))
+    assert type(lm).__name__ == "Qwen2ForCausalLM" and lm.config.vocab_size == 128256 + 2 + 128
+    assert lm.generation_config.eos_token_id == 128257
+    tok = AutoTokenizer.from_pretrained(str(out))
+    assert tok.convert_tokens_to_ids(["<speech>", "</speech>", "<a0>", "<a127>"]) == [128256, 128257, 128258, 128385]
+    meta = json.loads((out / "voxrelay.json").read_text())
+    assert meta["layout"]["name"] == "test-reversed" and meta["layout"]["frame_order"] == [1, 0]
