@@ -75,3 +75,35 @@ def save_tiny_snac(folder: Path) -> Path:
     (folder / "config.json").write_text(json.dumps(TINY_SNAC))
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
     return folder
+
+
+# Llama-3.2-Instruct's chat template, transcribed in its structure (the hub's file is not reachable here): BOS, a
+# system turn dated by strftime_now unless date_string is given, then each turn as
+# <|start_header_id|>{role}<|end_header_id|>\n\n{content | trim}<|eot_id|>
+LLAMA32_CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if not date_string is defined %}{%- if strftime_now is defined %}"
+    "{%- set date_string = strftime_now('%d %b %Y') %}{%- else %}{%- set date_string = '26 Jul 2024' %}"
+    "{%- endif %}{%- endif %}"
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] | trim %}"
+    "{%- set messages = messages[1:] %}{%- else %}{%- set system_message = '' %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{{- 'Cutting Knowledge Date: December 2023\\n' }}{{- 'Today Date: ' + date_string + '\\n\\n' }}"
+    "{{- system_message }}{{- '<|eot_id|>' }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+    " + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+
+def save_llama32_instruct_tokenizer(folder: Path) -> Path:
+    """:func:`save_llama3_tokenizer` with Llama-3.2-Instruct's chat template (Llasa's base)."""
+    from transformers import AutoTokenizer
+
+    save_llama3_tokenizer(folder)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    tok.chat_template = LLAMA32_CHAT_TEMPLATE
+    tok.save_pretrained(str(folder))
+    return folder

@@ -146,3 +146,44 @@ def test_the_orpheus_layout_file_resolves_to_upstreams_ids_written_out(twins) ->
     got, want = twins.layout.ids, OL.token_map()
     assert (got.before_text, got.after_text, got.after_audio, got.stop, got.pad, got.bos, got.audio_start) == \
         (want.before_text, want.after_text, want.after_audio, want.stop, want.pad, want.bos, want.audio_start)
+
+
+def upstream_llasa_example(tok, text: str, speech: list[int]) -> tuple[list[int], list[int]]:
+    """LLaSA_training train_tts.py's TTSDataset.__getitem__, transcribed: the chat with placeholder markers,
+    tokenized by the chat template, the markers replaced by the text and speech sequences; labels from
+    SPEECH_GENERATION_START on, pad (= <|eot_id|>) positions masked."""
+    tu, sg = tok.convert_tokens_to_ids(["<|TEXT_UNDERSTANDING_START|>", "<|SPEECH_GENERATION_START|>"])
+    tu_end, sg_end = tok.convert_tokens_to_ids(["<|TEXT_UNDERSTANDING_END|>", "<|SPEECH_GENERATION_END|>"])
+    chat = [{"role": "user", "content": "Convert the text to speech:<|TEXT_UNDERSTANDING_START|>"},
+            {"role": "assistant", "content": "<|SPEECH_GENERATION_START|>"}]
+    # transformers 4 (upstream's) returned the ids; 5 returns a dict unless return_dict=False
+    ids = list(tok.apply_chat_template(chat, tokenize=True, return_dict=False, date_string="26 Jul 2024"))
+    text_seq = [tu, *tok.encode(text, add_special_tokens=False), tu_end]
+    i = ids.index(tu)
+    ids = ids[:i] + text_seq + ids[i + 1:]
+    i = ids.index(sg)
+    ids = ids[:i] + [sg, *speech, sg_end] + ids[i + 1:]
+    labels = [-100] * len(ids)
+    start = ids.index(sg)
+    labels[start:] = ids[start:]
+    labels = [-100 if t == tok.convert_tokens_to_ids("<|eot_id|>") else lab for t, lab in zip(ids, labels, strict=True)]
+    return ids, labels
+
+
+def test_llasa_examples_are_upstreams_sequence_and_labels(tmp_path: Path) -> None:
+    from tests.helpers.orpheus import save_llama32_instruct_tokenizer
+
+    tok_dir = save_llama32_instruct_tokenizer(tmp_path / "llama32")
+    model = build_model(CausalLMConfig(layout="llasa", tokenizer=str(tok_dir), hidden_size=32, num_layers=1,
+                                       num_heads=2, num_kv_heads=1, intermediate_size=64),
+                        DataSpec(1, 65536, [], 50.0, 16000), 0)
+    codes = np.random.default_rng(0).integers(0, 65536, (1, 12))
+    got = model.example(row(codes, text="The quick brown fox.", speaker=None))
+    ids, labels = upstream_llasa_example(model.tokenizer, "The quick brown fox.", (codes[0] + 128264).tolist())
+    # upstream's sequence ends with the assistant turn's <|eot_id|>: never a target (pad = eot), and as the last
+    # input it predicts nothing, so leaving it out changes no loss term
+    assert ids[-1] == 128009 and labels[-1] == -100
+    assert got["input_ids"].tolist() == ids[:-1] and got["labels"].tolist() == labels[:-1]
+    # the prompt synthesis starts from is the training prefix (through SPEECH_GENERATION_START)
+    assert model.prompt_ids("The quick brown fox.") == ids[: ids.index(128260) + 1]
+    assert "Today Date: 26 Jul 2024" in model.tokenizer.decode(got["input_ids"])
