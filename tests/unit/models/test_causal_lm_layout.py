@@ -187,3 +187,47 @@ def test_llasa_examples_are_upstreams_sequence_and_labels(tmp_path: Path) -> Non
     # the prompt synthesis starts from is the training prefix (through SPEECH_GENERATION_START)
     assert model.prompt_ids("The quick brown fox.") == ids[: ids.index(128260) + 1]
     assert "Today Date: 26 Jul 2024" in model.tokenizer.decode(got["input_ids"])
+
+
+def upstream_neutts_prompt(tok, phones: str) -> list[int]:
+    """neuttsair/neutts.py NeuTTSAir._apply_chat_template, transcribed, with ``phones`` as its input text (upstream
+    prepends a reference's phonemes and appends its codes: this layout has no reference)."""
+    speech_replace, speech_gen_start, text_replace, text_prompt_start, text_prompt_end = tok.convert_tokens_to_ids(
+        ["<|SPEECH_REPLACE|>", "<|SPEECH_GENERATION_START|>", "<|TEXT_REPLACE|>", "<|TEXT_PROMPT_START|>",
+         "<|TEXT_PROMPT_END|>"])
+    input_ids = tok.encode(phones, add_special_tokens=False)
+    ids = tok.encode("user: Convert the text to speech:<|TEXT_REPLACE|>\nassistant:<|SPEECH_REPLACE|>")
+    i = ids.index(text_replace)
+    ids = ids[:i] + [text_prompt_start] + input_ids + [text_prompt_end] + ids[i + 1:]
+    i = ids.index(speech_replace)
+    return ids[:i] + [speech_gen_start]
+
+
+def test_neutts_prompts_phonemes_as_upstreams_inference_and_labels_as_its_finetune(tmp_path: Path) -> None:
+    pytest.importorskip("phonemizer")
+    from phonemizer.backend import EspeakBackend
+
+    from tests.helpers.qwen import save_qwen2_tokenizer
+
+    model = build_model(CausalLMConfig(layout="neutts", tokenizer=str(save_qwen2_tokenizer(tmp_path / "qwen")),
+                                       hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                       intermediate_size=64), DataSpec(1, 65536, [], 50.0, 16000), 0)
+    assert type(model.module).__name__ == "Qwen2ForCausalLM" and model.ids.pad == 151643
+    text = "Did Felix carry it? Hello, world."
+    import espeakng_loader
+    from phonemizer.backend.espeak.wrapper import EspeakWrapper
+
+    EspeakWrapper.set_library(espeakng_loader.get_library_path())  # as upstream's _configure_espeak_library does
+    EspeakWrapper.set_data_path(espeakng_loader.get_data_path())
+    g2p = EspeakBackend(language="en-us", preserve_punctuation=True, with_stress=True)  # upstream's _to_phones
+    phones = " ".join(g2p.phonemize([text])[0].split())
+    assert phones.startswith("dˈɪd fˈiːlɪks") and phones.endswith("wˈɜːld.")
+    assert model.prompt_ids(text) == upstream_neutts_prompt(model.tokenizer, phones)
+    codes = np.random.default_rng(0).integers(0, 65536, (1, 7))
+    got = model.example(row(codes, text=text, speaker=None))
+    sg = model.tokenizer.convert_tokens_to_ids("<|SPEECH_GENERATION_START|>")
+    start = got["input_ids"].tolist().index(sg)
+    # examples/finetune.py: labels from SPEECH_GENERATION_START on; the speech is <|speech_k|> by name
+    assert (got["labels"][:start] == -100).all() and np.array_equal(got["labels"][start:], got["input_ids"][start:])
+    speech = model.tokenizer.convert_ids_to_tokens(got["input_ids"][start + 1:-1].tolist())
+    assert speech == [f"<|speech_{c}|>" for c in codes[0]]

@@ -85,6 +85,15 @@ class RandomInit(BaseModel):
     tie_word_embeddings: bool = True
 
 
+class Phonemize(BaseModel):
+    """The text as eSpeak phonemes, through the ``phonemizer`` package's ``EspeakBackend`` (NeuTTS)."""
+
+    model_config = ConfigDict(extra="forbid")
+    language: str = "en-us"
+    preserve_punctuation: bool = True
+    with_stress: bool = True
+
+
 class CodecHint(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: str
@@ -115,6 +124,7 @@ class Layout(BaseModel):
     prompt: str | None = None
     chat: list[ChatTurn] | None = None
     chat_kwargs: dict[str, str] = {}
+    phonemize: Phonemize | None = None
     speaker_format: str | None = "{speaker}: {text}"
     after_audio: list[str] = []
     stop: str

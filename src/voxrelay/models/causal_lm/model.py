@@ -91,8 +91,13 @@ class LayoutLM(FamilyModelBase):
     # ---------------------------------------------------------------- sequences
 
     def prompt_text(self, text: str, speaker: str | None) -> str:
-        """The text as the layout puts a speaker in it (``speaker_format``); a model trained on known speakers
-        refuses others; one trained without speakers accepts any name."""
+        """The text as the layout gives it to the model: as phonemes (``phonemize``), with a speaker
+        (``speaker_format``); a model trained on known speakers refuses others, one trained without any accepts
+        any name."""
+        if (how := self.layout.phonemize) is not None:
+            from voxrelay.models.causal_lm.phonemes import phonemes
+
+            text = phonemes(text, how.language, how.preserve_punctuation, how.with_stress)
         fmt = self.layout.speaker_format
         if speaker is None or fmt is None:
             return text
