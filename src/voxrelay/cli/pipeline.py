@@ -25,15 +25,48 @@ def prepare_cmd(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Re-encode prepared data made with other parameters (codec.*, durations) in place"
     ),
+    check_codec: bool = typer.Option(
+        False, "--check-codec", help="Prepare nothing: round-trip a sample of the clips through codec.* and report "
+        "MCD-DTW and, with eval.asr, the WER/CER of recordings vs round trips (wavs + report.json in "
+        "<prepared>/codec_check/)",
+    ),
+    clips: int = typer.Option(16, "--clips", min=1, help="With --check-codec: how many clips to check"),
 ):
     """Validate + encode the sources into Parquet shards at <root>/prepared/<data.name>/."""
     from voxrelay.config import load_config
 
     cfg = load_config(config, overrides or [])  # before the heavy imports: a config error comes at once
+    if check_codec:
+        from voxrelay.data.codec_check import check_codec as run_check
+
+        print_codec_check(run_check(cfg, clips))
+        return
     from voxrelay.data.prepare import prepare
 
     report = prepare(cfg, strict=strict, overwrite=overwrite)
     print_prepare_report(report)
+
+
+def print_codec_check(report) -> None:
+    """One line per clip, then the sample's figures and where the round trips are."""
+    for s in report.skipped:
+        err.print(f"{s['where']} {s['id']}: skipped, {s['reason']}", highlight=False, markup=False)
+    asr = "recording_wer" in report.summary
+    out.print(f"{'clip':<24} {'seconds':>7} {'MCD dB':>7}" + (f" {'WER rec':>8} {'WER trip':>8} {'CER rec':>8} "
+              f"{'CER trip':>8}" if asr else ""), highlight=False)
+    for c in report.clips:
+        out.print(f"{c['id'][:24]:<24} {c['seconds']:>7.2f} {c['mcd_db']:>7.2f}" + (
+            f" {c['recording_wer']:>8.3f} {c['round_trip_wer']:>8.3f} {c['recording_cer']:>8.3f} "
+            f"{c['round_trip_cer']:>8.3f}" if asr else ""), highlight=False, markup=False)
+    s = report.summary
+    line = f"codec {report.codec.get('type')}: {s['clips']} clips, mean MCD-DTW {s['mcd_db']:.2f} dB"
+    if asr:
+        line += (f"; WER {s['recording_wer']:.3f} on the recordings -> {s['round_trip_wer']:.3f} on the round trips, "
+                 f"CER {s['recording_cer']:.3f} -> {s['round_trip_cer']:.3f} ({s['asr_model']}, language "
+                 f"{s['language']}, Whisper's English normaliser)")
+    else:
+        line += " (no WER: eval.asr is off)"
+    out.print(f"{line}; round trips and report.json in {report.uri}", highlight=False, markup=False)
 
 
 def print_prepare_report(report) -> None:

@@ -108,18 +108,7 @@ def _load_codec(cfg: RunConfig, codec: AudioCodec, rows: list[Utterance], rank: 
     if rank == 0:
         _drop_stale_codec_state(cfg.prepared_uri, params)
     if rank == 0 and not storage.exists(state_uri):
-        rng = np.random.default_rng(cfg.train.seed)
-        pick = rng.permutation(len(rows))[:FIT_CLIPS]
-        wavs, failed = [], []
-        for i in sorted(pick):
-            try:
-                if rows[i].problem is not None:
-                    raise RowError(rows[i].problem)
-                wavs.append(
-                    load_utterance_audio(rows[i], codec.sample_rate, cfg.data.min_duration, cfg.data.max_duration)
-                )
-            except RowError as err:  # else rejected (with its reason) when its shard is encoded
-                failed.append({"id": rows[i].id, "where": rows[i].where, "reason": str(err)})
+        wavs, failed, pick = fit_sample(cfg, codec, rows)
         if not wavs:
             rj.write(cfg.prepared_uri, failed)
             headline = (f"prepare kept no row: {len(rows)} of {len(rows)} rows rejected" if len(pick) == len(rows)
@@ -139,6 +128,22 @@ def _load_codec(cfg: RunConfig, codec: AudioCodec, rows: list[Utterance], rank: 
     state = storage.read_bytes(state_uri)
     codec.load_state_bytes(state)
     return ident.sha256_bytes(state)
+
+
+def fit_sample(cfg: RunConfig, codec: AudioCodec, rows: list[Utterance]) -> tuple[list, list[dict], list[int]]:
+    """The clips a fittable codec is fitted on: up to :data:`FIT_CLIPS` rows drawn with ``train.seed``; returns
+    (their audio, the rows that could not be read with the reason, the indices drawn)."""
+    rng = np.random.default_rng(cfg.train.seed)
+    pick = rng.permutation(len(rows))[:FIT_CLIPS]
+    wavs, failed = [], []
+    for i in sorted(pick):
+        try:
+            if rows[i].problem is not None:
+                raise RowError(rows[i].problem)
+            wavs.append(load_utterance_audio(rows[i], codec.sample_rate, cfg.data.min_duration, cfg.data.max_duration))
+        except RowError as err:  # else rejected (with its reason) when its shard is encoded
+            failed.append({"id": rows[i].id, "where": rows[i].where, "reason": str(err)})
+    return wavs, failed, list(pick)
 
 
 def _drop_stale_codec_state(prepared: str, params: dict) -> None:
