@@ -9,15 +9,13 @@ the hop, which is all DAC's feature extractor does for one mono clip.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from voxrelay import storage
-from voxrelay.codecs.base import CodecError, CodecNotFoundError, describe_common, looks_local, mono_float32
+from voxrelay.codecs.base import CodecError, CodecNotFoundError, describe_common, mono_float32
 from voxrelay.codecs.dac_keys import (
     AUDIO,
     KeyMapError,
@@ -25,32 +23,28 @@ from voxrelay.codecs.dac_keys import (
     dac_state_from_upstream,
     is_descript_config,
 )
+from voxrelay.codecs.pretrained import CodecSource, read_config, resolve_folder
 from voxrelay.errors import one_line
-from voxrelay.hf_weights import WeightsFileError, has_weights, read_weights
-from voxrelay.paths import cache_dir, uri_key
+from voxrelay.hf_weights import WeightsFileError, read_weights
 
 if TYPE_CHECKING:
     from transformers import DacModel
 
 
+DAC_SOURCE = CodecSource("DAC", "DacModel.save_pretrained", "dac", "descript/dac_16khz",
+                         "a DAC or of a model with a DAC audio_encoder")
+
+
 def load_dac_model(path: str) -> DacModel:
-    """A DacModel in eval mode from a local folder or a hub id (owner/name) holding one of:
+    """A DacModel in eval mode from a local folder, a gs:// / s3:// folder or a hub id (owner/name) holding one of:
 
     - transformers' DacModel (``save_pretrained``: ``model_type`` "dac", ``n_codebooks``…), e.g. ``descript/dac_44khz``;
     - Parler-TTS' DAC wrapper (``DACModel``, descript's weight names ``model.encoder.block…`` with weight norm;
       ``model_type`` "dac" or, since transformers 4.45, "dac_on_the_hub"), e.g. the hub's ``…/dac_44khZ_8kbps``;
     - a model whose ``config.json`` has an ``audio_encoder`` DAC (a Parler-TTS checkpoint: the DAC it encodes with).
     The last two are converted to DacModel on load (:mod:`voxrelay.codecs.dac_keys`)."""
-    if "://" in path and not storage.is_local(path):
-        path = str(_from_bucket(path))
-    local = Path(path).expanduser()
-    if not local.is_dir() and looks_local(path):
-        raise CodecNotFoundError(
-            f"DAC codec folder {path!r} does not exist; set codec.path to a local folder written by "
-            "DacModel.save_pretrained, or to a hub id such as 'descript/dac_16khz'"
-        )
-    folder = local if local.is_dir() else _hub_snapshot(path)
-    config = _read_config(folder)
+    folder = resolve_folder(path, DAC_SOURCE)
+    config = read_config(folder, DAC_SOURCE)
     if config.get("model_type") == "dac" and not is_descript_config(config):
         return _transformers_dac(folder, path)
     if is_descript_config(config):
@@ -66,54 +60,6 @@ def load_dac_model(path: str) -> DacModel:
 
 
 DAC_TYPES = ("dac", "dac_on_the_hub")  # transformers' DacModel / Parler-TTS' wrapper (transformers <= 4.44: "dac")
-
-
-def _from_bucket(uri: str) -> Path:
-    """A copy of the config and weights directly under ``uri`` (gs://, s3://; e.g. the Parler model folder an
-    imported config names) in the cache ``model.init_from`` uses too, fetched once (same-size files are kept)."""
-    local = cache_dir("init_from", uri_key(uri))
-    sizes = {n: s for n, s in storage.file_sizes(uri).items() if n.endswith((".json", ".safetensors", ".bin"))}
-    if "config.json" not in sizes:
-        raise CodecNotFoundError(f"codec.path {uri!r} holds no config.json; give the folder of a DAC or of a model "
-                                 "with a DAC audio_encoder")
-    for name, size in sizes.items():
-        target = storage.checked_join(local, name, f"the listing of {uri}", single=True)
-        if not (target.is_file() and target.stat().st_size == size):
-            storage.get_file(storage.join(uri, name), target)
-    return local
-
-
-def _hub_snapshot(hub_id: str) -> Path:
-    """The hub repo's config and weights (safetensors, else the pickle) in the local hub cache."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        folder = Path(snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors"]))
-        return folder if has_weights(folder) else Path(snapshot_download(hub_id, allow_patterns=["*.json", "*.bin"]))
-    except Exception as e:  # the hub client's errors have no common base worth naming
-        raise CodecNotFoundError(
-            f"could not load DAC codec {hub_id!r} as a hub id (it is not a local folder) ({one_line(e)[:200]}); set "
-            "codec.path to a local folder written by DacModel.save_pretrained (hub ids need network access or a "
-            "warm HF cache)"
-        ) from None
-
-
-def _read_config(folder: Path) -> dict[str, Any]:
-    """config.json of a local folder; refused when absent (transformers would build a random model)."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except FileNotFoundError:
-        problem = "no config.json"
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        problem = "config.json is not a JSON object"
-    else:
-        if isinstance(config, dict):
-            return config
-        problem = "config.json is not a JSON object"
-    raise CodecNotFoundError(
-        f"{str(folder)!r} is not a DAC folder ({problem}); set codec.path to a folder written by "
-        "DacModel.save_pretrained (model_type 'dac'), or set codec.type to the codec that folder holds"
-    )
 
 
 def _transformers_dac(folder: Path, path: str) -> DacModel:

@@ -2,7 +2,7 @@
 ``index.json`` description (``codec_from_description``).
 
 Implementations live in a dict keyed by ``codec.type``; the SDKs behind the pretrained codecs
-(``snac``, ``transformers``) are imported only when such a codec is built.
+(``snac``, ``transformers``: DAC, XCodec2, NeuCodec) are imported only when such a codec is built.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ _MEL_KMEANS_PARAMS = (
 )
 # Fields of a pretrained codec's description that must still hold when it is loaded again:
 # codes prepared with one model are meaningless to another.
-_PRETRAINED_CHECKED = ("sample_rate", "num_codebooks", "codebook_size")
+_PRETRAINED_CHECKED = ("sample_rate", "frame_rate", "num_codebooks", "codebook_size")
 
 
 def _import_sdk(module: str, package: str, kind: str) -> None:
@@ -62,6 +62,20 @@ def _dac(path: str) -> AudioCodec:
     return DacCodec.from_pretrained(path)
 
 
+def _xcodec2(path: str) -> AudioCodec:
+    _import_sdk("transformers", "transformers", "xcodec2")
+    from voxrelay.codecs.xcodec2 import Xcodec2Codec
+
+    return Xcodec2Codec.from_pretrained(path)
+
+
+def _neucodec(path: str) -> AudioCodec:
+    _import_sdk("transformers", "transformers", "neucodec")
+    from voxrelay.codecs.neucodec import NeuCodecCodec
+
+    return NeuCodecCodec.from_pretrained(path)
+
+
 def family_codecs() -> dict[str, str]:
     """codec.type -> "module:Class" of the codecs model families bring (``FamilySpec.codecs``)."""
     from voxrelay.models.registry import FAMILIES
@@ -81,7 +95,12 @@ def _pcm(sample_rate: int) -> AudioCodec:
 
 
 # codec.type -> loader of a pretrained codec from a local folder or hub id.
-PRETRAINED_CODECS: dict[str, Callable[[str], AudioCodec]] = {"snac": _snac, "dac": _dac}
+PRETRAINED_CODECS: dict[str, Callable[[str], AudioCodec]] = {
+    "snac": _snac, "dac": _dac, "xcodec2": _xcodec2, "neucodec": _neucodec,
+}
+# codec.type -> the released model's hub id (what an error suggests for codec.path).
+HUB_EXAMPLES = {"snac": "hubertsiuzdak/snac_24khz", "dac": "descript/dac_16khz", "xcodec2": "HKUSTAudio/xcodec2-hf",
+                "neucodec": "neuphonic/neucodec"}
 # codec.type -> builder of a codec made from ``codec.sample_rate`` alone (nothing fitted, nothing downloaded).
 PLAIN_CODECS: dict[str, Callable[[int], AudioCodec]] = {"pcm": _pcm}
 # codec.type -> builder of a codec fitted on the corpus, from its parameters.
@@ -112,7 +131,7 @@ def build_codec(cfg: CodecConfig) -> AudioCodec:
         if not cfg.path:
             what = (getattr(_family_codec(cfg.type), "path_hint", "the model whose parts make it")
                     if cfg.type in family_codecs() else "a local folder or hub id of the pretrained codec (e.g. "
-                    "codec.path=hubertsiuzdak/snac_24khz or codec.path=descript/dac_16khz)")
+                    f"codec.path={HUB_EXAMPLES[cfg.type]})")
             raise CodecError(f"codec.type '{cfg.type}' needs codec.path: {what}")
         if cfg.type in PRETRAINED_CODECS:
             return PRETRAINED_CODECS[cfg.type](cfg.path)

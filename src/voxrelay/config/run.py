@@ -118,18 +118,19 @@ class DataConfig(Section):
 
 # codec.type: the built-in ones, then those model families bring (FamilySpec.codecs)
 FAMILY_CODECS = tuple(sorted({kind for spec in FAMILIES.values() for kind in spec.codecs}))
-CODEC_TYPES = ("mel_kmeans", "snac", "dac", "pcm", *FAMILY_CODECS)
+CODEC_TYPES = ("mel_kmeans", "snac", "dac", "xcodec2", "neucodec", "pcm", *FAMILY_CODECS)
 
 
 class CodecConfig(Section):
     type: Literal[CODEC_TYPES] = Field(  # type: ignore[valid-type]
-        "mel_kmeans", description="mel_kmeans: built-in, no download; snac / dac: pretrained neural codecs; pcm: "
+        "mel_kmeans", description="mel_kmeans: built-in, no download; snac / dac / xcodec2 / neucodec: pretrained "
+        "neural codecs (xcodec2: Llasa's, 16 kHz; neucodec: NeuTTS', 24 kHz out, encodes at 16 kHz); pcm: "
         "the audio itself (16-bit, at codec.sample_rate), for a family that learns from continuous features"
         + (f"; {' / '.join(FAMILY_CODECS)}: a model family's own (the README's section of that family)"
            if FAMILY_CODECS else "")
     )
-    path: str | None = Field(None, description="snac/dac: local folder or hub id of the pretrained codec; a "
-                             "family's own codec: the model (folder or hub id) whose parts make it")
+    path: str | None = Field(None, description="snac/dac/xcodec2/neucodec: local folder or hub id of the pretrained "
+                             "codec; a family's own codec: the model (folder or hub id) whose parts make it")
     batch_size: int = Field(
         1, gt=0, description="dac: clips encoded together by prepare, on the GPU when there is one (upstream "
         "Parler: 8-24); >1 is much faster on a GPU, and the last frames of a shorter clip then see the batch's "

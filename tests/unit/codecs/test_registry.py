@@ -53,7 +53,7 @@ def dac_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_codec_types() -> None:
-    assert codec_types() == ["dac", "mel_kmeans", "pcm", "snac", "vibevoice_latents"]
+    assert codec_types() == ["dac", "mel_kmeans", "neucodec", "pcm", "snac", "vibevoice_latents", "xcodec2"]
 
 
 def test_default_config_builds_an_unfitted_mel_kmeans() -> None:
