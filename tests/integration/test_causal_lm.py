@@ -113,3 +113,79 @@ def test_a_layout_of_your_own_prepares_trains_resumes_exactly_speaks_and_exports
     assert tok.convert_tokens_to_ids(["<speech>", "</speech>", "<a0>", "<a127>"]) == [128256, 128257, 128258, 128385]
     meta = json.loads((out / "voxrelay.json").read_text())
     assert meta["layout"]["name"] == "test-reversed" and meta["layout"]["frame_order"] == [1, 0]
+
+
+def save_tiny_llasa(folder: Path, tokenizer: Path) -> Path:
+    """A tiny random 'Llasa checkpoint': a Llama with Llasa's 193,800 rows and the tokenizer with its tokens (the
+    layout's add_tokens on a Llama-3.2-Instruct tokenizer, as upstream's train_tts.py makes it)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from voxrelay.models.causal_lm.layout import load_layout
+    from voxrelay.models.causal_lm.loading import load_tokenizer
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=193_800, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                                 max_position_embeddings=2048)).save_pretrained(str(folder))
+    load_tokenizer(str(tokenizer), "model.tokenizer", load_layout("llasa")).save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def llasa(tmp_path_factory: pytest.TempPathFactory):
+    from tests.helpers.codecs_tiny import save_tiny_xcodec2
+    from tests.helpers.orpheus import save_llama32_instruct_tokenizer
+
+    base = tmp_path_factory.mktemp("llasa")
+    parts = base / "parts"
+    ckpt = save_tiny_llasa(parts / "llasa", save_llama32_instruct_tokenizer(parts / "tok"))
+    cfg = yaml.safe_load(DEMO.read_text())
+    cfg["codec"] = {"type": "xcodec2", "path": str(save_tiny_xcodec2(parts / "xcodec2"))}
+    # a new language's characters, as --check-text would list them: here two the demo's English has
+    cfg["model"] = {"family": "causal_lm", "layout": "llasa", "init_from": str(ckpt), "add_tokens": ["ing", "th"],
+                    "dropout": 0.1, "max_seq_len": 1024}
+    cfg["train"] = cfg["train"] | {"lora": {"dropout": 0.1}}
+    (parts / "config.yaml").write_text(yaml.safe_dump(cfg))
+    env = env_for(base / "cache")
+    res = run_cli("prepare", str(parts / "config.yaml"), *settings(parts)(str(base / "root")), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return base, parts, env
+
+
+def test_llasa_lora_with_new_tokens_trains_only_their_rows_resumes_exactly_and_exports(llasa, tmp_path: Path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base, parts, env = llasa
+    config, tiny = str(parts / "config.yaml"), settings(parts)
+    index = json.loads((base / "root/prepared/two-books/index.json").read_text())
+    assert (index["codec"]["type"], index["num_codebooks"], index["codec"]["codebook_size"]) == ("xcodec2", 1, 65536)
+    res = run_cli("train", config, *tiny(str(base / "root"), "name=straight"), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    trainer = Trainer(str(base / "root"), env, "name=killed", config=config, settings=tiny)
+    kill_once_a_checkpoint_exists(trainer, base / "cache", str(base / "root/runs/killed"), STEPS)
+    res = run_cli("train", config, *tiny(str(base / "root"), "name=killed"), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    step_a, a = final_weights(str(base / "root/runs/straight"), base / "cache/fetch")
+    step_b, b = final_weights(str(base / "root/runs/killed"), base / "cache/fetch")
+    assert step_a == step_b == STEPS and any("lora_" in k for k in a)
+    assert_same_weights(a, b)
+
+    run = base / "root/runs/killed"
+    wav = tmp_path / "hi.wav"
+    res = run_cli("synthesize", str(run), "the thing", "-o", str(wav), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    audio, rate = sf.read(wav)
+    assert rate == 16000 and audio.size > 0 and np.isfinite(audio).all()
+    out = tmp_path / "export"
+    res = run_cli("export", str(run), "-o", str(out), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lm = AutoModelForCausalLM.from_pretrained(str(out))
+    tok = AutoTokenizer.from_pretrained(str(out))
+    assert lm.config.vocab_size == 193_802 and tok.convert_tokens_to_ids(["ing", "th"]) == [193_800, 193_801]
+    before = AutoModelForCausalLM.from_pretrained(str(parts / "llasa")).get_input_embeddings().weight
+    after = lm.get_input_embeddings().weight
+    # only the two new rows trained (LoRA's embeddings: new_rows); every row Llasa had is as it was
+    assert torch.equal(after[:193_800], before) and not torch.equal(after[193_800:], after[:2])
+    assert tok.convert_tokens_to_ids("<|s_0|>") == 128264

@@ -108,7 +108,8 @@ CASES: dict[str, Case] = {
     "unknown-key": lambda w: (w.prepare("train.max_stepz=3"), ["train.max_stepz: unknown key"], {}),
     "config-show-unknown-key": lambda w: (["config", "show", CONFIG, "modle.hidden_size=8"], ["modle"], {}),
     "config-show-unknown-family": lambda w: (
-        ["config", "show", CONFIG, "model.family=parlor"], ["model.family='parlor'", "one of: causal_lm, codec_lm"], {}),
+        ["config", "show", CONFIG, "model.family=parlor"], ["model.family='parlor'", "one of: causal_lm, codec_lm"],
+        {}),
     "unknown-family": lambda w: (w.train("name=fam", "model.family=parlor"), ["model.family='parlor'", "codec_lm"], {}),
     # train: model, tokenizer, monitor
     "tokenizer-missing": lambda w: (
@@ -138,8 +139,8 @@ CASES: dict[str, Case] = {
     "synthesize-not-a-run": lambda w: (
         ["synthesize", str(w.tmp / "empty"), "Hello.", "-o", f"{w.tmp}/a.wav"], ["empty is not a run folder"], {}),
     "synthesize-export-of-unknown-family": lambda w: (
-        ["synthesize", str(w.tmp / "future"), "Hello.", "-o", f"{w.tmp}/a.wav"], ["'future_tts'", "known: causal_lm, codec_lm"],
-        {}),
+        ["synthesize", str(w.tmp / "future"), "Hello.", "-o", f"{w.tmp}/a.wav"],
+        ["'future_tts'", "known: causal_lm, codec_lm"], {}),
     "synthesize-missing-step": lambda w: (
         ["synthesize", w.run, "Hello.", "-o", f"{w.tmp}/a.wav", "--step", "99"],
         ["no checkpoint at step 99", "; it holds steps "], {}),

@@ -15,8 +15,8 @@ at the codec's sample rate; eval split only, empty for train: the reference MCD-
 voice_prompts (list of binary: each clip's codes, int16 [K, T] row-major, one per speaker of the transcript, for a
 family that clones voices from prompts; empty otherwise and absent in shards of older versions).
 A codec whose arrays are features, not codes (``stored_dtype``, e.g. a family's precomputed latents), stores codes
-and voice prompts as float32 instead; the Parquet schema's metadata names the dtype (``voxrelay.codes_dtype``,
-absent: int16).
+and voice prompts as float32 instead, and a codec of more than 32,768 codes per codebook as int32; the Parquet
+schema's metadata names the dtype (``voxrelay.codes_dtype``, absent: int16).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ REJECTS_FILE = "rejects.jsonl"
 SHARD_DIR = "shards"
 FORMAT_VERSION = 1
 DTYPE_KEY = b"voxrelay.codes_dtype"
-STORED_DTYPES = ("int16", "float32")
+STORED_DTYPES = ("int16", "int32", "float32")
+INT16_CODES = 32768  # codebooks up to this size fit int16; larger ones (XCodec2, NeuCodec: 65,536) are int32
 
 SCHEMA = pa.schema(
     [
@@ -96,14 +97,16 @@ def marker_uri(prepared: str, name: str) -> str:
 
 
 def stored_array(codes: np.ndarray, codec: object) -> np.ndarray:
-    """A codec's output as the shards keep it: int16 codes, or float32 features (``codec.stored_dtype``)."""
-    return np.asarray(codes).astype(getattr(codec, "stored_dtype", "int16"))
+    """A codec's output as the shards keep it: int16 codes (int32 for a codebook over :data:`INT16_CODES`), or
+    float32 features (``codec.stored_dtype``)."""
+    wide = getattr(codec, "codebook_size", 0) > INT16_CODES
+    return np.asarray(codes).astype(getattr(codec, "stored_dtype", "int32" if wide else "int16"))
 
 
 def _dtype_of(rows: list[EncodedUtterance]) -> str:
     kinds = {str(a.dtype) for r in rows for a in (r.codes, *r.voice_prompts)}
     if "float32" not in kinds:
-        return "int16"
+        return "int32" if "int32" in kinds else "int16"
     if kinds != {"float32"}:
         raise ValueError(f"a shard's rows mix feature and code arrays ({sorted(kinds)})")
     return "float32"

@@ -10,7 +10,14 @@ from voxrelay.errors import ConfigError
 from voxrelay.models.base import DataSpec
 from voxrelay.models.causal_lm.config import CausalLMConfig
 from voxrelay.models.causal_lm.layout import Layout
-from voxrelay.models.causal_lm.loading import build_module, load_tokenizer, meta_module, rows_needed, tokenizer_source
+from voxrelay.models.causal_lm.loading import (
+    add_extra,
+    build_module,
+    load_tokenizer,
+    meta_module,
+    rows_needed,
+    tokenizer_source,
+)
 from voxrelay.models.causal_lm.model import LayoutLM
 from voxrelay.models.causal_lm.tokens import resolve
 from voxrelay.models.hf import auto_config
@@ -22,6 +29,7 @@ def build(cfg: CausalLMConfig, data: DataSpec, seed: int, meta: bool = False) ->
     source = tokenizer_source(cfg, layout)
     what = "model.tokenizer" if cfg.tokenizer else "model.init_from"
     tokenizer = load_tokenizer(source, what, layout)  # planning needs it too: it sizes examples and ids
+    first_added = add_extra(tokenizer, cfg.add_tokens)
     rows = rows_needed(layout, len(tokenizer))
     ids = special_ids(layout, tokenizer)
     if meta:  # `plan`: the shapes come from config.json
@@ -33,7 +41,7 @@ def build(cfg: CausalLMConfig, data: DataSpec, seed: int, meta: bool = False) ->
     loss_on = cfg.loss_on or layout.loss_on
     drop = layout.drop_repeated_frames if cfg.drop_repeated_frames is None else cfg.drop_repeated_frames
     model = LayoutLM(module, tokenizer, layout, list(data.speakers), cfg.seq_len(), loss_on, drop)
-    model.new_rows = new_rows(cfg, rows)
+    model.new_rows = new_rows(cfg, rows, first_added if len(tokenizer) > first_added else rows)
     return model
 
 
@@ -47,13 +55,14 @@ def special_ids(layout: Layout, tokenizer) -> dict[str, int | None]:
     return {"pad_token_id": found.pad, "bos_token_id": found.bos, "eos_token_id": found.stop}
 
 
-def new_rows(cfg: CausalLMConfig, rows: int) -> tuple[int, int]:
-    """The ids the build grew onto ``init_from`` ([start, end)): the layout's when it is the base LM, none for a
-    checkpoint of the layout's model or a random init."""
+def new_rows(cfg: CausalLMConfig, rows: int, first_added: int) -> tuple[int, int]:
+    """The ids whose rows ``init_from`` never trained ([start, end)): those the build grew onto it (the layout's
+    when it is the base LM) and those ``model.add_tokens`` added from ``first_added`` on (a spare row the checkpoint
+    has, as Orpheus' one, included); none for a random init."""
     if cfg.init_from is None:
         return (0, 0)
-    have = auto_config(cfg.init_from).vocab_size
-    return (have, rows) if have < rows else (0, 0)
+    start = min(auto_config(cfg.init_from).vocab_size, first_added)
+    return (start, rows) if start < rows else (0, 0)
 
 
 def check_data(layout: Layout, data: DataSpec) -> None:

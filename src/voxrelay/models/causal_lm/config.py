@@ -47,6 +47,11 @@ class CausalLMConfig(FamilyConfig):
         None, description="Leave out of each training example a frame whose first code repeats the previous frame's "
         "(Orpheus' upstream preparation); None: the layout's",
     )
+    add_tokens: list[str] = Field(
+        [], description="Tokens added to the tokenizer after the layout's, e.g. the characters of a new language its "
+        "tokenizer splits or does not know (`voxrelay prepare --check-text` lists them); their embedding rows are new "
+        "and, under LoRA, train alone (train.lora.embeddings: new_rows)",
+    )
     max_seq_len: int | None = Field(None, gt=0, description="Longest training sequence in tokens (None: the layout's)")
     dropout: float = Field(0.0, ge=0, lt=1, description="Attention dropout")
     weights_dtype: WeightsDtype = Field("auto", description=WEIGHTS_DTYPE_HELP)

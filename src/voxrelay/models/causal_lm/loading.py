@@ -37,6 +37,16 @@ def load_tokenizer(source: str, what: str, layout: Layout) -> Any:
     return tok
 
 
+def add_extra(tok: Any, tokens: list[str]) -> int:
+    """Add ``tokens`` (``model.add_tokens``) the tokenizer lacks, after everything it has; returns the first new id
+    (the tokenizer's size when none was added)."""
+    first = len(tok)
+    vocab = tok.get_vocab()
+    if missing := [t for t in dict.fromkeys(tokens) if t not in vocab]:
+        tok.add_tokens(missing)
+    return first
+
+
 def check_tokenizer(tok: Any, source: str, what: str, layout: Layout) -> None:
     """Refuse a tokenizer whose ids are not the layout's (another model's tokenizer would train garbage)."""
     wrong = {name: tok.convert_tokens_to_ids(name) for name, want in layout.ids.items()

@@ -1,0 +1,37 @@
+"""Shards keep each codec's codes exactly: int16 up to 32,768 codes per codebook, int32 beyond (XCodec2 and NeuCodec
+have 65,536), float32 features; an older shard (no dtype in its metadata) reads as int16."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from voxrelay.data import shards as sh
+
+
+def rows(codes: np.ndarray, prompts: tuple = ()) -> list[sh.EncodedUtterance]:
+    return [sh.EncodedUtterance(id="a", text="t", speaker=None, description=None, duration=1.0, codes=codes,
+                                voice_prompts=prompts)]
+
+
+@pytest.mark.parametrize("size, dtype", [(4096, "int16"), (32768, "int16"), (65536, "int32")])
+def test_codes_of_any_codebook_size_round_trip_exactly(size: int, dtype: str) -> None:
+    codes = np.random.default_rng(0).integers(0, size, (1, 50))
+    codes[0, :2] = [0, size - 1]
+    stored = sh.stored_array(codes, SimpleNamespace(codebook_size=size))
+    assert stored.dtype == dtype
+    back = sh.decode_table(sh.encode_table(rows(stored, (stored[:, :5],))), 1)[0]
+    assert back.codes.dtype == dtype and np.array_equal(back.codes.astype(np.int64), codes)
+    assert np.array_equal(back.voice_prompts[0].astype(np.int64), codes[:, :5])
+
+
+def test_a_shard_without_a_dtype_in_its_metadata_reads_as_int16() -> None:
+    data = sh.encode_table(rows(np.arange(10, dtype=np.int16).reshape(1, 10)))
+    import io
+
+    import pyarrow.parquet as pq
+
+    assert sh.DTYPE_KEY not in (pq.read_table(io.BytesIO(data)).schema.metadata or {})
+    assert sh.decode_table(data, 1)[0].codes.dtype == np.int16
