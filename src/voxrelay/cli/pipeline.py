@@ -31,11 +31,20 @@ def prepare_cmd(
         "<prepared>/codec_check/)",
     ),
     clips: int = typer.Option(16, "--clips", min=1, help="With --check-codec: how many clips to check"),
+    check_text: bool = typer.Option(
+        False, "--check-text", help="Prepare nothing: list the transcripts' characters the model's text vocabulary "
+        "does not know or splits, and the model.add_tokens that gives each its own token",
+    ),
 ):
     """Validate + encode the sources into Parquet shards at <root>/prepared/<data.name>/."""
     from voxrelay.config import load_config
 
     cfg = load_config(config, overrides or [])  # before the heavy imports: a config error comes at once
+    if check_text:
+        from voxrelay.data.codec_check import text_coverage
+
+        print_text_coverage(cfg.model.family, *text_coverage(cfg))
+        return
     if check_codec:
         from voxrelay.data.codec_check import check_codec as run_check
 
@@ -45,6 +54,29 @@ def prepare_cmd(
 
     report = prepare(cfg, strict=strict, overwrite=overwrite)
     print_prepare_report(report)
+
+
+def print_text_coverage(family: str, found: list | None, chars: int) -> None:
+    """The characters a family's vocabulary lacks, most frequent first, and the setting that adds them."""
+    import json
+
+    if found is None:
+        out.print(f"model.family={family} reads text as bytes or phonemes: every character is covered")
+        return
+    if not found:
+        out.print(f"every character of the transcripts ({chars} in all) has its own token")
+        return
+    out.print(f"{'character':<10} {'count':>8}  tokenized as", highlight=False)
+    for char, count, how in found[:40]:
+        out.print(f"{char!r:<10} {count:>8}  {how}", highlight=False, markup=False)
+    share = sum(c for _, c, _ in found) / max(chars, 1)
+    addable = [c for c, _, how in found if "cannot" not in how]
+    line = f"{len(found)} characters ({share:.1%} of the transcripts' {chars}) are split or unknown"
+    if addable:
+        which = "each" if len(addable) == len(found) else f"{len(addable)} of them"
+        line += (f"; to give {which} a token of its own (trained alone under LoRA): "
+                 f"'model.add_tokens={json.dumps(addable, ensure_ascii=False)}'")
+    out.print(line, highlight=False, markup=False)
 
 
 def print_codec_check(report) -> None:

@@ -146,3 +146,13 @@ def _save(report: CodecCheck, kept: list, trips: list, rate: int) -> None:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120] or "clip"
+
+
+def text_coverage(cfg: RunConfig) -> tuple[list | None, int]:
+    """(the family's :meth:`~voxrelay.models.seam.FamilyConfig.text_coverage` of every usable transcript of the
+    sources, how many non-space characters they hold)."""
+    from voxrelay.data.prepare import collect_rows
+
+    texts = [u.text for u in collect_rows(cfg) if u.problem is None and u.text]
+    return cfg.model.text_coverage(texts), sum(1 for t in texts for c in t if not c.isspace())
+

@@ -64,6 +64,12 @@ class FamilyConfig(BaseModel):
         ``voxrelay plan``'s host column."""
         return 0
 
+    def text_coverage(self, texts: list[str]) -> list[tuple[str, int, str]] | None:
+        """How the model's text vocabulary covers ``texts`` (``voxrelay prepare --check-text``): each character it
+        does not know or splits into several tokens, with its count in the texts and how it is tokenized, most
+        frequent first; None: the family reads text as bytes or phonemes (every character covered)."""
+        return None
+
 
 @dataclass(frozen=True)
 class FamilySpec:

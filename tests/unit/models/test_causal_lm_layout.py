@@ -231,3 +231,45 @@ def test_neutts_prompts_phonemes_as_upstreams_inference_and_labels_as_its_finetu
     assert (got["labels"][:start] == -100).all() and np.array_equal(got["labels"][start:], got["input_ids"][start:])
     speech = model.tokenizer.convert_ids_to_tokens(got["input_ids"][start + 1:-1].tolist())
     assert speech == [f"<|speech_{c}|>" for c in codes[0]]
+
+
+POLISH = ["Zażółć gęślą jaźń.", "Łódź jest piękna.", "Dzień dobry, miło cię widzieć."]
+
+
+def test_text_coverage_lists_what_the_tokenizer_splits_and_add_tokens_gives_them_tokens(parts) -> None:
+    """A new language on a byte-level BPE: 'ź' is two byte tokens and can become one; 'ł' spells a symbol of the
+    byte alphabet (U+0142 stands for a byte), so as an added token it would read as that byte: refused."""
+    cfg = CausalLMConfig(layout="orpheus", tokenizer=str(parts.tokenizer))
+    found = {char: how for char, _, how in cfg.text_coverage(POLISH)}
+    assert found["ź"] == "2 tokens" and found["ł"].startswith("2 tokens (cannot be added")
+    assert "a" not in found and " " not in found
+    cfg = CausalLMConfig(layout="orpheus", tokenizer=str(parts.tokenizer), add_tokens=["ź", "ń"])
+    found = {char for char, _, _ in cfg.text_coverage(POLISH)}
+    assert "ź" not in found and "ń" not in found and "ł" in found
+    model = build_model(cfg.model_copy(update={"hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                                               "num_kv_heads": 1, "intermediate_size": 64}), ORPHEUS_DATA, 0)
+    assert model.tokenizer.convert_tokens_to_ids(["ź", "ń"]) == [OL.TOKENIZER_SIZE, OL.TOKENIZER_SIZE + 1]
+    assert model.module.get_input_embeddings().weight.shape[0] == OL.TOKENIZER_SIZE + 2
+    with pytest.raises(ConfigError, match=r"\['ł'\] cannot be added"):
+        build_model(cfg.model_copy(update={"add_tokens": ["ł"]}), ORPHEUS_DATA, 0)
+
+
+def test_new_tokens_of_a_checkpoint_are_its_untrained_rows(parts) -> None:
+    """On an Orpheus checkpoint (156,940 rows for 156,939 ids: one spare) the first added token takes the spare row,
+    which never trained: the new rows start there."""
+    model = build_model(CausalLMConfig(layout="orpheus", init_from=str(parts.orpheus), add_tokens=["ź", "ń"]),
+                        ORPHEUS_DATA, 0)
+    assert model.new_rows == (OL.TOKENIZER_SIZE, OL.TOKENIZER_SIZE + 2)
+    assert model.module.get_input_embeddings().weight.shape[0] == OL.TOKENIZER_SIZE + 2
+
+
+def test_a_layout_file_edited_between_sessions_is_refused_on_resume(parts, tmp_path: Path) -> None:
+    spec = yaml.safe_load((BUILT_IN / "orpheus.yaml").read_text()) | {"name": "mine"}
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump(spec))
+    cfg = CausalLMConfig(layout=str(mine), init_from=str(parts.orpheus))
+    state = build_model(cfg, ORPHEUS_DATA, 0).extra_state()
+    build_model(cfg, ORPHEUS_DATA, 0).load_extra_state(state)  # the same layout: resumes
+    mine.write_text(yaml.safe_dump(spec | {"loss_on": "speech"}))
+    with pytest.raises(ValueError, match="another content of layout 'mine'"):
+        build_model(cfg, ORPHEUS_DATA, 0).load_extra_state(state)

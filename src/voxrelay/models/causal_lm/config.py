@@ -83,3 +83,34 @@ class CausalLMConfig(FamilyConfig):
             return DataNeeds()
         lay = self.resolved()
         return DataNeeds(codes=(lay.codebooks, lay.codebook_size), codec=lay.codec.type)
+
+    def text_coverage(self, texts: list[str]) -> list[tuple[str, int, str]] | None:
+        """The characters of ``texts`` (as the model reads them: phonemized where the layout says so) the tokenizer
+        does not know or splits into several tokens, with their counts and how they are tokenized
+        (``model.add_tokens`` adds those that can be added)."""
+        from collections import Counter
+
+        from voxrelay.models.causal_lm.loading import add_extra, load_tokenizer, tokenizer_source
+
+        lay = self.resolved()
+        tok = load_tokenizer(tokenizer_source(self, lay), "model.tokenizer" if self.tokenizer else "model.init_from",
+                             lay)
+        add_extra(tok, self.add_tokens)
+        if lay.phonemize is not None:
+            from voxrelay.models.causal_lm.phonemes import phonemes
+
+            how = lay.phonemize
+            texts = [phonemes(t, how.language, how.preserve_punctuation, how.with_stress) for t in texts]
+        found = []
+        for char, count in Counter("".join(texts)).most_common():
+            if char.isspace():
+                continue
+            ids = tok.encode(char, add_special_tokens=False)
+            if len(ids) > 1 or (tok.unk_token_id is not None and tok.unk_token_id in ids):
+                unknown = tok.unk_token_id is not None and tok.unk_token_id in ids
+                how = "unknown" if unknown else f"{len(ids)} tokens"
+                if char in tok.get_vocab():  # a byte-level BPE's byte symbol: as a token it would read as that byte
+                    how += " (cannot be added: the byte alphabet uses it)"
+                found.append((char, count, how))
+        return found
+

@@ -39,12 +39,24 @@ def load_tokenizer(source: str, what: str, layout: Layout) -> Any:
 
 def add_extra(tok: Any, tokens: list[str]) -> int:
     """Add ``tokens`` (``model.add_tokens``) the tokenizer lacks, after everything it has; returns the first new id
-    (the tokenizer's size when none was added)."""
+    (the tokenizer's size when none was added). A token that is already one token of the text is kept as it is; one
+    that spells a symbol of a byte-level tokenizer's byte alphabet (e.g. ``ł``, ``ó``) cannot be added (the
+    tokenizer would map it to that byte's id) and is refused."""
     first = len(tok)
-    vocab = tok.get_vocab()
-    if missing := [t for t in dict.fromkeys(tokens) if t not in vocab]:
+    missing = [t for t in dict.fromkeys(tokens) if not own_token(tok, t)]
+    if clashing := [t for t in missing if t in tok.get_vocab()]:
+        raise ConfigError(f"model.add_tokens: {clashing[:5]} cannot be added: the tokenizer already names a byte "
+                          "with that character (byte-level BPE), so each would read as a byte; leave them out "
+                          "(`voxrelay prepare --check-text` lists only what can be added)")
+    if missing:
         tok.add_tokens(missing)
     return first
+
+
+def own_token(tok: Any, text: str) -> bool:
+    """Whether ``text`` is tokenized as exactly one token of its own."""
+    ids = tok.encode(text, add_special_tokens=False)
+    return len(ids) == 1 and tok.decode(ids) == text
 
 
 def check_tokenizer(tok: Any, source: str, what: str, layout: Layout) -> None:
