@@ -189,3 +189,34 @@ def test_llasa_lora_with_new_tokens_trains_only_their_rows_resumes_exactly_and_e
     # only the two new rows trained (LoRA's embeddings: new_rows); every row Llasa had is as it was
     assert torch.equal(after[:193_800], before) and not torch.equal(after[193_800:], after[:2])
     assert tok.convert_tokens_to_ids("<|s_0|>") == 128264
+
+
+def test_neutts_over_neucodec_prepares_trains_speaks_at_24khz_and_exports(tmp_path: Path):
+    """The neutts layout as users run it: eSpeak phonemes (phonemizer) in, NeuCodec codes out, a Qwen2 base."""
+    pytest.importorskip("phonemizer")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.helpers.codecs_tiny import save_tiny_neucodec
+    from tests.helpers.qwen import save_qwen2_tokenizer
+
+    parts = tmp_path / "parts"
+    cfg = yaml.safe_load(DEMO.read_text())
+    cfg["codec"] = {"type": "neucodec", "path": str(save_tiny_neucodec(parts / "neucodec"))}
+    cfg["model"] = {"family": "causal_lm", "layout": "neutts", "tokenizer": str(save_qwen2_tokenizer(parts / "tok")),
+                    "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+    (parts / "config.yaml").write_text(yaml.safe_dump(cfg))
+    env, root = env_for(tmp_path / "cache"), str(tmp_path / "root")
+    tiny = [*settings(parts)(root), "train.max_steps=3", "checkpoint.every_steps=3"]
+    for command in ("prepare", "train"):
+        res = run_cli(command, str(parts / "config.yaml"), *tiny, env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+    run = tmp_path / "root/runs/x"
+    res = run_cli("synthesize", str(run), "Hello there.", "-o", str(tmp_path / "hi.wav"), "--max-seconds", "1", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    audio, rate = sf.read(tmp_path / "hi.wav")
+    assert rate == 24000 and audio.size > 0 and audio.size % 480 == 0  # NeuCodec decodes 480 samples per code
+    res = run_cli("export", str(run), "-o", str(tmp_path / "export"), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lm = AutoModelForCausalLM.from_pretrained(str(tmp_path / "export"))
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "export"))
+    assert type(lm).__name__ == "Qwen2ForCausalLM" and tok.convert_tokens_to_ids("<|speech_0|>") == 151665 + 6
