@@ -70,6 +70,7 @@ class Xcodec2Codec:
     name = "xcodec2"
     source: ClassVar[CodecSource] = XCODEC2_SOURCE
     model_class: ClassVar[str] = "Xcodec2Model"
+    stored_dtype: ClassVar[str] = "int32"  # 65,536 codes: more than int16 holds (voxrelay.data.shards)
     centered: ClassVar[bool] = True  # the semantic input's padding (xcodec_features.semantic_input)
     min_samples: ClassVar[int] = 1  # at encoder_sample_rate
 

@@ -15,8 +15,8 @@ at the codec's sample rate; eval split only, empty for train: the reference MCD-
 voice_prompts (list of binary: each clip's codes, int16 [K, T] row-major, one per speaker of the transcript, for a
 family that clones voices from prompts; empty otherwise and absent in shards of older versions).
 A codec whose arrays are features, not codes (``stored_dtype``, e.g. a family's precomputed latents), stores codes
-and voice prompts as float32 instead, and a codec of more than 32,768 codes per codebook as int32; the Parquet
-schema's metadata names the dtype (``voxrelay.codes_dtype``, absent: int16).
+and voice prompts as float32 instead, and a codec of more than 32,768 codes per codebook (``stored_dtype = "int32"``)
+as int32; the Parquet schema's metadata names the dtype (``voxrelay.codes_dtype``, absent: int16).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ SHARD_DIR = "shards"
 FORMAT_VERSION = 1
 DTYPE_KEY = b"voxrelay.codes_dtype"
 STORED_DTYPES = ("int16", "int32", "float32")
-INT16_CODES = 32768  # codebooks up to this size fit int16; larger ones (XCodec2, NeuCodec: 65,536) are int32
 
 SCHEMA = pa.schema(
     [
@@ -97,10 +96,14 @@ def marker_uri(prepared: str, name: str) -> str:
 
 
 def stored_array(codes: np.ndarray, codec: object) -> np.ndarray:
-    """A codec's output as the shards keep it: int16 codes (int32 for a codebook over :data:`INT16_CODES`), or
-    float32 features (``codec.stored_dtype``)."""
-    wide = getattr(codec, "codebook_size", 0) > INT16_CODES
-    return np.asarray(codes).astype(getattr(codec, "stored_dtype", "int32" if wide else "int16"))
+    """A codec's output as the shards keep it: int16 codes, or what its ``stored_dtype`` names (int32 for codebooks
+    of more than 32,768 codes, float32 features). Codes that int16 cannot hold are refused, never wrapped."""
+    dtype = np.dtype(getattr(codec, "stored_dtype", "int16"))
+    codes = np.asarray(codes)
+    if dtype.kind == "i" and codes.size and (codes.min() < np.iinfo(dtype).min or codes.max() > np.iinfo(dtype).max):
+        raise ValueError(f"codec {getattr(codec, 'name', type(codec).__name__)} gave codes in [{codes.min()}, "
+                         f"{codes.max()}], which {dtype} cannot hold; the codec must declare a wider stored_dtype")
+    return codes.astype(dtype)
 
 
 def _dtype_of(rows: list[EncodedUtterance]) -> str:

@@ -1,5 +1,6 @@
-"""Shards keep each codec's codes exactly: int16 up to 32,768 codes per codebook, int32 beyond (XCodec2 and NeuCodec
-have 65,536), float32 features; an older shard (no dtype in its metadata) reads as int16."""
+"""Shards keep each codec's codes exactly: int16 by default, int32 for a codec that declares it (XCodec2 and NeuCodec
+have 65,536 codes), float32 features; codes a dtype cannot hold are refused, never wrapped; an older shard (no dtype
+in its metadata) reads as int16."""
 
 from __future__ import annotations
 
@@ -18,13 +19,25 @@ def rows(codes: np.ndarray, prompts: tuple = ()) -> list[sh.EncodedUtterance]:
 
 @pytest.mark.parametrize("size, dtype", [(4096, "int16"), (32768, "int16"), (65536, "int32")])
 def test_codes_of_any_codebook_size_round_trip_exactly(size: int, dtype: str) -> None:
+    from voxrelay.codecs.neucodec import NeuCodecCodec
+    from voxrelay.codecs.xcodec2 import Xcodec2Codec
+
     codes = np.random.default_rng(0).integers(0, size, (1, 50))
     codes[0, :2] = [0, size - 1]
-    stored = sh.stored_array(codes, SimpleNamespace(codebook_size=size))
+    codec = SimpleNamespace(codebook_size=size, **({"stored_dtype": "int32"} if size > 32768 else {}))
+    stored = sh.stored_array(codes, codec)
     assert stored.dtype == dtype
     back = sh.decode_table(sh.encode_table(rows(stored, (stored[:, :5],))), 1)[0]
     assert back.codes.dtype == dtype and np.array_equal(back.codes.astype(np.int64), codes)
     assert np.array_equal(back.voice_prompts[0].astype(np.int64), codes[:, :5])
+    assert Xcodec2Codec.stored_dtype == NeuCodecCodec.stored_dtype == "int32"
+
+
+def test_codes_int16_cannot_hold_are_refused_not_wrapped() -> None:
+    with pytest.raises(ValueError, match="int16 cannot hold"):
+        sh.stored_array(np.array([[0, 65535]]), SimpleNamespace(name="wide", codebook_size=65536))
+    pcm = np.array([[-32768, 32767]])  # PCM samples: 65,536 values that int16 holds
+    assert sh.stored_array(pcm, SimpleNamespace(codebook_size=65536)).dtype == np.int16
 
 
 def test_a_shard_without_a_dtype_in_its_metadata_reads_as_int16() -> None:

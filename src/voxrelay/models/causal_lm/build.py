@@ -40,7 +40,8 @@ def build(cfg: CausalLMConfig, data: DataSpec, seed: int, meta: bool = False) ->
             module = build_module(cfg, layout, rows, ids)
     loss_on = cfg.loss_on or layout.loss_on
     drop = layout.drop_repeated_frames if cfg.drop_repeated_frames is None else cfg.drop_repeated_frames
-    model = LayoutLM(module, tokenizer, layout, list(data.speakers), cfg.seq_len(), loss_on, drop)
+    speakers = list(data.speakers) if layout.speaker_format else []  # a layout without speakers knows no voice
+    model = LayoutLM(module, tokenizer, layout, speakers, cfg.seq_len(), loss_on, drop)
     model.new_rows = new_rows(cfg, rows, first_added if len(tokenizer) > first_added else rows)
     return model
 
