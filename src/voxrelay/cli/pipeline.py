@@ -71,7 +71,7 @@ def print_text_coverage(family: str, found: list | None, chars: int) -> None:
         out.print(f"{char!r:<10} {count:>8}  {how}", highlight=False, markup=False)
     share = sum(c for _, c, _ in found) / max(chars, 1)
     addable = [c for c, _, how in found if "cannot" not in how]
-    line = f"{len(found)} characters ({share:.1%} of the transcripts' {chars}) are split or unknown"
+    line = f"{len(found)} distinct characters ({share:.1%} of the transcripts' {chars} characters) are split or unknown"
     if addable:
         which = "each" if len(addable) == len(found) else f"{len(addable)} of them"
         line += (f"; to give {which} a token of its own (trained alone under LoRA): "

@@ -309,6 +309,8 @@ RESUME_SAFE_KEYS = (
     "train.activation_offload", "train.ignore_plan", "train.compile",
     "train.kernels",
     "checkpoint.", "eval.", "monitor.", "cache.", "cost.",
+    # a layout family's file path and the words about its layout: the layout's content (layout_spec) is compared
+    "model.layout", "model.layout_spec.summary", "model.layout_spec.upstream", "model.layout_spec.sampling.",
 )
 
 

@@ -263,13 +263,44 @@ def test_new_tokens_of_a_checkpoint_are_its_untrained_rows(parts) -> None:
     assert model.module.get_input_embeddings().weight.shape[0] == OL.TOKENIZER_SIZE + 2
 
 
-def test_a_layout_file_edited_between_sessions_is_refused_on_resume(parts, tmp_path: Path) -> None:
+def test_a_run_keeps_its_layout_and_a_resume_compares_it_field_by_field(parts, tmp_path: Path) -> None:
+    """The layout's content goes into the config (model.layout_spec): a saved run needs no layout file, an edit that
+    changes the examples is refused on resume naming the field, a moved file or a new summary is not."""
+    from voxrelay.cli import demo_config_path
+    from voxrelay.config import RunConfig, config_changes, load_config
+
     spec = yaml.safe_load((BUILT_IN / "orpheus.yaml").read_text()) | {"name": "mine"}
     mine = tmp_path / "mine.yaml"
     mine.write_text(yaml.safe_dump(spec))
-    cfg = CausalLMConfig(layout=str(mine), init_from=str(parts.orpheus))
-    state = build_model(cfg, ORPHEUS_DATA, 0).extra_state()
-    build_model(cfg, ORPHEUS_DATA, 0).load_extra_state(state)  # the same layout: resumes
-    mine.write_text(yaml.safe_dump(spec | {"loss_on": "speech"}))
-    with pytest.raises(ValueError, match="another content of layout 'mine'"):
-        build_model(cfg, ORPHEUS_DATA, 0).load_extra_state(state)
+    over = ["model={family: causal_lm, layout: " + str(mine) + ", tokenizer: " + str(parts.tokenizer) + "}",
+            "codec.type=snac", "codec.path=x/y"]
+    saved = load_config(str(demo_config_path()), over).to_dict()
+    mine.unlink()
+    again = RunConfig.model_validate(saved)  # the run's folder: no layout file needed
+    assert again.model.resolved().name == "mine" and again.model.data_needs().codes == (7, 4096)
+    moved = tmp_path / "moved.yaml"
+    moved.write_text(yaml.safe_dump(spec | {"summary": "same model, new words"}))
+    now = load_config(str(demo_config_path()), [*over[:0], over[0].replace(str(mine), str(moved)), *over[1:]])
+    safe, refused = config_changes(saved, now.to_dict())
+    assert not refused and "model.layout" in safe and "model.layout_spec.summary" in safe
+    moved.write_text(yaml.safe_dump(spec | {"loss_on": "speech"}))
+    _, refused = config_changes(saved, load_config(str(demo_config_path()), [over[0].replace(str(mine), str(moved)),
+                                                                            *over[1:]]).to_dict())
+    assert refused == ["model.layout_spec.loss_on"]
+
+
+def test_layout_mistakes_that_would_train_garbage_are_refused(parts, tmp_path: Path) -> None:
+    base = yaml.safe_load((BUILT_IN / "orpheus.yaml").read_text())
+    for change, message in [({"speaker_format": "{speaker}"}, "speaker_format must hold"),
+                            ({"audio_token": "<a>"}, "audio_token must hold"),
+                            ({"stop_token": "x", "pad": 3}, "stop_token.*pad|pad.*stop_token")]:
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(base | change))
+        with pytest.raises(ValueError, match=message):
+            CausalLMConfig(layout=str(tmp_path / "bad.yaml"))
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(base | {"vocab_size": 1000}))
+    with pytest.raises(ConfigError, match="vocab_size 1000 is smaller than its tokenizer"):
+        build_model(CausalLMConfig(layout=str(tmp_path / "small.yaml"), init_from=str(parts.orpheus)),
+                    ORPHEUS_DATA, 0)
+    snac_data = DataSpec(7, 4096, [], 12.0, 24000, codec={"type": "mel_kmeans"})
+    with pytest.raises(ConfigError, match="speaks the snac codec, but the prepared data holds mel_kmeans"):
+        build_model(CausalLMConfig(layout="orpheus", init_from=str(parts.orpheus)), snac_data, 0)

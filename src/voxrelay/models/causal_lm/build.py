@@ -29,6 +29,9 @@ def build(cfg: CausalLMConfig, data: DataSpec, seed: int, meta: bool = False) ->
     source = tokenizer_source(cfg, layout)
     what = "model.tokenizer" if cfg.tokenizer else "model.init_from"
     tokenizer = load_tokenizer(source, what, layout)  # planning needs it too: it sizes examples and ids
+    if layout.vocab_size is not None and len(tokenizer) > layout.vocab_size:
+        raise ConfigError(f"layout {layout.name}: vocab_size {layout.vocab_size} is smaller than its tokenizer "
+                          f"({len(tokenizer)} ids with the layout's tokens); raise vocab_size or leave it out")
     first_added = add_extra(tokenizer, cfg.add_tokens)
     rows = rows_needed(layout, len(tokenizer))
     ids = special_ids(layout, tokenizer)
@@ -67,7 +70,14 @@ def new_rows(cfg: CausalLMConfig, rows: int, first_added: int) -> tuple[int, int
 
 
 def check_data(layout: Layout, data: DataSpec) -> None:
-    """The layout's ids hold K codes of its codebook size per frame: the data's codec must have them."""
+    """The layout's ids hold K codes of its codebook size per frame of its codec: the data must be that codec's."""
+    kind = (data.codec or {}).get("type")
+    if kind is not None and kind != layout.codec.type:
+        raise ConfigError(
+            f"layout {layout.name} speaks the {layout.codec.type} codec, but the prepared data holds {kind} codes; "
+            f"prepare with codec.type={layout.codec.type}" + (f" codec.path={layout.codec.path}"
+                                                               if layout.codec.path else "")
+            + " under another data.name")
     if (data.num_codebooks, data.codebook_size) != (layout.codebooks, layout.codebook_size):
         raise ConfigError(
             f"layout {layout.name} needs codes of {layout.codebooks} x {layout.codebook_size} per frame "

@@ -7,12 +7,14 @@ import it).
 
 from __future__ import annotations
 
-from typing import Literal
+import functools
+import json
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from voxrelay.models.base import DataNeeds
-from voxrelay.models.causal_lm.layout import Layout, built_in_names, load_layout
+from voxrelay.models.causal_lm.layout import Layout, built_in_names, from_dict, load_layout
 from voxrelay.models.lora_config import WEIGHTS_DTYPE_HELP, WeightsDtype
 from voxrelay.models.seam import FamilyConfig
 
@@ -33,6 +35,10 @@ class CausalLMConfig(FamilyConfig):
     layout: str = Field(
         ..., description=f"The token layout: a built-in one ({', '.join(built_in_names())}) or a YAML file of your "
         "own (docs/layouts.md)",
+    )
+    layout_spec: dict[str, Any] | None = Field(
+        None, description="Written by voxrelay, leave unset: the layout's content, read from model.layout when the "
+        "config is loaded; a run keeps it (its folder needs no layout file) and a resume compares it field by field",
     )
     init_from: str | None = Field(
         None, description="Pretrained weights: local folder or hub id of the layout's model (e.g. HKUSTAudio/Llasa-1B) "
@@ -61,9 +67,17 @@ class CausalLMConfig(FamilyConfig):
     num_kv_heads: int | None = Field(None, gt=0, description=f"{RANDOM_ONLY}: key/value heads")
     intermediate_size: int | None = Field(None, gt=0, description=f"{RANDOM_ONLY}: MLP width")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_layout(cls, data: Any) -> Any:
+        """The layout file's content into ``layout_spec`` (a saved run's config has it already: no file read)."""
+        if isinstance(data, dict) and data.get("layout") and data.get("layout_spec") is None:
+            data = {**data, "layout_spec": load_layout(str(data["layout"])).model_dump(mode="json")}
+        return data
+
     @model_validator(mode="after")
     def _layout(self) -> CausalLMConfig:
-        lay = load_layout(self.layout)  # a missing or bad layout is refused with the config
+        lay = self.resolved()  # a bad layout is refused with the config
         init = lay.random_init
         heads = self.num_heads or init.num_heads
         if (self.hidden_size or init.hidden_size) % heads or heads % (self.num_kv_heads or init.num_kv_heads):
@@ -71,7 +85,10 @@ class CausalLMConfig(FamilyConfig):
         return self
 
     def resolved(self) -> Layout:
-        return load_layout(self.layout)
+        """The run's layout: its recorded content (``layout_spec``), else the file ``layout`` names."""
+        if self.layout_spec is None:
+            return load_layout(self.layout)
+        return _parsed(json.dumps(self.layout_spec, sort_keys=True), self.layout)
 
     def seq_len(self) -> int:
         return self.max_seq_len or self.resolved().max_seq_len
@@ -113,4 +130,9 @@ class CausalLMConfig(FamilyConfig):
                     how += " (cannot be added: the byte alphabet uses it)"
                 found.append((char, count, how))
         return found
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(spec: str, name: str) -> Layout:
+    return from_dict(json.loads(spec), f"model.layout_spec (layout {name})")
 

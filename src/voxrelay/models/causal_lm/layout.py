@@ -149,6 +149,13 @@ class Layout(BaseModel):
             raise ValueError(f"frame_order must order the rows 0..{self.codebooks - 1}, got {self.frame_order}")
         if self.stop not in self.after_audio:
             raise ValueError(f"stop ({self.stop!r}) must be one of after_audio ({self.after_audio})")
+        if self.speaker_format is not None and (self.speaker_format.count("{text}") != 1
+                                                or self.speaker_format.count("{speaker}") != 1):
+            raise ValueError(f"speaker_format must hold {{speaker}} and {{text}} once each, got "
+                             f"{self.speaker_format!r}")
+        if self.audio_token.count("{}") != 1:
+            raise ValueError(f"audio_token must hold {{}} once (where the token's number goes), got "
+                             f"{self.audio_token!r}")
         return self
 
     # ------------------------------------------------------------ derived
@@ -201,10 +208,10 @@ def from_dict(data: Any, where: str) -> Layout:
     try:
         return Layout.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise ConfigError(f"{where}: {field}: {first['msg']} ({len(err.errors())} problem(s); see "
-                          "docs/layouts.md for every field)") from err
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+                             for e in err.errors()[:4])
+        more = f" (and {len(err.errors()) - 4} more)" if len(err.errors()) > 4 else ""
+        raise ConfigError(f"{where}: {problems}{more} (docs/layouts.md lists every field)") from err
 
 
 def load_layout(spec: str) -> Layout:

@@ -186,23 +186,6 @@ class LayoutLM(FamilyModelBase):
                             target_modules=list(hint.target_modules), modules_to_save=[],
                             embeddings=["lm_head", "embed_tokens"])
 
-    # ---------------------------------------------------------------- state beside the weights
-
-    def extra_state(self) -> dict[str, torch.Tensor]:
-        """The digest of the layout the run trains with: a layout file edited between sessions is a different
-        model, refused on resume rather than trained on with other examples."""
-        return {"layout_digest": torch.tensor(list(bytes.fromhex(self.layout.digest())), dtype=torch.uint8)}
-
-    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
-        if unknown := sorted(set(state) - {"layout_digest"}):
-            raise ValueError(f"this model keeps only its layout's digest, but the checkpoint holds {unknown[:3]}")
-        saved = state.get("layout_digest")
-        if saved is not None and bytes(saved.tolist()).hex() != self.layout.digest():
-            raise T.LayoutPromptError(
-                f"this run was trained with another content of layout {self.layout.name!r} (model.layout): its "
-                "examples would change under it; restore the layout file the run started with, or train the new "
-                "layout as a new run (another name=)")
-
     # ---------------------------------------------------------------- synthesis
 
     def speak(self, request: Request, codec, max_frames: int | None = None, temperature: float = 0.8,

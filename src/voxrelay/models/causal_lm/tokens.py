@@ -103,8 +103,11 @@ def token_id(tokenizer: Any, name: str, layout: Layout) -> int:
     """The id of token ``name``, which must be one token of the tokenizer."""
     found = tokenizer.convert_tokens_to_ids(name)
     if found is None or found == tokenizer.unk_token_id or tokenizer.convert_ids_to_tokens(found) != name:
+        where = "it is among the layout's add_tokens, so the tokenizer is not the layout's base (base_vocab) nor a " \
+            "checkpoint of it" if name in layout.added_names() else "add it to the layout's add_tokens, or use the " \
+            "model's own tokenizer"
         raise LayoutPromptError(f"layout {layout.name} names the token {name!r}, which the tokenizer does not have; "
-                                "use the model's own tokenizer, or a base one the layout's add_tokens extend")
+                                f"{where}")
     return int(found)
 
 

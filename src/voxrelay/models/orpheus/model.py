@@ -36,13 +36,6 @@ class Orpheus(LayoutLM):
                  drop_duplicates: bool = True) -> None:
         super().__init__(module, tokenizer, load_layout(LAYOUT), speakers, max_seq_len, loss_on, drop_duplicates)
 
-    def extra_state(self) -> dict:
-        return {}  # the family is one layout, shipped with voxrelay: nothing to check on resume
-
-    def load_extra_state(self, state: dict) -> None:
-        if state:
-            raise ValueError(f"this model keeps no extra state, but the checkpoint holds {sorted(state)[:3]}")
-
     def meta(self) -> dict[str, Any]:
         """``voxrelay.json`` as the family always wrote it (no layout: the family is the layout)."""
         return {"format_version": FORMAT_VERSION, "family": self.family, "speakers": list(self.speakers),
