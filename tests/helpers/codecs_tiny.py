@@ -1,5 +1,5 @@
-"""Tiny random-init XCodec2 / NeuCodec checkpoints in transformers' layout (``save_pretrained``), loaded the way a
-released one is (``codec.type: xcodec2`` / ``neucodec`` with ``codec.path`` = the folder; no download).
+"""Tiny random-init XCodec2 / NeuCodec / Mimi checkpoints in transformers' layout (``save_pretrained``), loaded the way
+a released one is (``codec.type: xcodec2`` / ``neucodec`` / ``mimi`` with ``codec.path`` = the folder; no download).
 
 The released rates and code layout (16 kHz in, hop 320, 50 Hz, one codebook of 4^8 = 65,536; NeuCodec decodes at
 24 kHz, hop 480) with every width shrunk: a 1-layer w2v-BERT of width 16 as the semantic encoder, acoustic
@@ -92,4 +92,37 @@ def save_tiny_neucodec(folder: Path | str, seed: int = 0) -> Path:
     """Write a tiny NeuCodec to ``folder`` (config.json + model.safetensors); returns the folder."""
     folder = Path(folder)
     tiny_neucodec(seed).save_pretrained(folder)
+    return folder
+
+
+# Mimi's released rates and code layout (24 kHz, the default SEANet ratios [8, 6, 5, 4] and the downsampling to
+# 12.5 Hz: 1920 samples per frame; 32 quantizers of 2048 codes, the first semantic) with every width shrunk:
+# about 0.1 M parameters and 0.5 M codebook entries (2.8 MB).
+TINY_MIMI = dict(hidden_size=16, num_filters=4, num_hidden_layers=1, intermediate_size=32, num_attention_heads=2,
+                 num_key_value_heads=2, codebook_size=2048, codebook_dim=8, vector_quantization_hidden_dimension=8,
+                 num_quantizers=32, num_semantic_quantizers=1, upsample_groups=16, sliding_window=16,
+                 max_position_embeddings=256)
+
+
+def tiny_mimi(seed: int = 0):
+    """A random-init ``MimiModel`` (eval mode) of the sizes above. transformers' init leaves every codebook at zero,
+    so every frame would encode to code 0: the codebooks are drawn from a seeded N(0, 1) instead (the quantiser's
+    inputs have a std of about 5 on a chirp, so codes spread over the codebook and follow the audio)."""
+    from transformers import MimiConfig, MimiModel
+
+    torch.manual_seed(seed)
+    model = MimiModel(MimiConfig(**TINY_MIMI)).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__ == "MimiEuclideanCodebook":
+                module.embed_sum.copy_(torch.randn(module.embed_sum.shape, generator=generator))
+                module._embed = None  # the codebook caches embed_sum / cluster_usage on first use
+    return model
+
+
+def save_tiny_mimi(folder: Path | str, seed: int = 0) -> Path:
+    """Write a tiny Mimi to ``folder`` (config.json + model.safetensors); returns the folder."""
+    folder = Path(folder)
+    tiny_mimi(seed).save_pretrained(folder)
     return folder

@@ -1,19 +1,23 @@
 """Where a pretrained codec's ``codec.path`` leads: a local folder, a ``gs://`` / ``s3://`` folder (copied once
 into the cache), or a hub id (``owner/name``, fetched into the HF cache), with the errors users meet on the way,
-each naming the path and the fix. Shared by the transformers-based codecs (DAC, XCodec2, NeuCodec)."""
+each naming the path and the fix, and the loader of a transformers model from it (``load_codec_model``). Shared by
+the transformers-based codecs (DAC, XCodec2, NeuCodec, Mimi)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voxrelay import storage
-from voxrelay.codecs.base import CodecNotFoundError, looks_local
+from voxrelay.codecs.base import CodecError, CodecNotFoundError, looks_local
 from voxrelay.errors import one_line
 from voxrelay.hf_weights import has_weights
 from voxrelay.paths import cache_dir, uri_key
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -90,3 +94,37 @@ def read_config(folder: Path, source: CodecSource) -> dict[str, Any]:
             return config
         problem = "config.json is not a JSON object"
     raise source.not_this_kind(str(folder), problem)
+
+
+def load_codec_model(path: str, source: CodecSource, class_name: str,
+                     optional: tuple[str, ...] = ()) -> PreTrainedModel:
+    """The transformers model ``class_name`` in eval mode and float32 from a local folder, a gs:// / s3:// folder
+    or a hub id; refused when config.json is another model's or a weight is missing (it would be random), except
+    weights whose names end with one of ``optional`` (used in training only)."""
+    import torch
+    import transformers
+
+    model_class = getattr(transformers, class_name, None)
+    if model_class is None:
+        raise CodecError(
+            f"codec.type {source.model_type!r} needs transformers' {class_name}, which transformers "
+            f"{transformers.__version__} lacks; upgrade it (`pip install -U transformers`) or choose another codec.type"
+        )
+    folder = resolve_folder(path, source)
+    model_type = read_config(folder, source).get("model_type")
+    if model_type != source.model_type:
+        raise source.not_this_kind(path, f"config.json has model_type {model_type!r}")
+    fix = f"set codec.path to an intact folder written by {source.saved_by}"
+    try:  # float32 whatever the stored dtype: codes are roundings / nearest neighbours of the encoder's outputs
+        model, info = model_class.from_pretrained(str(folder), dtype=torch.float32, output_loading_info=True)
+    except OSError as e:
+        raise CodecNotFoundError(f"could not load {source.label} codec {path!r} as a local folder ({one_line(e)}); "
+                                 f"{fix}") from e
+    except (RuntimeError, ValueError) as e:  # weights whose shapes disagree with config.json
+        raise CodecError(f"the weights in {source.label} folder {path!r} do not fit its config.json "
+                         f"({one_line(e)[:300]}); {fix}") from e
+    missing = sorted(k for k in info.get("missing_keys", ()) if not k.endswith(optional))
+    if missing:
+        raise CodecError(f"the {source.label} folder {path!r} lacks weights {missing[:5]} (transformers would make "
+                         f"them random); {fix}")
+    return model.eval()

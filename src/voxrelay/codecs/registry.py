@@ -2,7 +2,7 @@
 ``index.json`` description (``codec_from_description``).
 
 Implementations live in a dict keyed by ``codec.type``; the SDKs behind the pretrained codecs
-(``snac``, ``transformers``: DAC, XCodec2, NeuCodec) are imported only when such a codec is built.
+(``snac``, ``transformers``: DAC, XCodec2, NeuCodec, Mimi) are imported only when such a codec is built.
 """
 
 from __future__ import annotations
@@ -76,6 +76,13 @@ def _neucodec(path: str) -> AudioCodec:
     return NeuCodecCodec.from_pretrained(path)
 
 
+def _mimi(path: str, num_codebooks: int) -> AudioCodec:
+    _import_sdk("transformers", "transformers", "mimi")
+    from voxrelay.codecs.mimi import MimiCodec
+
+    return MimiCodec.from_pretrained(path, num_codebooks)
+
+
 def family_codecs() -> dict[str, str]:
     """codec.type -> "module:Class" of the codecs model families bring (``FamilySpec.codecs``)."""
     from voxrelay.models.registry import FAMILIES
@@ -94,13 +101,16 @@ def _pcm(sample_rate: int) -> AudioCodec:
     return PcmCodec(sample_rate)
 
 
-# codec.type -> loader of a pretrained codec from a local folder or hub id.
-PRETRAINED_CODECS: dict[str, Callable[[str], AudioCodec]] = {
-    "snac": _snac, "dac": _dac, "xcodec2": _xcodec2, "neucodec": _neucodec,
+# codec.type -> loader of a pretrained codec from a local folder or hub id (and its PRETRAINED_KEYS).
+PRETRAINED_CODECS: dict[str, Callable[..., AudioCodec]] = {
+    "snac": _snac, "dac": _dac, "xcodec2": _xcodec2, "neucodec": _neucodec, "mimi": _mimi,
 }
+# codec.type -> the codec.* keys besides codec.path a pretrained codec is loaded with (keyword arguments of its
+# loader); they change the codes, so describe() records them and a description reloads with them.
+PRETRAINED_KEYS: dict[str, tuple[str, ...]] = {"mimi": ("num_codebooks",)}
 # codec.type -> the released model's hub id (what an error suggests for codec.path).
 HUB_EXAMPLES = {"snac": "hubertsiuzdak/snac_24khz", "dac": "descript/dac_16khz", "xcodec2": "HKUSTAudio/xcodec2-hf",
-                "neucodec": "neuphonic/neucodec"}
+                "neucodec": "neuphonic/neucodec", "mimi": "kyutai/mimi"}
 # codec.type -> builder of a codec made from ``codec.sample_rate`` alone (nothing fitted, nothing downloaded).
 PLAIN_CODECS: dict[str, Callable[[int], AudioCodec]] = {"pcm": _pcm}
 # codec.type -> builder of a codec fitted on the corpus, from its parameters.
@@ -115,6 +125,11 @@ def codec_types() -> list[str]:
 def from_path(kind: str) -> bool:
     """Whether a codec of ``kind`` is loaded from ``codec.path`` (pretrained, or a family's own)."""
     return kind in PRETRAINED_CODECS or kind in family_codecs()
+
+
+def pretrained_options(cfg: CodecConfig) -> dict[str, Any]:
+    """The PRETRAINED_KEYS of ``cfg.type`` with their values ({} for a codec loaded from codec.path alone)."""
+    return {k: getattr(cfg, k) for k in PRETRAINED_KEYS.get(cfg.type, ())}
 
 
 def _unknown(kind: Any) -> CodecError:
@@ -134,7 +149,7 @@ def build_codec(cfg: CodecConfig) -> AudioCodec:
                     f"codec.path={HUB_EXAMPLES[cfg.type]})")
             raise CodecError(f"codec.type '{cfg.type}' needs codec.path: {what}")
         if cfg.type in PRETRAINED_CODECS:
-            return PRETRAINED_CODECS[cfg.type](cfg.path)
+            return PRETRAINED_CODECS[cfg.type](cfg.path, **pretrained_options(cfg))
         _import_sdk("transformers", "transformers", cfg.type)
         return _family_codec(cfg.type).load(cfg.path)
     raise _unknown(cfg.type)
@@ -169,8 +184,11 @@ def codec_from_description(desc: dict[str, Any], state: bytes | None = None) -> 
                 f"codec description {desc} has no path (the codec was wrapped from an in-memory model); "
                 "load that model yourself and wrap it with from_model(), or prepare with codec.path set"
             )
+        missing = [k for k in PRETRAINED_KEYS.get(kind, ()) if k not in desc]
+        if missing:
+            raise CodecError(f"codec description {desc} lacks {missing}; it was not written by describe()")
         try:
-            codec = PRETRAINED_CODECS[kind](desc["path"])
+            codec = PRETRAINED_CODECS[kind](desc["path"], **{k: desc[k] for k in PRETRAINED_KEYS.get(kind, ())})
         except CodecError as e:
             raise type(e)(
                 f"the codec the data was prepared with (codec.path={desc['path']!r}, recorded in the prepared "

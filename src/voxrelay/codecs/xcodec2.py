@@ -19,9 +19,8 @@ import numpy as np
 import torch
 
 from voxrelay.codecs import xcodec_features as features
-from voxrelay.codecs.base import CodecError, CodecNotFoundError, describe_common, mono_float32
-from voxrelay.codecs.pretrained import CodecSource, read_config, resolve_folder
-from voxrelay.errors import one_line
+from voxrelay.codecs.base import CodecError, describe_common, mono_float32
+from voxrelay.codecs.pretrained import CodecSource, load_codec_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -31,37 +30,6 @@ XCODEC2_SOURCE = CodecSource("XCodec2", "Xcodec2Model.save_pretrained", "xcodec2
 
 
 _TRAINING_ONLY = ("masked_spec_embed",)  # w2v-BERT's SpecAugment vector: never read by encode or decode
-
-
-def load_codec_model(path: str, source: CodecSource, class_name: str) -> PreTrainedModel:
-    """The transformers model ``class_name`` in eval mode and float32 from a local folder, a gs:// / s3:// folder
-    or a hub id; refused when config.json is another model's or a weight is missing (it would be random)."""
-    import transformers
-
-    model_class = getattr(transformers, class_name, None)
-    if model_class is None:
-        raise CodecError(
-            f"codec.type {source.model_type!r} needs transformers' {class_name}, which transformers "
-            f"{transformers.__version__} lacks; upgrade it (`pip install -U transformers`) or choose another codec.type"
-        )
-    folder = resolve_folder(path, source)
-    model_type = read_config(folder, source).get("model_type")
-    if model_type != source.model_type:
-        raise source.not_this_kind(path, f"config.json has model_type {model_type!r}")
-    fix = f"set codec.path to an intact folder written by {source.saved_by}"
-    try:  # float32 whatever the stored dtype: the finite-scalar codes are roundings of the encoder's outputs
-        model, info = model_class.from_pretrained(str(folder), dtype=torch.float32, output_loading_info=True)
-    except OSError as e:
-        raise CodecNotFoundError(f"could not load {source.label} codec {path!r} as a local folder ({one_line(e)}); "
-                                 f"{fix}") from e
-    except (RuntimeError, ValueError) as e:  # weights whose shapes disagree with config.json
-        raise CodecError(f"the weights in {source.label} folder {path!r} do not fit its config.json "
-                         f"({one_line(e)[:300]}); {fix}") from e
-    missing = sorted(k for k in info.get("missing_keys", ()) if not k.endswith(_TRAINING_ONLY))
-    if missing:
-        raise CodecError(f"the {source.label} folder {path!r} lacks weights {missing[:5]} (transformers would make "
-                         f"them random); {fix}")
-    return model.eval()
 
 
 class Xcodec2Codec:
@@ -88,7 +56,7 @@ class Xcodec2Codec:
     @classmethod
     def from_pretrained(cls, path: str) -> Xcodec2Codec:
         """Load from a local folder (``save_pretrained``), a gs:// / s3:// folder or a hub id."""
-        codec = cls(load_codec_model(path, cls.source, cls.model_class), path=path)
+        codec = cls(load_codec_model(path, cls.source, cls.model_class, _TRAINING_ONLY), path=path)
         codec.check_layout()
         return codec
 

@@ -118,19 +118,22 @@ class DataConfig(Section):
 
 # codec.type: the built-in ones, then those model families bring (FamilySpec.codecs)
 FAMILY_CODECS = tuple(sorted({kind for spec in FAMILIES.values() for kind in spec.codecs}))
-CODEC_TYPES = ("mel_kmeans", "snac", "dac", "xcodec2", "neucodec", "pcm", *FAMILY_CODECS)
+CODEC_TYPES = ("mel_kmeans", "snac", "dac", "xcodec2", "neucodec", "mimi", "pcm", *FAMILY_CODECS)
+# Defaults that depend on codec.type (a key the config sets wins): Mimi keeps CSM's 32 codebooks.
+CODEC_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {"mimi": {"num_codebooks": 32}}
 
 
 class CodecConfig(Section):
     type: Literal[CODEC_TYPES] = Field(  # type: ignore[valid-type]
-        "mel_kmeans", description="mel_kmeans: built-in, no download; snac / dac / xcodec2 / neucodec: pretrained "
-        "neural codecs (xcodec2: Llasa's, 16 kHz; neucodec: NeuTTS', 24 kHz out, encodes at 16 kHz); pcm: "
+        "mel_kmeans", description="mel_kmeans: built-in, no download; snac / dac / xcodec2 / neucodec / mimi: "
+        "pretrained neural codecs (xcodec2: Llasa's, 16 kHz; neucodec: NeuTTS', 24 kHz out, encodes at 16 kHz; "
+        "mimi: Kyutai's, CSM's and Moshi's, 24 kHz, 12.5 frames/s); pcm: "
         "the audio itself (16-bit, at codec.sample_rate), for a family that learns from continuous features"
         + (f"; {' / '.join(FAMILY_CODECS)}: a model family's own (the README's section of that family)"
            if FAMILY_CODECS else "")
     )
-    path: str | None = Field(None, description="snac/dac/xcodec2/neucodec: local folder or hub id of the pretrained "
-                             "codec; a family's own codec: the model (folder or hub id) whose parts make it")
+    path: str | None = Field(None, description="snac/dac/xcodec2/neucodec/mimi: local folder or hub id of the "
+                             "pretrained codec; a family's own codec: the model (folder or hub id) whose parts make it")
     batch_size: int = Field(
         1, gt=0, description="dac: clips encoded together by prepare, on the GPU when there is one (upstream "
         "Parler: 8-24); >1 is much faster on a GPU, and the last frames of a shorter clip then see the batch's "
@@ -140,10 +143,19 @@ class CodecConfig(Section):
     n_fft: int = Field(1024, gt=0, description="mel_kmeans: FFT size")
     hop_length: int = Field(256, gt=0, description="mel_kmeans: hop in samples (frame rate = sr / hop)")
     n_mels: int = Field(80, gt=0, description="mel_kmeans: mel bands")
-    num_codebooks: int = Field(4, gt=0, description="mel_kmeans: residual k-means stages")
+    num_codebooks: int = Field(4, gt=0, description="mel_kmeans: residual k-means stages; mimi: the first N of its "
+                               "quantizers kept (default 32 with codec.type mimi, as CSM; Moshi: 8)")
     codebook_size: int = Field(256, gt=1, description="mel_kmeans: centroids per stage")
     fit_max_frames: int = Field(200_000, gt=0, description="mel_kmeans: frames sampled to fit k-means")
     griffin_lim_iters: int = Field(32, gt=0, description="mel_kmeans: Griffin-Lim iterations when decoding")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _type_defaults(cls, data: Any) -> Any:
+        """The CODEC_TYPE_DEFAULTS of the config's codec.type under the keys it leaves out."""
+        if isinstance(data, dict) and data.get("type") in CODEC_TYPE_DEFAULTS:
+            return {**CODEC_TYPE_DEFAULTS[data["type"]], **data}
+        return data
 
 
 # One typed `model:` section per family, told apart by `model.family` (voxrelay.models.registry).

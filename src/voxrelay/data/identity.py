@@ -55,8 +55,9 @@ def config_changes(cfg: RunConfig, committed: dict[str, Any]) -> list[str]:
     """What this config would change in prepared data made with the parameters ``committed`` (its identity's),
     told from the config alone, without the sources or a pretrained codec's weights: the duration bounds, the
     family's needs, and the codec (every setting of one built from the config, the type and path of a
-    pretrained one). ``codec.batch_size`` is not compared."""
-    from voxrelay.codecs.registry import build_codec, from_path
+    pretrained one and the keys it is loaded with, e.g. mimi's num_codebooks). ``codec.batch_size`` is not
+    compared."""
+    from voxrelay.codecs.registry import build_codec, from_path, pretrained_options
 
     needs = cfg.model.data_needs()
     new = _data_params(cfg, needs.fields)
@@ -64,6 +65,7 @@ def config_changes(cfg: RunConfig, committed: dict[str, Any]) -> list[str]:
         new["data.max_seconds"] = needs.max_seconds
     if from_path(cfg.codec.type):
         new |= {"codec.type": cfg.codec.type, "codec.path": cfg.codec.path}
+        new |= {f"codec.{k}": v for k, v in pretrained_options(cfg.codec).items()}
     else:
         new |= codec_params(cfg, build_codec(cfg.codec))
     return changed_keys({k: committed.get(k) for k in new}, new)

@@ -53,7 +53,7 @@ def dac_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_codec_types() -> None:
-    assert codec_types() == ["dac", "mel_kmeans", "neucodec", "pcm", "snac", "vibevoice_latents", "xcodec2"]
+    assert codec_types() == ["dac", "mel_kmeans", "mimi", "neucodec", "pcm", "snac", "vibevoice_latents", "xcodec2"]
 
 
 def test_default_config_builds_an_unfitted_mel_kmeans() -> None:
@@ -114,8 +114,8 @@ def test_changed_pretrained_codec_is_detected(dac_dir: str) -> None:
 
 
 def test_bad_descriptions_are_clear_errors(dac_dir: str) -> None:
-    with pytest.raises(ValueError, match="unknown codec type 'mimi'"):
-        codec_from_description({"type": "mimi"})
+    with pytest.raises(ValueError, match="unknown codec type 'encodec'"):
+        codec_from_description({"type": "encodec"})
     with pytest.raises(ValueError, match="n_fft"):
         codec_from_description({"type": "mel_kmeans", "sample_rate": 16000})
     wrapped = DacCodec.from_model(DacModel.from_pretrained(dac_dir)).describe()
