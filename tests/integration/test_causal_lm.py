@@ -73,10 +73,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     return base, parts, env
 
 
-def test_a_layout_of_your_own_prepares_trains_resumes_exactly_speaks_and_exports(setup, tmp_path: Path):
-    base, parts, env = setup
-    tiny = settings(parts)
-    config = str(parts / "config.yaml")
+def straight_and_killed(base: Path, parts: Path, env: dict) -> tuple[dict, dict]:
+    """Train the run straight, and again SIGKILLed once a checkpoint exists then resumed; both final weights."""
+    config, tiny = str(parts / "config.yaml"), settings(parts)
     res = run_cli("train", config, *tiny(str(base / "root"), "name=straight"), env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     trainer = Trainer(str(base / "root"), env, "name=killed", config=config, settings=tiny)
@@ -87,7 +86,14 @@ def test_a_layout_of_your_own_prepares_trains_resumes_exactly_speaks_and_exports
     assert 2 <= resumed < STEPS, res.stderr
     step_a, a = final_weights(str(base / "root/runs/straight"), base / "cache/fetch")
     step_b, b = final_weights(str(base / "root/runs/killed"), base / "cache/fetch")
-    assert step_a == step_b == STEPS and any("embed_tokens" in k for k in a)
+    assert step_a == step_b == STEPS
+    return a, b
+
+
+def test_a_layout_of_your_own_prepares_trains_resumes_exactly_speaks_and_exports(setup, tmp_path: Path):
+    base, parts, env = setup
+    a, b = straight_and_killed(base, parts, env)
+    assert any("embed_tokens" in k for k in a)
     assert_same_weights(a, b)
 
     run = base / "root/runs/killed"
@@ -158,18 +164,10 @@ def test_llasa_lora_with_new_tokens_trains_only_their_rows_resumes_exactly_and_e
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     base, parts, env = llasa
-    config, tiny = str(parts / "config.yaml"), settings(parts)
     index = json.loads((base / "root/prepared/two-books/index.json").read_text())
     assert (index["codec"]["type"], index["num_codebooks"], index["codec"]["codebook_size"]) == ("xcodec2", 1, 65536)
-    res = run_cli("train", config, *tiny(str(base / "root"), "name=straight"), env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    trainer = Trainer(str(base / "root"), env, "name=killed", config=config, settings=tiny)
-    kill_once_a_checkpoint_exists(trainer, base / "cache", str(base / "root/runs/killed"), STEPS)
-    res = run_cli("train", config, *tiny(str(base / "root"), "name=killed"), env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    step_a, a = final_weights(str(base / "root/runs/straight"), base / "cache/fetch")
-    step_b, b = final_weights(str(base / "root/runs/killed"), base / "cache/fetch")
-    assert step_a == step_b == STEPS and any("lora_" in k for k in a)
+    a, b = straight_and_killed(base, parts, env)
+    assert any("lora_" in k for k in a)
     assert_same_weights(a, b)
 
     run = base / "root/runs/killed"
