@@ -78,14 +78,13 @@ def check_codec(cfg: RunConfig, clips: int = 16) -> CodecCheck:
     if isinstance(codec, FittableCodec):  # fitted as prepare would fit it
         _fit(cfg, codec, every)
     trips = [np.asarray(codec.decode(codec.encode(w)), dtype=np.float32) for w in wavs]
-    rate = int(getattr(codec, "output_rate", codec.sample_rate))
+    rate = codec.sample_rate  # what encode takes and decode gives (NeuCodec resamples inside)
     for utt, wav, trip in zip(kept, wavs, trips, strict=True):
-        report.clips.append({"id": utt.id, "seconds": round(len(wav) / codec.sample_rate, 3),
-                             "mcd_db": round(mcd_dtw(wav, trip, codec.sample_rate) if rate == codec.sample_rate
-                                             else _mcd(wav, codec.sample_rate, trip, rate), 3)})
+        report.clips.append({"id": utt.id, "seconds": round(len(wav) / rate, 3),
+                             "mcd_db": round(mcd_dtw(wav, trip, rate), 3)})
     report.summary = {"clips": len(kept), "mcd_db": round(float(np.mean([c["mcd_db"] for c in report.clips])), 3)}
     if cfg.eval.asr is not None:
-        report.summary |= _intelligibility(cfg, report.clips, texts, [(w, codec.sample_rate) for w in wavs],
+        report.summary |= _intelligibility(cfg, report.clips, texts, [(w, rate) for w in wavs],
                                            [(t, rate) for t in trips])
     report.uri = storage.join(cfg.prepared_uri, CHECK_DIR)
     _save(report, kept, trips, rate)
@@ -100,13 +99,6 @@ def _fit(cfg: RunConfig, codec: FittableCodec, rows: list) -> None:
         codec.fit(sample, seed=cfg.train.seed)
     except ValueError as err:
         raise PrepareError(f"the codec cannot be fitted on these sources as prepare would fit it: {err}") from err
-
-
-def _mcd(ref: np.ndarray, ref_rate: int, syn: np.ndarray, syn_rate: int) -> float:
-    """MCD-DTW of a round trip decoded at another rate (MCD resamples both to 16 kHz)."""
-    from voxrelay.data.audio import resample
-
-    return mcd_dtw(ref, resample(syn, syn_rate, ref_rate), ref_rate)
 
 
 def _intelligibility(cfg: RunConfig, clips: list[dict], texts: list[str], recordings: list, trips: list) -> dict:

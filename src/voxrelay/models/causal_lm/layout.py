@@ -21,8 +21,6 @@ Torch-free: the config reads a layout to know what ``prepare`` must produce.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -174,9 +172,6 @@ class Layout(BaseModel):
         """Every token the layout adds to a base tokenizer, in order."""
         return [n for item in self.add_tokens for n in ([item] if isinstance(item, str) else item.names())]
 
-    def digest(self) -> str:
-        """A short hash of everything that decides the examples (a changed layout file is a different model)."""
-        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def built_in_names() -> list[str]:
