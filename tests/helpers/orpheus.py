@@ -22,9 +22,10 @@ TINY_SNAC = dict(sampling_rate=24000, encoder_dim=8, encoder_rates=[8, 8, 8], de
                  attn_window_size=None, codebook_size=4096, codebook_dim=4, vq_strides=[4, 2, 1])
 
 
-def save_llama3_tokenizer(folder: Path) -> Path:
+def save_llama3_tokenizer(folder: Path, names: dict[int, str] | None = None, eos: str = "<|eot_id|>") -> Path:
     """A tokenizer with Llama-3's id layout: 128,256 ids, BOS <|begin_of_text|> 128000 added in front,
-    <|eot_id|> 128009 (a few hundred real BPE tokens, the rest unreachable fillers)."""
+    <|eot_id|> 128009 (a few hundred real BPE tokens, the rest unreachable fillers). ``names``: special tokens
+    named otherwise (offset from 128000, e.g. CSM's {2: "<|AUDIO|>"}); ``eos``: the EOS token."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -38,11 +39,11 @@ def save_llama3_tokenizer(folder: Path) -> Path:
     vocab.update({f"<|filler_{i}|>": i for i in range(len(vocab), L.BOS)})
     tok = Tokenizer.from_str(json.dumps(spec))
     reserved = iter(range(256))
-    tok.add_special_tokens([AddedToken(SPECIAL_NAMES.get(i) or f"<|reserved_special_token_{next(reserved)}|>",
-                                       special=True) for i in range(256)])
+    base = [SPECIAL_NAMES.get(i) or f"<|reserved_special_token_{next(reserved)}|>" for i in range(256)]
+    tok.add_special_tokens([AddedToken((names or {}).get(i, name), special=True) for i, name in enumerate(base)])
     tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A",
                                                        special_tokens=[("<|begin_of_text|>", L.BOS)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token=eos)
     assert len(fast) == L.LLAMA3_VOCAB
     fast.save_pretrained(str(folder))
     return folder

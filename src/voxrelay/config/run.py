@@ -54,6 +54,14 @@ class SourceConfig(Section):
         "of its labels (a path or a list of paths, as community fine-tuning datasets write them); folder "
         "sources read a `voice_prompts` column of paths separated by `;`",
     )
+    conversation_column: str | None = Field(
+        "conversation", description="hf/jsonl: column naming the conversation a row is a turn of (folder sources: a "
+        "`conversation` column), for a family that takes the previous turns as context",
+    )
+    turn_column: str | None = Field(
+        "turn", description="hf/jsonl: column with the row's place in its conversation, a whole number (folder "
+        "sources: a `turn` column); rows without one are ordered by id",
+    )
     minutes: float = Field(20.0, gt=0, description="demo only: minutes of audio to generate")
     voices: list[str] = Field(
         default_factory=lambda: ["en-us", "en-gb+f3", "en-us+m3", "en-gb-scotland+f2"],

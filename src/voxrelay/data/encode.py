@@ -72,7 +72,9 @@ def encode_shard(utts: list[Utterance], codec: AudioCodec, cfg: RunConfig, stric
                 id=utt.id, text=utt.text, speaker=utt.speaker, description=utt.description,
                 duration=len(wav) / codec.sample_rate, codes=sh.stored_array(codes, codec),
                 ref_audio=wav if keep_audio and not getattr(codec, "continuous", False) else None,
-                voice_prompts=prompts.get(id(utt), ())))
+                voice_prompts=prompts.get(id(utt), ()),
+                conversation=utt.conversation if needs.conversations else None,
+                turn=utt.turn if needs.conversations else None))
     return good, rejects
 
 

@@ -299,6 +299,8 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     params = ident.shard_params(cfg, codec, _load_codec(cfg, codec, rows, rank), needs.fields)
     if needs.max_seconds is not None:  # which rows are kept depends on it (model.max_length)
         params["data.max_seconds"] = needs.max_seconds
+    if needs.conversations and any(u.conversation for u in rows):  # the rows then say which turn they are
+        params["data.conversations"] = True
     if needs.voice_prompts and any(u.voice_prompts for u in rows):  # the rows then hold their prompts' codes
         params["data.voice_prompts"] = True
     elif needs.voice_prompts and rank == 0 and not any(u.speaker for u in rows if u.problem is None):

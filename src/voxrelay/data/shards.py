@@ -13,7 +13,9 @@ Columns: id, text, speaker, description (str), duration (float32, seconds), num_
 codes (binary: int16 [K, T] row-major, K = index["num_codebooks"]), ref_audio (binary: int16 PCM
 at the codec's sample rate; eval split only, empty for train: the reference MCD-DTW scores against),
 voice_prompts (list of binary: each clip's codes, int16 [K, T] row-major, one per speaker of the transcript, for a
-family that clones voices from prompts; empty otherwise and absent in shards of older versions).
+family that clones voices from prompts; empty otherwise and absent in shards of older versions), conversation (str)
+and turn (int32): the conversation a row is a turn of, for a family that takes previous turns as context (null
+otherwise, absent in shards of older versions).
 A codec whose arrays are features, not codes (``stored_dtype``, e.g. a family's precomputed latents), stores codes
 and voice prompts as float32 instead, and a codec of more than 32,768 codes per codebook (``stored_dtype = "int32"``)
 as int32; the Parquet schema's metadata names the dtype (``voxrelay.codes_dtype``, absent: int16).
@@ -50,6 +52,8 @@ SCHEMA = pa.schema(
         ("codes", pa.binary()),
         ("ref_audio", pa.binary()),
         ("voice_prompts", pa.list_(pa.binary())),
+        ("conversation", pa.string()),
+        ("turn", pa.int32()),
     ]
 )
 
@@ -79,6 +83,8 @@ class EncodedUtterance:
     codes: np.ndarray  # int16 [K, T] (float32 for a codec of features, see stored_array)
     ref_audio: np.ndarray | None = None  # float32 [N] at the codec rate (eval split only)
     voice_prompts: tuple[np.ndarray, ...] = ()  # int16 [K, T] per speaker, in the order of its labels
+    conversation: str | None = None  # the conversation this row is a turn of (DataNeeds.conversations)
+    turn: int | None = None  # its place in the conversation (None: ordered by id)
 
 
 def checksums(index: dict) -> dict[str, str]:
@@ -128,6 +134,8 @@ def encode_table(rows: list[EncodedUtterance]) -> bytes:
         "codes": [np.ascontiguousarray(r.codes, dtype=dtype).tobytes() for r in rows],
         "ref_audio": [b"" if r.ref_audio is None else _pcm16(r.ref_audio) for r in rows],
         "voice_prompts": [[np.ascontiguousarray(p, dtype=dtype).tobytes() for p in r.voice_prompts] for r in rows],
+        "conversation": [r.conversation for r in rows],
+        "turn": [r.turn for r in rows],
     }
     schema = SCHEMA if dtype == "int16" else SCHEMA.with_metadata({DTYPE_KEY: dtype.encode()})
     buf = io.BytesIO()
@@ -160,6 +168,8 @@ def decode_table(data: bytes, num_codebooks: int) -> list[EncodedUtterance]:
                 ref_audio=_from_pcm16(table["ref_audio"][i]) if table.get("ref_audio") else None,
                 voice_prompts=tuple(np.frombuffer(p, dtype=dtype).reshape(num_codebooks, -1)
                                     for p in (table["voice_prompts"][i] or [])) if "voice_prompts" in table else (),
+                conversation=table["conversation"][i] if "conversation" in table else None,
+                turn=table["turn"][i] if "turn" in table else None,
             )
         )
     return out

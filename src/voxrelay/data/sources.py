@@ -34,7 +34,8 @@ from voxrelay.errors import UserError, one_line
 METADATA = "metadata.csv"
 _FOLDER_HEADER_HINT = (
     "the first line must be `id,audio_path,text_path` (optionally followed by `,num_speakers,duration_sec`) "
-    "or `id,audio_path,text`, with optional `speaker`, `description`, `voice_prompts` columns; paths are "
+    "or `id,audio_path,text`, with optional `speaker`, `description`, `voice_prompts`, `conversation`, `turn` "
+    "columns; paths are "
     "relative to the folder"
 )
 
@@ -108,6 +109,7 @@ def _folder_row(root: str, row: dict, where: str, n_fields: int) -> Utterance:
     utt.description = get.get("description") or None
     utt.voice_prompts = prompt_refs(get.get("voice_prompts"), lambda p: _inside(root, p), utt,
                                     "voice_prompts")
+    _set_turn(utt, get.get("conversation") or None, get.get("turn") or None, "turn")
     if get.get("duration_sec"):
         utt.extra["duration_sec"] = get["duration_sec"]
     if get.get("num_speakers"):
@@ -231,6 +233,8 @@ def _read_jsonl(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
             utt.speaker = _optional_str(obj, src.speaker_column)
             utt.description = _optional_str(obj, src.description_column)
             _jsonl_audio(utt, root, obj.get(src.audio_column), src.audio_column)
+            _set_turn(utt, _optional_str(obj, src.conversation_column),
+                      obj.get(src.turn_column) if src.turn_column else None, src.turn_column)
             if src.voice_prompts_column:
                 utt.voice_prompts = prompt_refs(obj.get(src.voice_prompts_column), lambda p: _inside(root, p),
                                                 utt, src.voice_prompts_column)
@@ -239,6 +243,20 @@ def _read_jsonl(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
             elif not utt.problem and not utt.text:
                 utt.problem = "empty text"
             yield utt
+
+
+def _set_turn(utt: Utterance, conversation: str | None, turn: object, column: str | None) -> None:
+    """The row's conversation and its turn in it (a whole number, or absent: ordered by id); a bad turn sets
+    ``problem``."""
+    utt.conversation = conversation
+    if turn is None or turn == "":
+        return
+    try:
+        if isinstance(turn, bool) or float(turn) != int(float(turn)):
+            raise ValueError
+        utt.turn = int(float(turn))
+    except (TypeError, ValueError):
+        utt.problem = utt.problem or f"{column} {turn!r} is not a whole number (the row's place in its conversation)"
 
 
 def _optional_str(obj: dict, column: str | None) -> str | None:
@@ -332,7 +350,8 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
     if descriptions is not None and src.id_column not in ds.column_names:
         raise SourceError(f"{label}: no column {src.id_column!r} to join the metadata on; set `id_column` to one of "
                           f"{ds.column_names}")
-    optional = [c for c in (src.id_column, src.speaker_column, src.description_column, src.voice_prompts_column)
+    optional = [c for c in (src.id_column, src.speaker_column, src.description_column, src.voice_prompts_column,
+                            src.conversation_column, src.turn_column)
                 if c and c in ds.column_names and (descriptions is None or c != src.description_column)]
     for i, row in enumerate(ds.rows(list(dict.fromkeys([src.audio_column, src.text_column, *optional])))):
         text = row.get(src.text_column)
@@ -341,6 +360,8 @@ def _read_hf(src: SourceConfig, workdir: Path) -> Iterator[Utterance]:
         utt.speaker = _optional_str(row, src.speaker_column)
         utt.description = _optional_str(row, src.description_column) if descriptions is None else \
             descriptions.get(utt.id)
+        _set_turn(utt, _optional_str(row, src.conversation_column),
+                  row.get(src.turn_column) if src.turn_column else None, src.turn_column)
         value = row.get(src.audio_column)
         if isinstance(value, dict) and value.get("bytes"):
             utt.extra[AUDIO_BYTES_KEY] = value["bytes"]

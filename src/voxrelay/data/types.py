@@ -16,6 +16,8 @@ class Utterance:
     ``where`` names the row for error messages, e.g. ``"data/metadata.csv row 12"``.
     ``voice_prompts``: audio-only utterances, one reference clip per speaker of the transcript in the order of
     its labels (:mod:`voxrelay.data.voice_prompts`), for a family that clones voices from prompts.
+    ``conversation`` / ``turn``: the conversation a row is one turn of and its place in it (a family that takes the
+    previous turns as context orders a conversation's rows by turn, then id).
     ``problem`` is set by a reader when the row is already known to be bad (empty text, a path
     that escapes the dataset folder, a missing text file...); prepare rejects it with that reason.
     """
@@ -29,6 +31,8 @@ class Utterance:
     speaker: str | None = None
     description: str | None = None
     num_speakers: int | None = None
+    conversation: str | None = None
+    turn: int | None = None
     problem: str | None = None
     voice_prompts: list[Utterance] = field(default_factory=list)
     extra: dict = field(default_factory=dict)

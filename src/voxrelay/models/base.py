@@ -320,6 +320,7 @@ class DataNeeds:
     # used, or None: prepare rejects it with that reason
     row_check: Callable[..., str | None] | None = None
     voice_prompts: bool = False  # the family clones voices from prompts: prepare keeps a row's voice_prompts
+    conversations: bool = False  # the family takes previous turns as context: prepare keeps conversation and turn
     max_seconds: float | None = None  # longest audio a row may have (prepare rejects longer ones with max_seconds_why)
     max_seconds_why: str = ""  # the limit's reason and fix, e.g. "model.max_length=4096 allows at most 540 s"
     # what the family advises about the prepared data (its index.json), e.g. another way to store it at this size

@@ -48,3 +48,22 @@ def test_a_shard_without_a_dtype_in_its_metadata_reads_as_int16() -> None:
 
     assert sh.DTYPE_KEY not in (pq.read_table(io.BytesIO(data)).schema.metadata or {})
     assert sh.decode_table(data, 1)[0].codes.dtype == np.int16
+
+
+def test_shards_keep_conversation_and_turn_and_read_older_shards_without_them():
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from voxrelay.data import shards as sh
+
+    rows = [sh.EncodedUtterance("a", "hi", None, None, 1.0, np.zeros((2, 3), np.int16), conversation="t", turn=4),
+            sh.EncodedUtterance("b", "yo", None, None, 1.0, np.zeros((2, 3), np.int16))]
+    back = sh.decode_table(sh.encode_table(rows), 2)
+    assert [(r.conversation, r.turn) for r in back] == [("t", 4), (None, None)]
+    table = pq.read_table(io.BytesIO(sh.encode_table(rows))).drop_columns(["conversation", "turn"])
+    older = io.BytesIO()
+    pq.write_table(pa.table(table.to_pydict()), older)  # a shard written before the columns existed
+    assert [(r.id, r.conversation, r.turn) for r in sh.decode_table(older.getvalue(), 2)] == [("a", None, None),
+                                                                                              ("b", None, None)]

@@ -240,3 +240,28 @@ def test_hf_descriptions_from_a_metadata_dataset_joined_on_id(tmp_path):
     assert [(u.id, u.description) for u in utts] == [("u0", "A fast voice."), ("u1", None), ("u2", "A low voice.")]
     with pytest.raises(SourceError, match="no column 'description' to join on; set `description_column`"):
         _read(tmp_path, type="hf", path=str(tmp_path / "speech"), metadata_path=str(tmp_path / "meta"))
+
+
+def test_every_source_type_reads_a_rows_conversation_and_turn(tmp_path):
+    """The three sources with columns (folder metadata.csv, jsonl, hf) read `conversation` and `turn`; a turn that
+    is not a whole number rejects the row naming the column; rows without them have neither."""
+    from datasets import Audio, Dataset
+
+    clip = make_wav(tmp_path / "d" / "a.wav", 0.6, 16000)
+    cells = [("talk-1", "0"), ("talk-1", "2"), ("talk-2", "x"), ("", "")]
+    (tmp_path / "d" / "metadata.csv").write_text("id,audio_path,text,conversation,turn\n" + "".join(
+        f"r{i},a.wav,hi,{c},{t}\n" for i, (c, t) in enumerate(cells)))
+    folder = _read(tmp_path, type="folder", path=str(tmp_path / "d"))
+    (tmp_path / "d" / "x.jsonl").write_text("".join(json.dumps(
+        {"id": f"r{i}", "audio": "a.wav", "text": "hi", "talk": c or None, "n": int(t) if t.isdigit() else t or None})
+        + "\n" for i, (c, t) in enumerate(cells)))
+    jsonl = _read(tmp_path, type="jsonl", path=str(tmp_path / "d" / "x.jsonl"), conversation_column="talk",
+                  turn_column="n")
+    ds = Dataset.from_dict({"audio": [str(clip)] * 4, "text": ["hi"] * 4, "conversation": [c or None for c, _ in cells],
+                            "turn": [t or None for _, t in cells]}).cast_column("audio", Audio())
+    ds.save_to_disk(str(tmp_path / "hf"))
+    hf = _read(tmp_path, type="hf", path=str(tmp_path / "hf"))
+    for utts, column in ((folder, "turn"), (jsonl, "n"), (hf, "turn")):
+        assert [(u.conversation, u.turn) for u in utts[:2]] == [("talk-1", 0), ("talk-1", 2)], column
+        assert utts[2].problem == f"{column} 'x' is not a whole number (the row's place in its conversation)"
+        assert (utts[3].conversation, utts[3].turn, utts[3].problem) == (None, None, None)
