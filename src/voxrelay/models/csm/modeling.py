@@ -38,7 +38,7 @@ class CsmTrainer(nn.Module):
         """Input embeddings [B, S, H]: text ids' (``embed_text_tokens``), or an audio position's frame's."""
         config = self.csm.config
         is_audio = (input_ids == config.audio_token_id) | (input_ids == config.audio_eos_token_id)
-        text = self.csm.embed_text_tokens(input_ids)
+        text = self.csm.embed_text_tokens(input_ids.masked_fill(is_audio, 0))  # markers may lie beyond the text ids
         audio = self.csm.backbone_model.embed_tokens(codes)
         return torch.where(is_audio[..., None], audio, text)
 

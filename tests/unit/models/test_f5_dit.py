@@ -1,0 +1,101 @@
+"""voxrelay's F5-TTS pieces against upstream f5-tts 1.1.22's own outputs, recorded by ``scripts/f5_reference.py`` in
+an isolated environment (tests/fixtures/f5/: a tiny DiT's weights under upstream's ``CFM.state_dict()`` keys, its
+inputs and outputs): the vector field in every conditioning mode, the text and time embeddings, the training loss
+with upstream's draws and its gradients, the mel spectrogram, and the sway-sampled ODE with guidance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from voxrelay.models.f5 import flow
+from voxrelay.models.f5.dit import DiT, DiTSizes
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "f5"
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    ref = load_file(str(FIXTURES / "reference.safetensors"))
+    meta = json.loads((FIXTURES / "reference.json").read_text())
+    c = meta["tiny_config"]
+    dit = DiT(DiTSizes(dim=c["dim"], depth=c["depth"], heads=c["heads"], dim_head=c["dim_head"], ff_mult=c["ff_mult"],
+                       text_dim=c["text_dim"], conv_layers=c["conv_layers"], text_num_embeds=len(meta["vocab"])))
+    dit.load_state_dict({k.removeprefix("transformer."): v for k, v in ref.items() if k.startswith("transformer.")})
+    io = {k.removeprefix("io."): v for k, v in ref.items() if k.startswith("io.")}
+    return dit.eval(), io, meta
+
+
+def test_upstream_weights_load_by_their_own_names(upstream):
+    dit, io, meta = upstream
+    assert sorted(k.removeprefix("transformer.") for k in meta["weight_keys"]) == sorted(dit.state_dict())
+
+
+@pytest.mark.parametrize("mode", ["vf", "vf_drop_audio", "vf_uncond", "vf_cfg_infer"])
+def test_the_vector_field_is_upstreams_in_every_conditioning_mode(upstream, mode):
+    dit, io, _ = upstream
+    flags = {"vf": {}, "vf_drop_audio": {"drop_audio_cond": True},
+             "vf_uncond": {"drop_audio_cond": True, "drop_text": True}, "vf_cfg_infer": {"cfg_infer": True}}[mode]
+    with torch.no_grad():
+        out = dit(x=io["vf_x"], cond=io["vf_cond"], text=io["text_ids"], time=io["vf_time"], mask=io["mask"], **flags)
+        unmasked = dit(x=io["vf_x"][:1, :30], cond=io["vf_cond"][:1, :30], text=io["text_ids"][:1],
+                       time=io["vf_time"][:1])
+        text = dit.text_embed(io["text_ids"], io["mask"].sum(1))
+    torch.testing.assert_close(out, io[mode], atol=ATOL, rtol=0)
+    torch.testing.assert_close(unmasked, io["vf_nomask_b0_n30"], atol=ATOL, rtol=0)
+    torch.testing.assert_close(text, io["text_embed"], atol=ATOL, rtol=0)
+    torch.testing.assert_close(dit.time_embed(io["vf_time"]).detach(), io["time_embed"], atol=ATOL, rtol=0)
+
+
+def test_the_loss_and_its_gradients_are_upstreams_given_its_draws(upstream):
+    dit, io, meta = upstream
+    case = meta["loss_cases"][0]
+    draws = flow.Draws(io["loss_frac_lengths"], io["loss_span_rand"], io["loss_x0"], io["loss_time"],
+                       case["drop_audio_cond"], case["drop_text"])
+    assert torch.equal(flow.span_mask(io["lens"], draws.frac, draws.start, io["x1"].shape[1]), io["loss_span_mask"])
+    dit.zero_grad(set_to_none=True)
+    total, count = flow.loss_terms(dit, io["x1"], io["text_ids"], io["lens"], draws)
+    (total / count).backward()
+    assert float(total / count) == pytest.approx(float(io["loss_eval"]), rel=1e-6)
+    grads = {name: p.grad for name, p in dit.named_parameters() if p.grad is not None}
+    upstream_grads = {k.removeprefix("grad.transformer."): v for k, v in io.items() if k.startswith("grad.")}
+    assert grads.keys() == upstream_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, upstream_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    dit.zero_grad(set_to_none=True)
+
+
+def test_draws_come_from_the_generator_in_upstreams_order_and_make_its_dropouts():
+    g = torch.Generator().manual_seed(0)
+    d = flow.draw(g, 2, 40, 100)
+    g2 = torch.Generator().manual_seed(0)
+    assert torch.equal(torch.empty(2).uniform_(0.7, 1.0, generator=g2), d.frac)
+    assert torch.equal(torch.rand(2, generator=g2), d.start) and d.noise.shape == (2, 40, 100)
+    flips = [flow.draw(g, 1, 4, 2) for _ in range(400)]
+    both = sum(f.drop_text for f in flips) / 400
+    audio = sum(f.drop_audio for f in flips) / 400
+    assert all(f.drop_audio for f in flips if f.drop_text)  # dropping the text drops the audio too
+    assert 0.12 < both < 0.28 and 0.36 < audio < 0.52  # 0.2, and 0.3 + 0.7 x 0.2 = 0.44
+
+
+def test_the_mel_spectrogram_is_upstreams_bit_for_bit(upstream):
+    _, io, _ = upstream
+    assert torch.equal(flow.log_mel(io["mel_wav"]), io["mel_upstream"])
+
+
+def test_sway_sampling_with_guidance_is_upstreams(upstream):
+    dit, io, meta = upstream
+    s = meta["sample"]
+    text = io["text_ids"][:1]
+    out, path = flow.sample(dit, io["sample_prompt"], text, s["duration"], steps=s["steps"], cfg=s["cfg_strength"],
+                            sway=s["sway"], seed=s["seed"])
+    assert torch.allclose(flow.time_grid(4, -1.0), torch.tensor(s["t_grid"]), atol=1e-7)
+    torch.testing.assert_close(path, io["sample_traj"], atol=ATOL, rtol=0)
+    torch.testing.assert_close(out, io["sample_out"], atol=ATOL, rtol=0)
+    plain, _ = flow.sample(dit, io["sample_prompt"], text, s["duration"], steps=4, cfg=0.0, sway=None, seed=s["seed"])
+    torch.testing.assert_close(plain, io["sample_out_nocfg_nosway"], atol=ATOL, rtol=0)
