@@ -99,3 +99,35 @@ def test_sway_sampling_with_guidance_is_upstreams(upstream):
     torch.testing.assert_close(out, io["sample_out"], atol=ATOL, rtol=0)
     plain, _ = flow.sample(dit, io["sample_prompt"], text, s["duration"], steps=4, cfg=0.0, sway=None, seed=s["seed"])
     torch.testing.assert_close(plain, io["sample_out_nocfg_nosway"], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_vocos_decodes_as_upstream_from_a_folder_laid_out_as_the_hubs(tmp_path, weights):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from voxrelay.models.f5.vocos import Vocos
+
+    ref = load_file(str(FIXTURES / "vocos_reference.safetensors"))
+    state = {k: v for k, v in ref.items() if not k.startswith("io.")}
+    shutil.copy(FIXTURES / "vocos_config.yaml", tmp_path / "config.yaml")
+    if weights == "model.safetensors":
+        save_file(state, str(tmp_path / weights))
+    else:
+        torch.save(state, tmp_path / weights)  # the hub's format for charactr/vocos-mel-24khz
+    audio = Vocos.from_folder(tmp_path).decode(ref["io.mel"])
+    assert audio.shape == ref["io.audio"].shape == (1, 256 * (ref["io.mel"].shape[-1] - 1))
+    torch.testing.assert_close(audio, ref["io.audio"], atol=1e-5, rtol=0)
+
+
+def test_a_vocoder_folder_without_weights_is_refused_naming_the_fix(tmp_path):
+    import shutil
+
+    from voxrelay.models.f5.vocos import Vocos, VocoderError
+
+    shutil.copy(FIXTURES / "vocos_config.yaml", tmp_path / "config.yaml")
+    with pytest.raises(VocoderError, match="holds no model.safetensors or pytorch_model.bin; point it at"):
+        Vocos.from_folder(tmp_path)
+    with pytest.raises(VocoderError, match="no readable config.yaml"):
+        Vocos.from_folder(tmp_path / "missing")
