@@ -124,7 +124,7 @@ def test_vocos_decodes_as_upstream_from_a_folder_laid_out_as_the_hubs(tmp_path, 
 def test_a_vocoder_folder_without_weights_is_refused_naming_the_fix(tmp_path):
     import shutil
 
-    from voxrelay.models.f5.vocos import Vocos, VocoderError
+    from voxrelay.models.f5.vocos import VocoderError, Vocos
 
     shutil.copy(FIXTURES / "vocos_config.yaml", tmp_path / "config.yaml")
     with pytest.raises(VocoderError, match="holds no model.safetensors or pytorch_model.bin; point it at"):
