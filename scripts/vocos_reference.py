@@ -44,5 +44,6 @@ with torch.no_grad():
     mel = vocos.feature_extractor(wav[None])  # [1, 100, 47]
     audio = vocos.decode(mel)
 state = {k: v.contiguous() for k, v in vocos.state_dict().items()}
-save_file({**state, "io.mel": mel.contiguous(), "io.audio": audio.contiguous()}, str(OUT / "vocos_reference.safetensors"))
+save_file({**state, "io.mel": mel.contiguous(), "io.audio": audio.contiguous()},
+          str(OUT / "vocos_reference.safetensors"))
 print({k: list(v.shape) for k, v in state.items() if "convnext.1" not in k}, tuple(audio.shape))
