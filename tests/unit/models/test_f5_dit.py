@@ -131,3 +131,26 @@ def test_a_vocoder_folder_without_weights_is_refused_naming_the_fix(tmp_path):
         Vocos.from_folder(tmp_path)
     with pytest.raises(VocoderError, match="no readable config.yaml"):
         Vocos.from_folder(tmp_path / "missing")
+
+
+def test_text_tokens_and_ids_are_upstreams_with_its_pinyin_vocab_and_as_bytes():
+    from voxrelay.models.f5.text import Vocab, tokens
+
+    ref = json.loads((FIXTURES / "text_reference.json").read_text())
+    vocab = Vocab.read(FIXTURES / "vocab.txt")
+    assert len(vocab) == ref["vocab_size"] == 2545
+    for case in ref["cases"]:
+        assert tokens(case["text"]) == case["tokens"], case["text"]
+        assert vocab.encode(case["text"]) == case["ids"], case["text"]
+        assert Vocab.utf8().encode(case["text"]) == case["bytes"], case["text"]
+    assert vocab.unknown("naïve ☺") == ["☺"]
+
+
+def test_a_vocab_file_whose_first_token_is_not_a_space_is_refused(tmp_path):
+    from voxrelay.models.f5.text import TextError, Vocab
+
+    (tmp_path / "vocab.txt").write_text("a\n \nb\n")
+    with pytest.raises(TextError, match="first line must be a single space"):
+        Vocab.read(tmp_path / "vocab.txt")
+    with pytest.raises(TextError, match="cannot be read"):
+        Vocab.read(tmp_path / "missing.txt")
