@@ -10,7 +10,9 @@ Run it once in an environment of its own (f5-tts is never a voxrelay dependency)
 
 Writes OUT_DIR/reference.safetensors (weights under upstream `CFM.state_dict()` keys, i.e. the `model_state_dict`
 layout "transformer....", plus tensors under "io.*") and reference.json (config, seeds, flags, scalars, checks).
-Also writes, into a temporary folder, tiny_ckpt.pt (upstream Trainer.save_checkpoint layout) and
+Also writes upstream_ema.safetensors: the EMA's state_dict (ema_pytorch's, counters included) as f5-tts' released
+checkpoints hold it (F5TTS_v1_Base/model_1250000.safetensors: "ema_model.transformer...."). And, into a temporary
+folder, tiny_ckpt.pt (upstream Trainer.save_checkpoint layout) and
 tiny_pretrained.safetensors (hub layout: "ema_model.transformer....") and checks that upstream's
 infer.utils_infer.load_checkpoint reads both (recorded in reference.json's checks).
 
@@ -256,6 +258,8 @@ ckpt = dict(model_state_dict=model.state_dict(), optimizer_state_dict=opt.state_
 torch.save(ckpt, CKPTS / "tiny_ckpt.pt")  # trainer.py:153-163
 save_file({k: v.contiguous() for k, v in ema.state_dict().items() if k not in ("initted", "step")},
           str(CKPTS / "tiny_pretrained.safetensors"))
+# the released checkpoints' layout as ema_pytorch writes it (what model.init_from reads), kept as a fixture
+save_file({k: v.contiguous() for k, v in ema.state_dict().items()}, str(OUT / "upstream_ema.safetensors"))
 try:
     from f5_tts.infer.utils_infer import load_checkpoint
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voxrelay.errors import ConfigError
-from voxrelay.models import causal_lm, codec_lm, csm, orpheus, parler, vibevoice
+from voxrelay.models import causal_lm, codec_lm, csm, f5, orpheus, parler, vibevoice
 from voxrelay.models.seam import FamilySpec
 from voxrelay.paths import EXPORT_META
 
@@ -57,7 +57,7 @@ def unknown_family(name: str) -> str:
 
 FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in
                                    (codec_lm.SPEC, orpheus.SPEC, parler.SPEC, vibevoice.SPEC,
-                                                    causal_lm.SPEC, csm.SPEC, *_plugins())}
+                                                    causal_lm.SPEC, csm.SPEC, f5.SPEC, *_plugins())}
 
 # `voxrelay import KIND FILE`: KIND -> "module:function" turning an upstream file into (YAML text, notes)
 IMPORTERS: dict[str, str] = {kind: ref for spec in FAMILIES.values() for kind, ref in spec.importers.items()}

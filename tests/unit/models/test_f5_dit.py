@@ -154,3 +154,43 @@ def test_a_vocab_file_whose_first_token_is_not_a_space_is_refused(tmp_path):
         Vocab.read(tmp_path / "vocab.txt")
     with pytest.raises(TextError, match="cannot be read"):
         Vocab.read(tmp_path / "missing.txt")
+
+
+def test_the_ema_follows_upstreams_schedule_update_by_update():
+    from voxrelay.models.f5.ema import WeightsEma
+
+    ref = json.loads((FIXTURES / "ema_reference.json").read_text())["ema"]
+    model = torch.nn.Linear(1, 1, bias=False)
+    ema = WeightsEma(model, enabled=True)
+    got = []
+    for step in range(len(ref)):
+        with torch.no_grad():
+            model.weight.fill_(float(step + 1))
+        ema.update()
+        got.append(float(ema.weights["weight"]))
+    assert got == pytest.approx(ref, rel=1e-6)
+    restored = WeightsEma(model, enabled=True)
+    restored.load(ema.state())  # a resumed run goes on from the same weights and step
+    assert restored.step == len(ref) and torch.equal(restored.weights["weight"], ema.weights["weight"])
+    with ema.swapped_in():
+        assert float(model.weight) == got[-1]
+    assert float(model.weight) == len(ref)
+
+
+@pytest.mark.parametrize("dims", [(288, 2, 3, 96, 3), (640, 1, 10, 320, 2)], ids=lambda d: f"dim{d[0]}")
+def test_plan_prices_the_dit_within_5_percent_of_what_autograd_saves(dims):
+    """Shapes the formula's coefficients were not counted on: a whole step's saved bytes (400 frames, fp32)."""
+    from tests.unit.test_plan import saved_bytes
+    from voxrelay.models.f5.config import F5Config
+    from voxrelay.models.f5.loading import build
+    from voxrelay.plan.formulas import activation_bytes
+
+    dim, depth, heads, text_dim, convs = dims
+    model = build(F5Config(dropout=0.0, dim=dim, depth=depth, heads=heads, text_dim=text_dim, conv_layers=convs),
+                  None, 0)
+    mel, text, lens = torch.randn(2, 200, 100), torch.randint(0, 255, (2, 40)), torch.tensor([200, 170])
+    params = {p.untyped_storage().data_ptr() for p in model.module.parameters()}
+    seen = saved_bytes(lambda: model.module(mel=mel, text=text, lens=lens))
+    measured = sum(n for ptr, n in seen.items() if ptr not in params)
+    predicted = activation_bytes(model.plan_shape(), 400, "fp32", False)
+    assert predicted == pytest.approx(measured, rel=0.05)

@@ -228,6 +228,11 @@ class DiT(nn.Module):
             [DiTBlock(s.dim, s.heads, s.dim_head, s.ff_mult, s.dropout) for _ in range(s.depth)])
         self.norm_out = AdaNorm(s.dim, 2)
         self.proj_out = nn.Linear(s.dim, s.mel_dim)
+        # upstream's init: the modulations and the output start at zero (a fresh model's field is 0)
+        for layer in [*(b.attn_norm.linear for b in self.transformer_blocks), self.norm_out.linear, self.proj_out]:
+            if layer.weight.device.type != "meta":
+                nn.init.zeros_(layer.weight)
+                nn.init.zeros_(layer.bias)
 
     def embed(self, x, cond, text, mask, drop_audio: bool, drop_text: bool) -> torch.Tensor:
         lengths = mask.sum(dim=1) if mask is not None else x.shape[1]
