@@ -176,3 +176,10 @@ def test_csm_lora_from_a_checkpoint_resumes_exactly_and_its_adapter_loads_in_pef
     merged = tuned.merge_and_unload()
     name = "backbone_model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(merged.state_dict()[name], plain.state_dict()[name])  # the adapter changed it
+    from peft import AutoPeftModel
+
+    auto = AutoPeftModel.from_pretrained(str(out))  # the base named in adapter_config.json, as peft users load it
+    assert torch.equal(auto.merge_and_unload().state_dict()[name], merged.state_dict()[name])
+    res = run_cli("synthesize", str(out), "hello", "--voice", "alice", "-o", str(tmp_path / "a.wav"),
+                  "--max-seconds", "0.4", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr

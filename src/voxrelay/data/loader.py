@@ -69,7 +69,8 @@ class BatchPlan:
     batches whose padded size fits the budget, and the batch order is shuffled. With ``packed`` (batches laid
     end to end in one row, no padding: ``train.packing``) rows are not sorted: they are shuffled and cut
     greedily where their summed length would pass the budget.
-    ``lengths`` are token counts (incl. text); ``durations`` are seconds of audio.
+    ``lengths`` are token counts (incl. text); ``durations`` are seconds of audio. ``square_budget``: padded
+    batches also keep count x longest² under it (a family whose memory grows with the square of its longest example).
 
     With ``shards`` (each row's shard) and a ``window`` smaller than the number of shards, the
     shuffle is local: the epoch's shard order is shuffled, cut into windows of ``window`` shards, and
@@ -88,6 +89,7 @@ class BatchPlan:
         shards: np.ndarray | None = None,
         window: int = 0,
         packed: bool = False,
+        square_budget: int | None = None,
     ):
         self.lengths = np.asarray(lengths, dtype=np.int32)
         self.durations = np.asarray(durations, dtype=np.float64)
@@ -97,6 +99,7 @@ class BatchPlan:
         self.shards = None if shards is None else np.asarray(shards, dtype=np.int32)
         self.window = window
         self.packed = packed
+        self.square_budget = square_budget  # padded batches: count x longest^2 at most this (None: no cap)
 
     def _cuts(self, order: np.ndarray) -> list[int]:
         """Where the greedy cut of ``order`` (rows sorted by length, or shuffled when packed) starts each batch
@@ -110,6 +113,8 @@ class BatchPlan:
                     fits = seconds + d <= self.batch_seconds
                 else:  # padded: every row as long as this one (the longest so far); packed: their sum
                     fits = (tokens if self.packed else count * n) + n <= self.batch_tokens
+                    if fits and self.square_budget is not None and not self.packed:
+                        fits = (count + 1) * n * n <= self.square_budget
                 if count and not fits:
                     cuts.append(pos)
                     count, seconds, tokens = 0, 0.0, 0

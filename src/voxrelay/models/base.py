@@ -258,6 +258,7 @@ class FamilyModel(Protocol):
     loss_kernel: str
     loss_chunk_tokens: int
     frame_rate: float | None  # frames per second of Speech.frames (None: the codec's)
+    full_budget_length: int | None  # batches of longer examples hold count x longest² <= batch_tokens x this
 
     def generators(self) -> dict[str, torch.Generator]: ...
     def extra_state(self) -> dict[str, torch.Tensor]: ...

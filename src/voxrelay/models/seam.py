@@ -153,6 +153,9 @@ class FamilyModelBase:
 
     # flash-attention may keep packed examples apart: positions never restart inside an unpacked example
     flash_positions = True
+    # a family whose memory grows with the square of its longest example: a padded batch of examples longer than
+    # this (in length()'s units) holds fewer, count x longest² <= train.batch_tokens x this; None: no such cap
+    full_budget_length: int | None = None
 
     def enable_packing(self, device_type: str, half_precision: bool = False) -> str:
         """Prepare the module for packed batches (the attention that keeps examples apart); returns its name.

@@ -26,6 +26,14 @@ from voxrelay.train.ranks import Ranks
 log = logging.getLogger(__name__)
 
 
+def square_budget(model: FamilyModel, tc) -> int | None:  # noqa: ANN001 (tc: the train section)
+    """count x longest² a padded batch may hold: ``train.batch_tokens`` x the family's ``full_budget_length`` (None:
+    no cap, or a budget in seconds)."""
+    if model.full_budget_length is None or tc.batch_tokens is None:
+        return None
+    return int(tc.batch_tokens) * int(model.full_budget_length)
+
+
 def build_stream(model: FamilyModel, cfg: RunConfig, index: dict, rank: int, world: int, ranks: Ranks,
                  rows: list | None = None, packed: bool = False) -> BatchStream:
     """This process's stream of training batches. ``rows``: the split in memory (for a family that uses the
@@ -38,7 +46,8 @@ def build_stream(model: FamilyModel, cfg: RunConfig, index: dict, rank: int, wor
         lengths = np.asarray([model.length(r) for r in rows], dtype=np.int64)
         keep = _kept(model, lengths)
         plan = BatchPlan(lengths[keep], [rows[i].duration for i in keep], tc.seed,
-                         batch_tokens=tc.batch_tokens, batch_seconds=tc.batch_seconds)
+                         batch_tokens=tc.batch_tokens, batch_seconds=tc.batch_seconds,
+                         square_budget=square_budget(model, tc))
 
         def make_batch(ids: list[int]) -> dict:
             picked = [rows[keep[i]] for i in ids]
@@ -52,7 +61,7 @@ def build_stream(model: FamilyModel, cfg: RunConfig, index: dict, rank: int, wor
     keep = _kept(model, lengths)
     plan = BatchPlan(lengths[keep], index_rows.duration[keep], tc.seed, batch_tokens=tc.batch_tokens,
                      batch_seconds=tc.batch_seconds, shards=index_rows.shard[keep], window=tc.shuffle_window,
-                     packed=packed)
+                     packed=packed, square_budget=square_budget(model, tc))
     cc = cfg.cache
     cache = ShardCache(cache_dir("prepared"), int(cc.max_gb * 2**30), int(cc.min_free_gb * 1e9))
     source = ShardSource(cfg.prepared_uri, index["num_codebooks"], index_rows, cache, int(cc.ram_gb * 2**30))

@@ -149,3 +149,18 @@ def test_plan_is_cached_not_recomputed_per_step():
         next(it)
     # once per epoch up to the cursor's; without a cache, two or more per step (>= 120)
     assert plan.calls <= stream.cursor.epoch + 1 < 120
+
+
+def test_a_square_budget_keeps_batches_of_long_examples_smaller():
+    """count x longest² <= square_budget on top of the padded token budget (F5's long clips: attention's memory)."""
+    from voxrelay.data.loader import BatchPlan
+
+    lengths = [100] * 10 + [400] * 4
+    plain = BatchPlan(lengths, [1.0] * 14, seed=0, batch_tokens=800)
+    capped = BatchPlan(lengths, [1.0] * 14, seed=0, batch_tokens=800, square_budget=800 * 200)
+    sizes = lambda plan: sorted(  # noqa: E731
+        (len(b), max(lengths[i] for i in b)) for b in plan.batches(0))
+    assert (2, 400) in sizes(plain)  # the token budget alone: two 400s per batch
+    assert all(n == 1 for n, longest in sizes(capped) if longest == 400)  # 2 x 400² > 800 x 200
+    assert all(n * longest * longest <= 800 * 200 for n, longest in sizes(capped))
+    assert max(n for n, longest in sizes(capped) if longest == 100) == 8  # short ones: the token budget rules

@@ -155,3 +155,20 @@ def test_plan_prices_the_depth_decoder_beside_the_backbone(parts, share, dims):
     head = (k - 1) * dh * 2051 * 4
     predicted = activation_bytes(shape, s, "fp32", False) + logits_bytes(shape.vocab, s, peak=False) + head
     assert 0.97 <= predicted / measured <= 1.10, (predicted, measured)
+
+
+def test_a_scripts_labels_are_csm_speaker_ids_and_an_unknown_id_is_refused_naming_the_voices(parts, caplog):
+    from voxrelay.models.base import Request, RequestError
+    from voxrelay.models.csm.generation import turns_of
+
+    model = tiny(parts)  # voices alice (0) and bob (1)
+    assert turns_of(model, Request("Speaker 1: hi\nSpeaker 1: again")) == [("1", "hi"), ("1", "again")]
+    assert turns_of(model, Request("Speaker 1: a\nSpeaker 0: b")) == [("1", "a"), ("0", "b")]
+    assert turns_of(model, Request("[SPEAKER_A] a [SPEAKER_B] b")) == [("0", "a"), ("1", "b")]
+    assert turns_of(model, Request("hello", speaker="bob")) == [("1", "hello")]
+    with pytest.raises(RequestError, match=r"Speaker 5: is none of this model's voices \(Speaker 0: = alice, "
+                                           r"Speaker 1: = bob\)"):
+        turns_of(model, Request("Speaker 0: a\nSpeaker 5: b"))
+    assert turns_of(model, Request("Speaker 1: a", speaker="bob")) == [("1", "a")]
+    assert "voice 'bob' does not apply to it" in caplog.text  # --voice beside a script: said, not silently dropped
+    assert turns_of(model, Request("Speaker 0: a\nSpeaker 1: b", speaker="alice")) == [("0", "a"), ("1", "b")]

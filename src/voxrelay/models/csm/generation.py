@@ -4,6 +4,7 @@ depth decoder the others)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -12,9 +13,13 @@ import torch
 from voxrelay.models.base import Request, RequestError, Speech
 from voxrelay.models.csm import conversation as cv
 
+log = logging.getLogger(__name__)
+
 
 def turns_of(model: Any, request: Request) -> list[tuple[str, str]]:
-    """(role, text) per turn: a script's turns by speaker rank, or plain text in ``request.speaker``'s voice."""
+    """(speaker id, text) per turn: plain text in ``request.speaker``'s voice, or a script's turns, ``Speaker N:``
+    as speaker id N and ``[SPEAKER_X]`` tags in letter order (A: 0, B: 1, ...). A model that knows its voices
+    (``speakers``) refuses an id that is none of theirs, naming them."""
     from voxrelay.models.vibevoice.script import ScriptError, parse_script
 
     try:
@@ -22,12 +27,17 @@ def turns_of(model: Any, request: Request) -> list[tuple[str, str]]:
     except ScriptError as e:
         raise RequestError(f"the text is not a dialogue script CSM can read: {e}") from None
     if labels == [""]:  # plain text
-        if request.speaker is not None and model.speakers and not request.speaker.isdigit() \
-                and request.speaker not in model.speakers:
-            raise RequestError(f"unknown voice {request.speaker!r}; this model knows "
-                               f"{', '.join(repr(s) for s in model.speakers[:10])}, or a speaker id such as 0")
         return [(cv.role(request.speaker, model.speakers), turns[0].text)]
-    return [(str(t.speaker), t.text) for t in turns]
+    if request.speaker is not None and request.speaker != (model.speakers or [None])[0]:  # not synthesize's default
+        log.warning("a script names the speaker of each turn (Speaker N:): voice %r does not apply to it; give the "
+                    "text alone to speak it in that voice", request.speaker)
+    ids = [label if label.isdigit() else str(rank) for rank, label in enumerate(labels)]
+    known = {cv.role(s, model.speakers): s for s in model.speakers}
+    unknown = [i for i in ids if known and i not in known]
+    if unknown:
+        voices = ", ".join(f"Speaker {i}: = {name}" for i, name in sorted(known.items()))
+        raise RequestError(f"Speaker {unknown[0]}: is none of this model's voices ({voices})")
+    return [(ids[t.speaker], t.text) for t in turns]
 
 
 def speak_turns(model: Any, request: Request, codec: Any, max_frames: int | None, temperature: float,

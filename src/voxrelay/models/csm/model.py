@@ -152,9 +152,13 @@ class Csm(FamilyModelBase):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         if hasattr(self.module, "peft_config"):  # adapter-only export: peft's files, for transformers' class
+            # no tokenizer beside them: AutoPeftModel would resize the input embeddings to it, and CSM's audio
+            # embeddings have no single weight (the base's own tokenizer is the adapter's)
             save_adapter(self.module, folder, self.upstream_prefix)
-        else:
-            self.csm.save_pretrained(str(folder))
+            write_meta(folder, {"format_version": FORMAT_VERSION, "family": self.family, "speakers": self.speakers,
+                                "settings": self.settings})
+            return
+        self.csm.save_pretrained(str(folder))
         tokenizer = self.talks.tokenizer
         tokenizer.save_pretrained(str(folder))
         config = self.csm.config

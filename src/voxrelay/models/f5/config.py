@@ -47,6 +47,11 @@ class F5Config(FamilyConfig):
     cfg_strength: float = Field(2.0, ge=0, description="Synthesis: classifier-free guidance strength")
     sway: float | None = Field(-1.0, description="Synthesis: sway sampling coefficient (None: a uniform time grid)")
     max_seconds: float = Field(30.0, gt=0, description="Longest clip learned from (upstream skips clips over 30 s)")
+    full_budget_seconds: float = Field(
+        15.0, gt=0, description="Batches of clips longer than this hold fewer frames than train.batch_tokens: count x "
+        "longest² <= batch_tokens x this many frames (attention's memory grows with the square of a clip's length: a "
+        "fixed frame budget runs out of memory on long clips, F5-TTS #223)",
+    )
     dim: int = Field(1024, gt=0, description=f"{RANDOM_ONLY}: DiT width (F5TTS_v1_Base: 1024; v1_Small: 768)")
     depth: int = Field(22, gt=0, description=f"{RANDOM_ONLY}: DiT blocks (v1_Base: 22; v1_Small: 18)")
     heads: int = Field(16, gt=0, description=f"{RANDOM_ONLY}: attention heads of 64 channels (v1_Base: 16)")

@@ -42,7 +42,7 @@ from voxrelay.models.seam import FamilyModelBase
 
 FORMAT_VERSION = 1
 EMA_PREFIX = "ema_model."  # f5-tts' released checkpoints: its EMA model's state_dict
-SETTINGS = ("steps", "cfg_strength", "sway", "vocoder", "max_seconds")
+SETTINGS = ("steps", "cfg_strength", "sway", "vocoder", "max_seconds", "full_budget_seconds")
 
 
 class F5Trainer(nn.Module):
@@ -82,6 +82,7 @@ class F5(FamilyModelBase):
         self.settings = settings
         self.speakers: list[str] = []
         self.max_length = frames(int(settings["max_seconds"] * SAMPLE_RATE))
+        self.full_budget_length = frames(int(settings.get("full_budget_seconds", 15.0) * SAMPLE_RATE))
         self.averaged = WeightsEma(module, ema)
         self.prompts: dict[str | None, Any] = {}
 
