@@ -194,3 +194,13 @@ def test_plan_prices_the_dit_within_5_percent_of_what_autograd_saves(dims):
     measured = sum(n for ptr, n in seen.items() if ptr not in params)
     predicted = activation_bytes(model.plan_shape(), 400, "fp32", False)
     assert predicted == pytest.approx(measured, rel=0.05)
+
+
+def test_a_vocoder_hub_id_that_cannot_be_fetched_names_the_download(monkeypatch):
+    from voxrelay.models.f5.vocos import VocoderError, Vocos
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network here: the hub client fails at once
+    with pytest.raises(VocoderError, match="huggingface-cli download charactr/vocos-mel-24khz --local-dir vocos"):
+        Vocos.load("charactr/vocos-mel-24khz")
+    with pytest.raises(VocoderError, match="no readable config.yaml"):
+        Vocos.load("./no-such-vocos")

@@ -40,8 +40,8 @@ class F5Config(FamilyConfig):
     ema: bool = Field(True, description="Keep an EMA of the weights (upstream's: every 10 steps after 100, decay "
                       "warming up to 0.9999); synthesis, evaluation and export use it")
     vocoder: str | None = Field(
-        None, description="Vocos folder (config.yaml + weights, e.g. a download of charactr/vocos-mel-24khz) that "
-        "turns mel into audio; needed to synthesize and evaluate",
+        None, description="Vocos that turns mel into audio, needed to synthesize and evaluate: a folder (config.yaml "
+        "+ weights) or a hub id (charactr/vocos-mel-24khz)",
     )
     steps: int = Field(32, gt=0, description="Synthesis: ODE steps (upstream's nfe_step)")
     cfg_strength: float = Field(2.0, ge=0, description="Synthesis: classifier-free guidance strength")

@@ -23,7 +23,7 @@ TARGET_RMS = 0.1
 def vocoder(folder: str) -> Any:
     from voxrelay.models.f5.vocos import Vocos
 
-    return Vocos.from_folder(folder)
+    return Vocos.load(folder)
 
 
 def duration(prompt_frames: int, prompt_text: str, text: str) -> int:

@@ -80,6 +80,23 @@ class Vocos(nn.Module):
         return self.head(self.backbone(mel))
 
     @classmethod
+    def load(cls, spec: str) -> Vocos:
+        """``model.vocoder``: a local folder, or a hub id (``charactr/vocos-mel-24khz``) fetched into the hub cache."""
+        from voxrelay.models.hf import looks_local
+
+        if Path(spec).expanduser().is_dir() or looks_local(spec):
+            return cls.from_folder(Path(spec).expanduser())
+        from huggingface_hub import snapshot_download
+
+        try:
+            folder = snapshot_download(spec, allow_patterns=["config.yaml", "*.safetensors", "pytorch_model.bin"])
+        except Exception as e:  # the hub client's errors have no common base worth naming
+            raise VocoderError(f"model.vocoder={spec!r} is not a local folder and cannot be fetched from the hub "
+                               f"({str(e).splitlines()[0][:200]}); download it (huggingface-cli download {spec} "
+                               "--local-dir vocos) and set model.vocoder to that folder") from None
+        return cls.from_folder(folder)
+
+    @classmethod
     def from_folder(cls, folder: str | Path) -> Vocos:
         """A folder laid out as the hub's ``charactr/vocos-mel-24khz`` (``config.yaml`` + weights)."""
         import yaml
