@@ -98,12 +98,24 @@ def test_prepare_keeps_each_rows_conversation_and_turn(setup):
     assert {r.codes.shape[0] for r in rows} == {4}
 
 
-def test_csm_trains_resumes_exactly_speaks_a_dialogue_and_exports_for_transformers(setup, tmp_path: Path):
+@pytest.fixture(scope="module")
+def full(setup):
+    """The random CSM trained straight, and SIGKILLed then resumed; both final weights, and the resumed run's export
+    (a CSM checkpoint in transformers' layout, as sesame/csm-1b is: the LoRA test's init_from)."""
+    base, parts, env = setup
+    a, b = straight_and_killed(base, str(parts / "config.yaml"), env, "full")
+    out = base / "full-export"
+    res = run_cli("export", str(base / "root/runs/full-killed"), "-o", str(out), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return a, b, out
+
+
+def test_csm_trains_resumes_exactly_speaks_a_dialogue_and_exports_for_transformers(setup, full, tmp_path: Path):
     import torch
     from transformers import AutoProcessor, CsmForConditionalGeneration
 
     base, parts, env = setup
-    a, b = straight_and_killed(base, str(parts / "config.yaml"), env, "full")
+    a, b, out = full
     assert any("depth_decoder" in k for k in a) and not any("codec_model" in k for k in a)  # the codec is frozen
     assert_same_weights(a, b)
 
@@ -122,12 +134,9 @@ def test_csm_trains_resumes_exactly_speaks_a_dialogue_and_exports_for_transforme
     scores = [json.loads(line) for p in run.glob("eval/step-*/scores.jsonl") for line in p.read_text().splitlines()]
     assert scores and all("wer" in s for s in scores), scores
 
-    out = tmp_path / "export"
-    res = run_cli("export", str(run), "-o", str(out), env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
     csm = CsmForConditionalGeneration.from_pretrained(str(out))
     assert torch.equal(csm.depth_decoder.model.layers[0].mlp.down_proj.weight,
-                       a["csm.depth_decoder.model.layers.0.mlp.down_proj.weight"].float())
+                       b["csm.depth_decoder.model.layers.0.mlp.down_proj.weight"].float())
     processor = AutoProcessor.from_pretrained(str(out))
     clip, _ = sf.read(parts / "data/clips/c0t0.wav", dtype="float32")
     talk = [{"role": "0", "content": [{"type": "text", "text": "hello there"}, {"type": "audio", "path": clip}]},
@@ -138,25 +147,13 @@ def test_csm_trains_resumes_exactly_speaks_a_dialogue_and_exports_for_transforme
     assert codes.shape[0] == 1 and codes.shape[2] == 4  # upstream's generation runs on the export
 
 
-@pytest.fixture(scope="module")
-def checkpoint(setup):
-    """A tiny CSM checkpoint in transformers' layout (what sesame/csm-1b is): the random run's export."""
-    base, parts, env = setup
-    out = base / "csm-checkpoint"
-    root = str(base / "root")
-    res = run_cli("train", str(parts / "config.yaml"), *settings(root, "name=base", "train.max_steps=1"), env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    res = run_cli("export", str(base / "root/runs/base"), "-o", str(out), env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return out
-
-
-def test_csm_lora_from_a_checkpoint_resumes_exactly_and_its_adapter_loads_in_peft(setup, checkpoint, tmp_path):
+def test_csm_lora_from_a_checkpoint_resumes_exactly_and_its_adapter_loads_in_peft(setup, full, tmp_path):
     import torch
     from peft import PeftModel
     from transformers import CsmForConditionalGeneration
 
     base, parts, env = setup
+    checkpoint = full[2]  # a CSM in transformers' layout, as sesame/csm-1b
     cfg = yaml.safe_load((parts / "config.yaml").read_text())
     cfg["model"] = yaml.safe_load(EXAMPLE.read_text())["model"] | {"init_from": str(checkpoint), "dropout": 0.1,
                                                                    "depth_decoder_frames": 0.5}

@@ -99,6 +99,9 @@ def test_f5_trains_resumes_exactly_with_its_ema_speaks_and_exports_upstreams_lay
     assert {k.split(".", 2)[1] for k in exported} == {k.split(".", 2)[1] for k in upstream if "." in k} == {
         "transformer"}
     assert {re.sub(r"\d+", "N", k) for k in exported} <= {re.sub(r"\d+", "N", k) for k in upstream}
+    assert json.loads((out / "voices.json").read_text()).keys() == {"_", "alice", "bob"}
+    res = run_cli("synthesize", str(out), "good morning", "--voice", "alice", "-o", str(tmp_path / "x.wav"), env=env)
+    assert res.returncode == 0, res.stdout + res.stderr  # an export keeps its voices' prompts
     # the export holds the EMA's weights (what f5-tts releases), not the last step's
     name = "transformer.proj_out.weight"
     assert torch.equal(exported["ema_model." + name], ema_b["ema." + name].to(exported["ema_model." + name].dtype))

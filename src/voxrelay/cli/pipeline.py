@@ -43,7 +43,7 @@ def prepare_cmd(
     if check_text:
         from voxrelay.data.codec_check import text_coverage
 
-        print_text_coverage(cfg.model.family, *text_coverage(cfg))
+        print_text_coverage(cfg.model, *text_coverage(cfg))
         return
     if check_codec:
         from voxrelay.data.codec_check import check_codec as run_check
@@ -56,12 +56,11 @@ def prepare_cmd(
     print_prepare_report(report)
 
 
-def print_text_coverage(family: str, found: list | None, chars: int) -> None:
-    """The characters a family's vocabulary lacks, most frequent first, and the setting that adds them."""
-    import json
-
+def print_text_coverage(model_cfg, found: list | None, chars: int) -> None:  # noqa: ANN001 (the model section)
+    """The characters a family's vocabulary lacks, most frequent first, and the setting that adds them (the
+    family's ``text_coverage_fix``)."""
     if found is None:
-        out.print(f"model.family={family} reads text as bytes or phonemes: every character is covered")
+        out.print(f"model.family={model_cfg.family} reads text as bytes or phonemes: every character is covered")
         return
     if not found:
         out.print(f"every character of the transcripts ({chars} in all) has its own token")
@@ -74,8 +73,7 @@ def print_text_coverage(family: str, found: list | None, chars: int) -> None:
     line = f"{len(found)} distinct characters ({share:.1%} of the transcripts' {chars} characters) are split or unknown"
     if addable:
         which = "each" if len(addable) == len(found) else f"{len(addable)} of them"
-        line += (f"; to give {which} a token of its own (trained alone under LoRA): "
-                 f"'model.add_tokens={json.dumps(addable, ensure_ascii=False)}'")
+        line += f"; to give {which} a token of its own: {model_cfg.text_coverage_fix(addable)}"
     out.print(line, highlight=False, markup=False)
 
 

@@ -64,6 +64,13 @@ class FamilyConfig(BaseModel):
         ``voxrelay plan``'s host column."""
         return 0
 
+    def text_coverage_fix(self, tokens: list[str]) -> str:
+        """The setting that gives ``tokens`` (from :meth:`text_coverage`) tokens of their own, as ``--check-text``
+        prints it."""
+        import json
+
+        return f"(trained alone under LoRA) 'model.add_tokens={json.dumps(tokens, ensure_ascii=False)}'"
+
     def text_coverage(self, texts: list[str]) -> list[tuple[str, int, str]] | None:
         """How the model's text vocabulary covers ``texts`` (``voxrelay prepare --check-text``): each character it
         does not know or splits into several tokens, with its count in the texts and how it is tokenized, most

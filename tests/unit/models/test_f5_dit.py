@@ -204,3 +204,49 @@ def test_a_vocoder_hub_id_that_cannot_be_fetched_names_the_download(monkeypatch)
         Vocos.load("charactr/vocos-mel-24khz")
     with pytest.raises(VocoderError, match="no readable config.yaml"):
         Vocos.load("./no-such-vocos")
+
+
+def test_a_checkpoints_architecture_is_read_from_its_tensors_whatever_heads_x_64_is(tmp_path):
+    from voxrelay.models.f5.config import F5Config
+    from voxrelay.models.f5.loading import build, load
+
+    model = build(F5Config(dim=64, depth=2, heads=2, text_dim=32, conv_layers=1), None, 0)  # 2 x 64 = 128 != 64
+    model.save_pretrained(tmp_path / "export")
+    again = build(F5Config(init_from=str(tmp_path / "export")), None, 1)
+    assert again.dit.sizes == model.dit.sizes
+    for name, value in model.module.state_dict().items():
+        assert torch.equal(again.module.state_dict()[name], value), name
+    assert load(tmp_path / "export").dit.sizes == model.dit.sizes
+
+
+def test_a_longer_vocab_grows_the_checkpoints_text_embedding_keeping_its_rows(tmp_path):
+    from voxrelay.models.f5.config import F5Config
+    from voxrelay.models.f5.loading import build
+
+    meta = json.loads((FIXTURES / "reference.json").read_text())
+    (tmp_path / "vocab.txt").write_text("".join(f"{t}\n" for t in [*meta["vocab"], "ł", "ź"]))  # a new language's
+    ref = load_file(str(FIXTURES / "upstream_ema.safetensors"))["ema_model.transformer.text_embed.text_embed.weight"]
+    cfg = F5Config(init_from=str(FIXTURES / "upstream_ema.safetensors"), vocab=str(tmp_path / "vocab.txt"))
+    model = build(cfg, None, 0)
+    grown = model.dit.text_embed.text_embed.weight.detach()
+    assert grown.shape == (len(meta["vocab"]) + 3, ref.shape[1]) and torch.equal(grown[: ref.shape[0]], ref)
+    assert model.new_token_rows() == [11, 12] and grown[11:].abs().sum() > 0
+    assert "append them to" in cfg.text_coverage_fix(["ł", "ź"]) and "ł ź" in cfg.text_coverage_fix(["ł", "ź"])
+    assert [t for t, _, _ in cfg.text_coverage(["hello ł!", "ż"])] == ["ż"]
+
+
+def test_held_out_losses_draw_the_same_in_eval_mode_so_text_gain_compares_texts_alone():
+    from voxrelay.models.f5.config import F5Config
+    from voxrelay.models.f5.loading import build
+
+    model = build(F5Config(dim=64, depth=1, heads=1, text_dim=32, conv_layers=1, dropout=0.0), None, 0)
+    mel, lens = torch.randn(2, 50, 100), torch.tensor([50, 40])
+    text, other = torch.randint(0, 255, (2, 12)), torch.randint(0, 255, (2, 12))
+    model.module.eval()
+    with torch.no_grad():
+        first, again = model.module(mel=mel, text=text, lens=lens), model.module(mel=mel, text=text, lens=lens)
+        swapped = model.module(mel=mel, text=other, lens=lens)
+    assert torch.equal(first, again)  # the same draws: a fresh model's field is 0, so texts change nothing
+    assert torch.equal(first, swapped)
+    model.module.train()
+    assert not torch.equal(model.module(mel=mel, text=text, lens=lens).detach(), first)  # training draws move on

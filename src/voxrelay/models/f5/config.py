@@ -71,9 +71,15 @@ class F5Config(FamilyConfig):
         return DataNeeds(audio_rate=SAMPLE_RATE, max_seconds=self.max_seconds,
                          max_seconds_why=f"model.max_seconds={self.max_seconds:g}")
 
+    def text_coverage_fix(self, tokens: list[str]) -> str:
+        shown = " ".join(tokens[:10]) + (" ..." if len(tokens) > 10 else "")
+        return (f"append them to {self.vocab} ({len(tokens)} lines after its own, one token per line: {shown}); "
+                "the checkpoint's text embedding grows by as many rows, drawn at random, as upstream's finetune tool "
+                "extends it")
+
     def text_coverage(self, texts: list[str]) -> list[tuple[str, int, str]] | None:
         """The tokens of ``texts`` (characters, pinyin syllables) ``vocab`` lacks: they read as a space."""
-        if self.vocab is None:
+        if self.vocab is None:  # UTF-8 bytes: every character is covered
             return None
         from collections import Counter
 

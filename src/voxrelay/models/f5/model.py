@@ -42,6 +42,9 @@ from voxrelay.models.seam import FamilyModelBase
 
 FORMAT_VERSION = 1
 EMA_PREFIX = "ema_model."  # f5-tts' released checkpoints: its EMA model's state_dict
+EVAL_SEED = 2**31 - 1  # not a train.seed anyone picks: eval draws apart from a run's first training draws
+VOICES = "voices.safetensors"  # an export's voice prompts: each speaker's clip (int16 at 24 kHz) ...
+VOICE_TEXTS = "voices.json"  # ... and its transcript
 SETTINGS = ("steps", "cfg_strength", "sway", "vocoder", "max_seconds", "full_budget_seconds")
 
 
@@ -55,8 +58,11 @@ class F5Trainer(nn.Module):
         self.generator = generator
 
     def forward(self, mel: torch.Tensor, text: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        """The summed squared error of the flow over the infilled spans (float32)."""
-        draws = flow.draw(self.generator, mel.shape[0], mel.shape[1], mel.shape[2])
+        """The summed squared error of the flow over the infilled spans (float32). In eval mode the draws are the
+        same for every batch of a shape (a fixed seed): held-out losses compare across evaluations, and a batch read
+        with other texts (``eval/text_gain``) gets the same spans, noise and times as with its own."""
+        generator = self.generator if self.training else torch.Generator().manual_seed(EVAL_SEED)
+        draws = flow.draw(generator, mel.shape[0], mel.shape[1], mel.shape[2])
         return flow.loss_terms(self.transformer, mel, text, lens, draws)[0]
 
 
@@ -71,7 +77,7 @@ class F5(FamilyModelBase):
     family = "f5"
     request_fields: tuple[str, ...] = ()
     uses_corpus = True  # voice prompts: a clip of the speaker from the training data, with its transcript
-    max_length_key = "model.max_seconds"
+    max_length_key = "model.max_seconds (in mel frames, 93.75 a second)"
     frame_rate = SAMPLE_RATE / HOP  # Speech.frames: mel frames
     packing_refusal = ("the DiT attends over a clip's whole mel without a mask between examples, and each example "
                        "gets its own infilled span; batches stay padded, bucketed by length")
@@ -174,6 +180,36 @@ class F5(FamilyModelBase):
 
     # ---------------------------------------------------------------- files
 
+    def _save_voices(self, folder: Path) -> None:
+        """The voice prompts synthesis uses (each speaker's and the default clip with its transcript): an export
+        speaks as the run did."""
+        import json
+
+        from safetensors.torch import save_file
+
+        names = {"" if speaker is None else speaker: row for speaker, row in self.prompts.items()}
+        if not names:
+            return
+        save_file({name or "_": torch.from_numpy(np.asarray(row.codes, dtype=np.int16).reshape(1, -1).copy())
+                   for name, row in names.items()}, str(folder / VOICES))
+        (folder / VOICE_TEXTS).write_text(json.dumps({name or "_": row.text for name, row in names.items()},
+                                                     ensure_ascii=False, indent=1))
+
+    def load_voices(self, folder: Path) -> None:
+        """The voice prompts an export holds (none: the model speaks only in a run, from its training rows)."""
+        import json
+        from types import SimpleNamespace
+
+        from safetensors.torch import load_file
+
+        if not (folder / VOICES).is_file():
+            return
+        clips, texts = load_file(str(folder / VOICES)), json.loads((folder / VOICE_TEXTS).read_text())
+        self.prompts = {None if name == "_" else name: SimpleNamespace(codes=clips[name].numpy(), text=texts[name],
+                                                                     speaker=None if name == "_" else name)
+                        for name in clips}
+        self.speakers = sorted(s for s in self.prompts if s is not None)
+
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
         """``model.safetensors`` as f5-tts releases checkpoints (the EMA weights under ``ema_model.``), the vocab,
         ``voxrelay.json`` last."""
@@ -184,6 +220,7 @@ class F5(FamilyModelBase):
         with self.eval_weights():
             state = {EMA_PREFIX + k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
         save_file(state, str(folder / "model.safetensors"))
+        self._save_voices(folder)
         if self.vocab.ids is not None:
             (folder / "vocab.txt").write_text("".join(f"{t}\n" for t in self.vocab.ids), encoding="utf-8")
         sizes = self.dit.sizes
