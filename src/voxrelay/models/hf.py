@@ -76,6 +76,22 @@ def load_causal_lm(source: str, what: str, **kwargs: Any) -> Any:
     return module
 
 
+def from_pretrained_whole(cls: Any, spec: str, source: str, what: str, **kwargs: Any) -> Any:
+    """``cls.from_pretrained(source, **kwargs)`` (``source``: ``spec`` resolved to a folder or hub id) whose failures
+    name ``what=spec`` and the fix; weights that would leave part of the model random are refused."""
+    try:
+        model, info = cls.from_pretrained(source, output_loading_info=True, **kwargs)
+    except OSError as e:
+        raise ModelNotFoundError(f"{what}={spec!r}: its weights cannot be loaded ({one_line(e)[:300]}); {FIX}") from e
+    except RuntimeError as e:
+        raise ModelLoadError(f"{what}={spec!r}: its weights do not fit its config.json ({one_line(e)[:300]})") from e
+    missing = list(info.get("missing_keys") or [])
+    if missing:
+        raise ModelLoadError(f"{what}={spec!r}: its weights lack {len(missing)} tensors (e.g. {sorted(missing)[:3]}), "
+                             f"which would start random; {FIX}")
+    return model
+
+
 def auto_config(source: str, what: str = "model.init_from") -> Any:
     """``AutoConfig.from_pretrained(source)`` (config.json only: no weights read), errors naming ``what``."""
     from transformers import AutoConfig

@@ -14,7 +14,14 @@ import torch
 
 from voxrelay.errors import ConfigError, one_line
 from voxrelay.models.base import DataSpec
-from voxrelay.models.hf import FIX, ModelLoadError, ModelNotFoundError, auto_config, missing_folder
+from voxrelay.models.hf import (
+    FIX,
+    ModelLoadError,
+    ModelNotFoundError,
+    auto_config,
+    from_pretrained_whole,
+    missing_folder,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.float32}
 SPECIALS = 3  # a codebook's ids beyond its codes in CSM's audio vocabulary (csm-1b: 2048 codes, vocab 2051)
@@ -33,22 +40,13 @@ def load_csm(spec: str, what: str, dtype: str = "float32", dropout: float | None
     """``CsmForConditionalGeneration`` with ``spec``'s weights (refused when they would leave part of it random)."""
     from transformers import CsmForConditionalGeneration
 
-    config = auto_config(_source(spec, what), what)
+    source = _source(spec, what)
+    config = auto_config(source, what)
     if getattr(config, "model_type", None) != "csm":
         raise ModelLoadError(f"{what}={spec!r} is a {getattr(config, 'model_type', '?')} model, not CSM; point it at "
                              "a CSM checkpoint in transformers' layout (e.g. sesame/csm-1b)")
     set_dropout(config, dropout)
-    try:
-        csm, info = CsmForConditionalGeneration.from_pretrained(_source(spec, what), config=config,
-                                                                dtype=DTYPES[dtype], output_loading_info=True)
-    except OSError as e:
-        raise ModelNotFoundError(f"{what}={spec!r}: its weights cannot be loaded ({one_line(e)[:300]}); {FIX}") from e
-    except RuntimeError as e:
-        raise ModelLoadError(f"{what}={spec!r}: its weights do not fit its config.json ({one_line(e)[:300]})") from e
-    missing = list(info.get("missing_keys") or [])
-    if missing:
-        raise ModelLoadError(f"{what}={spec!r}: its weights lack {len(missing)} tensors (e.g. {sorted(missing)[:3]}), "
-                             f"which would start random; {FIX}")
+    csm = from_pretrained_whole(CsmForConditionalGeneration, spec, source, what, config=config, dtype=DTYPES[dtype])
     return freeze(csm)
 
 

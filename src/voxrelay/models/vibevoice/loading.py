@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from voxrelay.errors import one_line
-from voxrelay.models.hf import FIX, ModelLoadError, ModelNotFoundError, looks_local
+from voxrelay.models.hf import FIX, ModelLoadError, ModelNotFoundError, from_pretrained_whole, looks_local
 
 # model.weights_dtype; auto is resolved by the run (voxrelay.models.registry.as_trained): alone it is float32
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.float32}
@@ -68,17 +68,8 @@ def load_net(spec: str, what: str, dtype: str = "float32", dropout: float | None
     from transformers import VibeVoiceForConditionalGeneration
 
     config = load_config(spec, what, dropout)
-    try:
-        net, info = VibeVoiceForConditionalGeneration.from_pretrained(
-            _source(spec, what), config=config, dtype=DTYPES[dtype], output_loading_info=True)
-    except OSError as e:
-        raise ModelNotFoundError(f"{what}={spec!r}: its weights cannot be loaded ({one_line(e)[:300]}); {FIX}") from e
-    except RuntimeError as e:
-        raise ModelLoadError(f"{what}={spec!r}: its weights do not fit its config.json ({one_line(e)[:300]})") from e
-    missing = list(info.get("missing_keys") or [])
-    if missing:
-        raise ModelLoadError(f"{what}={spec!r}: its weights lack {len(missing)} tensors (e.g. {sorted(missing)[:3]}), "
-                             f"which would start random; {FIX}")
+    net = from_pretrained_whole(VibeVoiceForConditionalGeneration, spec, _source(spec, what), what,
+                                config=config, dtype=DTYPES[dtype])
     freeze(net)
     return net
 
