@@ -37,10 +37,15 @@ class PcmCodec:
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """int [1, N] samples -> float32 [N]."""
-        return (np.asarray(codes, dtype=np.float32).reshape(-1) / PCM_SCALE).astype(np.float32)
+        return samples(codes)
 
     def describe(self) -> dict[str, Any]:
         return describe_common(self, encoding="pcm16")
+
+
+def samples(codes: np.ndarray) -> np.ndarray:
+    """Stored 16-bit PCM (int [1, N] or [N]) -> float32 [N] in [-1, 1]."""
+    return (np.asarray(codes, dtype=np.float32).reshape(-1) / PCM_SCALE).astype(np.float32)
 
 
 def is_continuous(codec_description: dict[str, Any]) -> bool:

@@ -27,6 +27,7 @@ import torch
 from voxrelay.models.base import num_frames, with_counts
 
 IGNORE = -100
+TEXT_CACHE = 65536  # turns' token ids kept (a row's context turns are tokenized again for each later turn)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class Conversations:
         """``{bos}[{role}]{text}{eos}`` tokenized without added special tokens (the chat template's rendering)."""
         key = (text, role(speaker, self.speakers))
         if key not in self._text:
+            if len(self._text) >= TEXT_CACHE:  # a big corpus' every text would stay in memory: start afresh
+                self._text.clear()
             self._text[key] = self.tokenizer(f"{self.ids.bos}[{key[1]}]{text}{self.ids.eos}",
                                              add_special_tokens=False)["input_ids"]
         return self._text[key]

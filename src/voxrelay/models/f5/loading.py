@@ -65,9 +65,9 @@ def sizes_of(weights: dict[str, torch.Tensor], dropout: float) -> DiTSizes:
 def build(cfg: Any, data: Any, seed: int, meta: bool = False) -> F5:
     vocab = Vocab.read(cfg.vocab) if cfg.vocab else Vocab.utf8()
     if cfg.vocoder and not meta:  # a vocoder that cannot load fails now, not at the first evaluation hours in
-        from voxrelay.models.f5.vocos import Vocos
+        from voxrelay.models.f5.synthesis import vocoder
 
-        Vocos.load(cfg.vocoder)
+        vocoder(cfg.vocoder)  # loaded once: synthesis in this process takes it from the cache
     new_rows = (0, 0)
     if cfg.init_from:
         weights = read_weights(cfg.init_from)

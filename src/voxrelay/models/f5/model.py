@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from voxrelay.codecs.pcm import PCM_SCALE
+from voxrelay.codecs.pcm import samples
 from voxrelay.models.base import (
     Example,
     LoraDefaults,
@@ -66,9 +66,9 @@ class F5Trainer(nn.Module):
         return flow.loss_terms(self.transformer, mel, text, lens, draws)[0]
 
 
-def frames(samples: int) -> int:
-    """Mel frames of a clip of ``samples`` (centered STFT)."""
-    return samples // HOP + 1
+def frames(count: int) -> int:
+    """Mel frames of a clip of ``count`` samples (centered STFT)."""
+    return count // HOP + 1
 
 
 class F5(FamilyModelBase):
@@ -111,7 +111,7 @@ class F5(FamilyModelBase):
         return frames(num_frames(row))
 
     def example(self, row: Row) -> Example:
-        wav = torch.from_numpy(np.asarray(row.codes, dtype=np.float32).reshape(1, -1) / PCM_SCALE)
+        wav = torch.from_numpy(samples(row.codes))[None]
         return {"mel": flow.log_mel(wav)[0].T.numpy(), "text": np.asarray(self.vocab.encode(row.text), np.int64)}
 
     def collate(self, examples: list[Example]) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from voxrelay.codecs.pcm import PCM_SCALE
+from voxrelay.codecs.pcm import samples
 from voxrelay.models.base import RequestError, Speech
 from voxrelay.models.f5 import flow
 from voxrelay.models.f5.config import SAMPLE_RATE
@@ -39,7 +39,7 @@ def speak(model: Any, prompt_row: Any, text: str, max_frames: int | None, seed: 
     if not settings.get("vocoder"):
         raise RequestError("model.family=f5 speaks through a Vocos vocoder: set model.vocoder to its folder (e.g. "
                            "a download of charactr/vocos-mel-24khz: config.yaml + pytorch_model.bin)")
-    wav = torch.from_numpy(np.asarray(prompt_row.codes, dtype=np.float32).reshape(1, -1) / PCM_SCALE)
+    wav = torch.from_numpy(samples(prompt_row.codes))[None]
     rms = float(wav.square().mean().sqrt())
     gain = TARGET_RMS / rms if 0 < rms < TARGET_RMS else 1.0
     prompt_text = prompt_row.text + (" " if len(prompt_row.text[-1:].encode("utf-8")) == 1 else "")
