@@ -34,7 +34,8 @@ def build(cfg: CausalLMConfig, data: DataSpec, seed: int, meta: bool = False) ->
                           f"({len(tokenizer)} ids with the layout's tokens); raise vocab_size or leave it out")
     first_added = add_extra(tokenizer, cfg.add_tokens)
     rows = rows_needed(layout, len(tokenizer))
-    ids = special_ids(layout, tokenizer)
+    found = resolve(layout, tokenizer)
+    ids = {"pad_token_id": found.pad, "bos_token_id": found.bos, "eos_token_id": found.stop}  # the config's
     if meta:  # `plan`: the shapes come from config.json
         module = meta_module(cfg, layout, rows, ids)
     else:
@@ -45,18 +46,13 @@ def build(cfg: CausalLMConfig, data: DataSpec, seed: int, meta: bool = False) ->
     drop = layout.drop_repeated_frames if cfg.drop_repeated_frames is None else cfg.drop_repeated_frames
     speakers = list(data.speakers) if layout.speaker_format else []  # a layout without speakers knows no voice
     model = LayoutLM(module, tokenizer, layout, speakers, cfg.seq_len(), loss_on, drop)
+    model.ids = found  # resolved once (LayoutLM resolves them itself when loaded from a folder)
     model.new_rows = new_rows(cfg, rows, first_added if len(tokenizer) > first_added else rows)
     return model
 
 
 def load(folder: str | os.PathLike[str]) -> LayoutLM:
     return LayoutLM.from_pretrained(folder)
-
-
-def special_ids(layout: Layout, tokenizer) -> dict[str, int | None]:
-    """The config's pad / bos / eos ids: the layout's pad, bos and stop tokens."""
-    found = resolve(layout, tokenizer)
-    return {"pad_token_id": found.pad, "bos_token_id": found.bos, "eos_token_id": found.stop}
 
 
 def new_rows(cfg: CausalLMConfig, rows: int, first_added: int) -> tuple[int, int]:
