@@ -318,10 +318,22 @@ def test_gpu_memory_parsing() -> None:
 
 
 def test_plan_without_data_or_seq_len_exits_2_naming_the_fix(tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, "-m", "voxrelay", "plan", str(demo_config_path()), f"root={tmp_path}"],
-                         capture_output=True, text=True, timeout=120)
+    """Seconds of audio cannot be priced in tokens before the data says how many tokens a second is."""
+    res = subprocess.run([sys.executable, "-m", "voxrelay", "plan", str(demo_config_path()), f"root={tmp_path}",
+                          "train.batch_tokens=null", "train.batch_seconds=30"], capture_output=True, text=True,
+                         timeout=120)
     assert res.returncode == 2, res.stderr
     assert "--seq-len" in res.stderr and "voxrelay prepare" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_plan_before_prepare_prices_the_token_budget_and_says_so(tmp_path: Path) -> None:
+    """A plan before renting (and before any data): the micro-batch is train.batch_tokens, named as the source."""
+    args = ["plan", str(demo_config_path()), f"root={tmp_path}", "train.batch_tokens=3000"]
+    res = CliRunner().invoke(app, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    assert {r["seq_len"] for r in json.loads(res.output)} == {3000}
+    text = CliRunner().invoke(app, args, env={"COLUMNS": "200"}).output
+    assert "Micro-batch: 3,000 tokens (train.batch_tokens; no prepared data yet" in text, text
 
 
 def test_plan_works_from_a_folder_holding_only_config_json(tmp_path: Path, orpheus_3b) -> None:

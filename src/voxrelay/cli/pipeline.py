@@ -187,7 +187,7 @@ def plan_cmd(
 
     index = read_index(cfg) if seq_len is None else None
     if seq_len is None and index is None:
-        lengths(cfg, None, None, None)  # raises: no data and no --seq-len, before the model is built
+        lengths(cfg, None, None, None)  # no data, no --seq-len, batch_seconds: raises before the model is built
     facts, model = model_facts(cfg, index)
     _print_plan(cfg, facts, lengths(cfg, model, index, seq_len), gpus, gpu_bytes, gpu, host_memory, cheapest, spot,
                 as_json)

@@ -110,14 +110,19 @@ def model_facts(cfg: RunConfig, index: dict | None) -> tuple[ModelFacts, FamilyM
 
 def lengths(cfg: RunConfig, model: FamilyModel, index: dict | None, seq_len: int | None) -> Lengths:
     """Tokens of one micro-batch: ``seq_len`` if given, else the batch budget of the prepared data (or the
-    longest example, when longer: it makes a batch by itself)."""
+    longest example, when longer: it makes a batch by itself); before any data is prepared, ``train.batch_tokens``
+    (a plan before renting a card)."""
     if seq_len is not None:
         if seq_len < 1:
             raise PlanError(f"--seq-len {seq_len} must be a positive number of tokens, e.g. --seq-len 2048")
         return Lengths(seq_len, "--seq-len")
+    if index is None and cfg.train.batch_tokens is not None:
+        return Lengths(cfg.train.batch_tokens, "train.batch_tokens; no prepared data yet: an example longer than "
+                       "that makes a bigger micro-batch, so plan again after `voxrelay prepare`")
     if index is None:
-        raise PlanError(f"no prepared data at {cfg.prepared_uri} to read sequence lengths from: run `voxrelay "
-                        "prepare` with this config first, or pass --seq-len N (tokens per GPU micro-batch)")
+        raise PlanError(f"no prepared data at {cfg.prepared_uri} to read sequence lengths from, and "
+                        "train.batch_seconds counts seconds, not tokens: run `voxrelay prepare` with this config "
+                        "first, or pass --seq-len N (tokens per GPU micro-batch)")
     from voxrelay.data.rowindex import RowIndex, lengths_key, plan_lengths
 
     rows = RowIndex.load(cfg.prepared_uri, index, "train")  # no codes are read: the row index + cached lengths
