@@ -104,6 +104,9 @@ CASES: dict[str, Case] = {
     "config-file-missing": lambda w: (
         ["prepare", f"{w.tmp}/absent.yaml"], ["CONFIG", "absent.yaml' cannot be read: No such file or directory"], {}),
     "config-file-not-yaml": lambda w: (["train", f"{w.tmp}/notyaml.yaml"], ["notyaml.yaml: not valid YAML"], {}),
+    "codebook-bigger-than-the-audio": lambda w: (
+        w.prepare("data.name=big-codebook", "codec.codebook_size=65536"),
+        ["codec.codebook_size=65536 centroids", "prepare more audio", "or lower codec.codebook_size"], {}),
     "override-without-equals": lambda w: (w.prepare("train.max_steps"), ["'train.max_steps' is not key=value"], {}),
     "unknown-key": lambda w: (w.prepare("train.max_stepz=3"), ["train.max_stepz: unknown key"], {}),
     "config-show-unknown-key": lambda w: (["config", "show", CONFIG, "modle.hidden_size=8"], ["modle"], {}),

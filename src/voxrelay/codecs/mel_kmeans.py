@@ -20,6 +20,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from voxrelay.codecs import dsp
+from voxrelay.errors import ConfigError
 
 if TYPE_CHECKING:
     from voxrelay.config import CodecConfig
@@ -175,10 +176,12 @@ class MelKMeansCodec:
             raise ValueError(f"{self.name}: fit() got no clips; pass a non-empty list of float32 [N] arrays")
         frames = np.concatenate([self.features(w) for w in wavs])
         if frames.shape[0] < self.codebook_size:
-            raise ValueError(
-                f"{self.name}: {frames.shape[0]} frames are too few to fit {self.codebook_size} centroids; "
-                "pass more audio or lower codec.codebook_size"
-            )
+            rate = self.sample_rate / self.hop_length
+            raise ConfigError(  # a user's setting against a user's data: exit 2, no traceback
+                f"{self.name}: {frames.shape[0]} frames of audio ({frames.shape[0] / rate:.0f} s) are too few to fit "
+                f"codec.codebook_size={self.codebook_size} centroids; prepare more audio (at least "
+                f"{self.codebook_size / rate:.0f} s in the training split) or lower codec.codebook_size (e.g. "
+                f"codec.codebook_size={max(16, 2 ** int(np.log2(max(frames.shape[0] // 4, 1))))})")
         rng = np.random.default_rng(seed)
         if frames.shape[0] > self.fit_max_frames:
             frames = frames[np.sort(rng.choice(frames.shape[0], self.fit_max_frames, replace=False))]

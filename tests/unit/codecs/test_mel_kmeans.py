@@ -10,6 +10,7 @@ from voxrelay.codecs import dsp
 from voxrelay.codecs.base import AudioCodec, FittableCodec
 from voxrelay.codecs.mel_kmeans import MelKMeansCodec
 from voxrelay.config import CodecConfig
+from voxrelay.errors import ConfigError
 from voxrelay.quality.mcd import mcd_dtw
 
 SR = 16000
@@ -98,7 +99,7 @@ def test_fit_max_frames_limits_the_sample() -> None:
     few.fit(clips, seed=0)
     # with 40 frames sampled, every centroid is a mean of sampled frames: the fitted codec still works
     assert few.encode(clips[0]).max() < 8
-    with pytest.raises(ValueError, match="too few"):
+    with pytest.raises(ConfigError, match="too few to fit codec.codebook_size=.* or lower codec.codebook_size"):
         MelKMeansCodec(**SMALL).fit([voiced(0.1, 0)], seed=0)
 
 
