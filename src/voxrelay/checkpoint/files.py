@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from voxrelay.checkpoint.safe_dcp import UnsafeCheckpoint, refusal
+from voxrelay.checkpoint.refusal import UnsafeCheckpoint, refusal
 from voxrelay.checkpoint.staging import Writer
 
 

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from voxrelay.checkpoint.format import DCP_METADATA  # noqa: F401 (defined in checkpoint/format.py)
+from voxrelay.checkpoint.refusal import UnsafeCheckpoint, refusal  # noqa: F401 (imported from here too)
 from voxrelay.checkpoint.store import CheckpointError
 
 _META = "torch.distributed.checkpoint.metadata"
@@ -45,18 +46,6 @@ _ALLOWED = {
     ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
     ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict"),
 }
-
-
-class UnsafeCheckpoint(CheckpointError):
-    """A checkpoint file that would run code (or read outside its folder) if loaded: refused, never loaded."""
-
-
-def refusal(err: BaseException) -> str:
-    """The line of a ``torch.load(weights_only=True)`` refusal that says what it found (e.g. "Unsupported
-    global: GLOBAL posix.system")."""
-    lines = str(err).splitlines() or [type(err).__name__]
-    found = [line.split("error:", 1)[-1].strip() for line in lines if "WeightsUnpickler error" in line]
-    return (found or lines)[0][:200]
 
 
 def _refused(path: Path | str, what: str) -> UnsafeCheckpoint:

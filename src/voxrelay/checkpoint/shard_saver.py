@@ -30,16 +30,15 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from voxrelay import storage
-from voxrelay.checkpoint import safe_dcp
 from voxrelay.checkpoint.format import DCP, DCP_METADATA, SHARDED, STATE_FILE
 from voxrelay.checkpoint.sharded import MODEL_KEY, OPTIM_KEY, rank_files
 from voxrelay.checkpoint.store import ELSEWHERE, CheckpointError, sha256_file
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
     from voxrelay.checkpoint.manager import CheckpointManager
     from voxrelay.train.ranks import Ranks
 
@@ -58,12 +57,16 @@ class Shards(NamedTuple):
 
 
 def _options(partial: bool) -> StateDictOptions:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
     return StateDictOptions(ignore_frozen_params=partial, strict=not partial)
 
 
 def _state_dicts(shards: Shards) -> tuple[dict, dict]:
     """DCP's model and optimizer state dicts; with frozen parts, none of their tensors (DCP's
     ``ignore_frozen_params`` keeps the second name of a tied frozen weight, e.g. T5's embed_tokens)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     model_sd, optim_sd = get_state_dict(shards.module, shards.optimizer, options=_options(shards.partial))
     if shards.partial:
         frozen = {name for name, p in shards.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
@@ -115,6 +118,8 @@ class ShardSaver:
         without the optimizer) now and stages the folder with ``extra`` in its manifest once every rank's shards
         are on disk. ``background=False``: staged before it returns. A failure (no room, a failed write on any
         rank) is reported and counted on rank 0 (``checkpoint.max_failed_saves``), not raised."""
+        import torch.distributed.checkpoint as dcp
+
         self.wait()
         name = shards.ranks.broadcast(_new_folder(checkpoints, step, state, expected_bytes) if shards.ranks.main
                                       else None)
@@ -228,6 +233,10 @@ def load_sharded(shards: Shards, folder: Path, where: str | None = None) -> None
     """The model and optimizer state of the sharded checkpoint in ``folder`` into ``shards.module`` and
     ``shards.optimizer`` (already sharded; called once the scheduler exists, since loading the optimizer sets the
     learning rate the schedule had reached). ``where``: the checkpoint's URI, for errors."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from voxrelay.checkpoint import safe_dcp
+
     model_sd, optim_sd = _state_dicts(shards)
     safe_dcp.load({MODEL_KEY: model_sd, OPTIM_KEY: optim_sd}, folder, process_group=shards.ranks.group, where=where)
     set_state_dict(shards.module, shards.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,

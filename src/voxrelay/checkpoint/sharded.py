@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from voxrelay.checkpoint.format import DCP, SHARDED  # noqa: F401 (defined in checkpoint/format.py)
-from voxrelay.checkpoint.safe_dcp import DCP_METADATA  # noqa: F401  (imported from here by others)
+from voxrelay.checkpoint.format import DCP, DCP_METADATA, SHARDED  # noqa: F401 (imported from here by others)
 
 MODEL_KEY, OPTIM_KEY = "model", "optim"  # top-level keys of the DCP state
 

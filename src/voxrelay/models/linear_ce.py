@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import sys
 from typing import Any, NamedTuple
 
 import torch
@@ -166,11 +167,9 @@ def head_parts(head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None
     """(weight [V, H], bias) the output head ``head`` multiplies by, or None for a head this loss cannot stand
     in for (then the family keeps the materialised loss). peft's wrappers of a head trained in full
     (``modules_to_save``) or by rows (trainable tokens) give the weight their forward uses."""
-    try:
-        from peft.utils.other import AuxiliaryTrainingWrapper
-    except ImportError:  # peft is a dependency; a broken install only loses the wrappers
-        AuxiliaryTrainingWrapper = ()  # noqa: N806
-    if isinstance(head, AuxiliaryTrainingWrapper):
+    peft_other = sys.modules.get("peft.utils.other")  # a head wrapped by peft exists only once peft is imported:
+    wrapper = peft_other.AuxiliaryTrainingWrapper if peft_other else ()  # importing it here costs 1.4 s (bnb)
+    if isinstance(head, wrapper):
         if getattr(head, "disable_adapters", False):
             return head_parts(head.original_module)
         parts = head.weight, getattr(head, "bias", None)

@@ -44,7 +44,7 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     if starts is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    return _per_example(module, query, key, value, starts, dropout, scaling), None
+    return _per_example_call(module, query, key, value, starts, dropout, scaling), None
 
 
 _last_bounds: tuple[Any, list[int]] = (None, [])
@@ -59,7 +59,6 @@ def _bounds(starts: torch.Tensor) -> list[int]:
     return _last_bounds[1]
 
 
-@torch.compiler.disable
 def _per_example(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  starts: torch.Tensor, dropout: float, scaling: float | None) -> torch.Tensor:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -71,6 +70,12 @@ def _per_example(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     return torch.cat(parts, dim=1)
 
 
+# what packed_sdpa calls: _per_example kept out of torch.compile's graphs (its Python loop over the examples'
+# bounds) once register() made it so; not at import, where torch.compiler.disable would import dynamo (1.3 s of
+# every process that merely imports a family: plan, synthesize, export, eval)
+_per_example_call = _per_example
+
+
 def register() -> None:
     """Make :data:`PACKED_SDPA` an attention implementation transformers knows (with SDPA's masks)."""
     global _registered
@@ -79,6 +84,8 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    global _per_example_call
+    _per_example_call = torch.compiler.disable(_per_example)
     AttentionInterface.register(PACKED_SDPA, packed_sdpa)
     AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
     _registered = True
