@@ -1,14 +1,14 @@
-"""Regenerate the ``$ voxrelay plan ...`` outputs in the README's memory-planning section from real output.
+"""Regenerate the ``$ voxrelay plan ...`` outputs of the memory-planning page (docs/memory.md) from real output.
 
-Each command line of that section (``$ voxrelay plan ...`` inside a fenced block) is run as written, with
+Each command line of that page (``$ voxrelay plan ...`` inside a fenced block) is run as written, with
 ``<orpheus-3b>`` standing for a config-only folder of Orpheus-3B (Llama-3.2-3B's shapes over the 156,940-token
-vocabulary, tied embeddings: the numbers the README quotes), offline, on a wide terminal; the lines after it up to
+vocabulary, tied embeddings: the numbers the page quotes), offline, on a wide terminal; the lines after it up to
 the next command or the end of the block are replaced by what it printed (a command commented ``# its N-GPU
 table`` keeps that table and what follows it).
 
-    .venv/bin/python scripts/readme_plans.py [--check]
+    .venv/bin/python scripts/docs_plans.py [--check]
 
-``--check`` exits 1 when the README differs from what the commands print now (nothing is written).
+``--check`` exits 1 when the page differs from what the commands print now (nothing is written).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = "### Planning memory"
+PAGE = ROOT / "docs" / "memory.md"
 ORPHEUS_3B = {  # Llama-3.2-3B (canopylabs/orpheus-3b-0.1-pretrained's config.json), weights not needed to plan
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3072, "intermediate_size": 8192,
     "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 28,
@@ -45,8 +45,7 @@ def _run(command: str, orpheus: Path, root: Path) -> list[str]:
 
 def regenerate(text: str, orpheus: Path, root: Path) -> str:
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(SECTION))
-    end = next((i for i in range(start + 1, len(lines)) if re.match(r"^#{1,3} ", lines[i])), len(lines))
+    start, end = 0, len(lines)
     out, i, fenced = lines[:start], start, False
     while i < end:
         line = lines[i]
@@ -57,7 +56,7 @@ def regenerate(text: str, orpheus: Path, root: Path) -> str:
             continue
         if fenced and line.startswith("$ voxrelay plan "):
             printed = _run(line[2:], orpheus, root)
-            only = re.search(r"# its (\d+)-GPU table", line)  # the README shows that table alone
+            only = re.search(r"# its (\d+)-GPU table", line)  # the page shows that table alone
             if only:
                 title = f"GB per GPU, {only.group(1)} GPUs,"
                 printed = printed[next(n for n, p in enumerate(printed) if p.startswith(title)):]
@@ -70,7 +69,7 @@ def regenerate(text: str, orpheus: Path, root: Path) -> str:
 
 
 def main() -> None:
-    readme = ROOT / "README.md"
+    readme = PAGE
     with tempfile.TemporaryDirectory() as tmp:
         orpheus = Path(tmp) / "orpheus-3b"
         orpheus.mkdir()

@@ -1,5 +1,5 @@
-"""Regenerate the generated sections of README.md: the configuration reference (from
-voxrelay/config/) and the command reference (from the CLI's own options and help)."""
+"""Regenerate the generated reference pages of the docs: the configuration reference (docs/reference/config.md,
+from voxrelay/config/) and the command reference (docs/reference/cli.md, from the CLI's own options and help)."""
 
 from pathlib import Path
 
@@ -8,9 +8,10 @@ import typer
 from voxrelay.cli import app
 from voxrelay.config.reference import reference_markdown
 
-BLOCKS = {
-    "config-reference": reference_markdown,
-    "command-reference": lambda: command_reference_markdown(),
+REFERENCE = Path(__file__).parents[1] / "docs" / "reference"
+PAGES = {  # the page, and each generated block in it (between its start and end markers)
+    REFERENCE / "config.md": {"config-reference": reference_markdown},
+    REFERENCE / "cli.md": {"command-reference": lambda: command_reference_markdown()},
 }
 
 
@@ -27,7 +28,7 @@ def _commands(group, prefix: str = "voxrelay") -> list:
 
 def command_reference_markdown() -> str:
     """Every command with its arguments and options, as the CLI defines them (so `--help` and the
-    README cannot disagree: a test compares them)."""
+    reference page cannot disagree: a test compares them)."""
     lines: list[str] = []
     for path, cmd in _commands(typer.main.get_command(app)):
         args = [p.name.upper() if p.required else f"[{p.name.upper()}]..."
@@ -46,8 +47,8 @@ def command_reference_markdown() -> str:
     return "\n".join(lines).replace("<", "&lt;").replace(">", "&gt;")  # `<root>` is not an HTML tag
 
 
-def render(readme: str) -> str:
-    for name, make in BLOCKS.items():
+def render(readme: str, blocks: dict) -> str:
+    for name, make in blocks.items():
         start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
         head, rest = readme.split(start, 1)
         _, tail = rest.split(end, 1)
@@ -56,5 +57,5 @@ def render(readme: str) -> str:
 
 
 if __name__ == "__main__":
-    path = Path(__file__).parents[1] / "README.md"
-    path.write_text(render(path.read_text()))
+    for path, blocks in PAGES.items():
+        path.write_text(render(path.read_text(), blocks))

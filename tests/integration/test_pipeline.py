@@ -1,5 +1,5 @@
 """prepare -> train -> synthesize -> export through the CLI, on a local root, with the example
-config that the README's stage-by-stage commands use."""
+config that the docs' stage-by-stage commands use."""
 
 from __future__ import annotations
 
@@ -121,7 +121,8 @@ def test_example_config_is_the_embedded_demo_explained(tmp_path):
         assert changed != base, [lines[i] for i in group]
 
 
-def test_readme_names_example_files_that_exist():
-    named = set(re.findall(r"examples/[\w./-]+\.ya?ml", (REPO / "README.md").read_text()))
+def test_the_docs_name_example_files_that_exist():
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    named = set(re.findall(r"examples/[\w./-]+\.ya?ml", "\n".join(p.read_text() for p in pages)))
     assert "examples/demo.yaml" in named
     assert [p for p in sorted(named) if not (REPO / p).is_file()] == []

@@ -58,6 +58,7 @@ ROLES: dict[tuple[str, str], tuple[tuple[str, str], Callable[[str], list[str]]]]
     ("import", "prepared"): (READ_FOLDER, _as_is),
     ("demo", "root"): (WRITE_FOLDER, _as_is),
     ("sweep", "args"): (READ_FILE, _as_is),  # SWEEP.yaml, then overrides
+    ("init", "output"): (WRITE_FILE, _as_is),
 }
 # text parameters that are not paths, and why
 NOT_PATHS = {
@@ -70,6 +71,7 @@ NOT_PATHS = {
     "fmt": "an export format name",
     "kind": "an upstream format name",
     "asr_model": "a Whisper size or hub id (or folder): resolved where the scorer loads it",
+    "name": "a template's name (voxrelay init --list)",
 }
 FILLERS = {"kind": "parler-config"}  # required non-path parameters
 

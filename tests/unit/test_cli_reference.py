@@ -1,5 +1,5 @@
-"""The README's command reference lists every command and every option that the CLI's own `--help`
-shows (the README is generated, but this reads the help a user sees, independently of the generator)."""
+"""The command reference page (docs/reference/cli.md) lists every command and every option that the CLI's own
+`--help` shows (the page is generated, but this reads the help a user sees, independently of the generator)."""
 
 from __future__ import annotations
 
@@ -11,26 +11,26 @@ from typer.testing import CliRunner
 
 from voxrelay.cli import app
 
-README = (Path(__file__).parents[2] / "README.md").read_text()
-BLOCK = README.split("<!-- command-reference:start -->", 1)[1].split("<!-- command-reference:end -->", 1)[0]
-COMMANDS = [["config", "show"], ["demo"], ["doctor"], ["eval"], ["export"], ["import"], ["plan"], ["prepare"],
+PAGE = (Path(__file__).parents[2] / "docs" / "reference" / "cli.md").read_text()
+BLOCK = PAGE.split("<!-- command-reference:start -->", 1)[1].split("<!-- command-reference:end -->", 1)[0]
+COMMANDS = [["config", "show"], ["demo"], ["doctor"], ["eval"], ["export"], ["import"], ["init"], ["plan"], ["prepare"],
             ["status"], ["sweep"], ["synthesize"], ["train"], ["voices"]]
 
 
 def _section(command: list[str]) -> str:
     title = "**`voxrelay " + " ".join(command)
-    assert title in BLOCK, f"README has no command reference for {' '.join(command)}"
+    assert title in BLOCK, f"docs/reference/cli.md has no command reference for {' '.join(command)}"
     return BLOCK.split(title, 1)[1].split("**`voxrelay ", 1)[0]
 
 
-def test_every_command_of_the_cli_is_in_the_readme():
+def test_every_command_of_the_cli_is_in_the_reference():
     help_text = CliRunner().invoke(app, ["--help"], terminal_width=200).output
     listed = set(re.findall(r"│ (\w+)\s", help_text)) - {"config"}
     assert listed == {c[0] for c in COMMANDS if c[0] != "config"}, listed
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
-def test_every_option_of_a_command_is_in_its_readme_section(command):
+def test_every_option_of_a_command_is_in_its_reference_section(command):
     res = CliRunner().invoke(app, [*command, "--help"], terminal_width=200)
     assert res.exit_code == 0, res.output
     # the options panel: lines like "│ *  --output  -o  PATH  Output .wav"
@@ -38,7 +38,8 @@ def test_every_option_of_a_command_is_in_its_readme_section(command):
                for o in m.groups() if o} - {"--help"}
     section = _section(command)
     missing = sorted(o for o in options if not any(form in section for form in (f"`{o}`", f"{o},", f", {o}`")))
-    assert not missing, f"README's `voxrelay {' '.join(command)}` section lacks {missing}; run scripts/update_readme.py"
+    assert not missing, (f"the reference's `voxrelay {' '.join(command)}` section lacks {missing}; run "
+                         "scripts/update_reference.py")
     assert options == _defined_options(command), res.output  # the help was read whole, for every command
 
 

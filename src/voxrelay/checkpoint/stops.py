@@ -2,7 +2,7 @@
 checkpoint manifest's ``stopped``, ``usage.json`` and ``voxrelay status`` show), its exit code, how serious it is
 when the processes of a job disagree, whether the same command continues the run, and what a sweep makes of an
 experiment that stopped so. The loop (:mod:`voxrelay.train.stops`, :mod:`voxrelay.train.loop`), the CLI and the
-sweep read it; the README's exit-code table lists its codes (a test keeps the two equal).
+sweep read it; docs/reference/exit-codes.md lists its codes (a test keeps the two equal).
 
 A signal or a spot/preemption notice stops under its own name (``SIGTERM``, ``gcp preemption notice``): every
 reason not in :data:`STOPS` is one of those (:func:`stop_of`).

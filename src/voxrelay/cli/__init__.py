@@ -23,11 +23,12 @@ from voxrelay.errors import UserError
 from voxrelay.paths import GIVEN
 
 # isort: off
-# each registers its commands on the app: the order of `voxrelay --help` (and of the README's command reference)
+# each registers its commands on the app: the order of `voxrelay --help` (and of docs/reference/cli.md)
 from voxrelay.cli import pipeline  # noqa: E402,F401 (config show, prepare, train, plan, status)
 from voxrelay.cli import speech  # noqa: E402,F401 (synthesize, eval, voices, export, import)
 from voxrelay.cli import demo  # noqa: E402,F401
 from voxrelay.cli import ops  # noqa: E402,F401 (doctor, sweep)
+from voxrelay.cli import start  # noqa: E402,F401 (init)
 # isort: on
 
 

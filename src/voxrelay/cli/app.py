@@ -67,10 +67,20 @@ def _setup_logging() -> None:
     use_local_hub_cache()  # not ~/.cache/huggingface on a small root disk
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from voxrelay import __version__
+
+        out.print(f"voxrelay {__version__}", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
 def _global_options(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also show other libraries' log lines "
                                  "(transformers, matplotlib, faster-whisper, warnings); same as VOXRELAY_VERBOSE=1"),
+    version: bool = typer.Option(False, "--version", help="Print voxrelay's version and exit", is_eager=True,
+                                 callback=_print_version),
 ) -> None:
     if verbose:
         OWN_LINES.verbose = True

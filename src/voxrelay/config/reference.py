@@ -1,5 +1,5 @@
-"""The README's configuration reference, generated from the config classes of :mod:`voxrelay.config`
-(``scripts/update_readme.py`` writes it; a test keeps README.md in sync)."""
+"""The configuration reference page (docs/reference/config.md), generated from the config classes of
+:mod:`voxrelay.config` (``scripts/update_reference.py`` writes it; a test keeps the page in sync)."""
 
 from __future__ import annotations
 

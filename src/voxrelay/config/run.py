@@ -137,7 +137,7 @@ class CodecConfig(Section):
         "pretrained neural codecs (xcodec2: Llasa's, 16 kHz; neucodec: NeuTTS', 24 kHz out, encodes at 16 kHz; "
         "mimi: Kyutai's, CSM's and Moshi's, 24 kHz, 12.5 frames/s); pcm: "
         "the audio itself (16-bit, at codec.sample_rate), for a family that learns from continuous features"
-        + (f"; {' / '.join(FAMILY_CODECS)}: a model family's own (the README's section of that family)"
+        + (f"; {' / '.join(FAMILY_CODECS)}: a model family's own (docs/models.md, that family's section)"
            if FAMILY_CODECS else "")
     )
     path: str | None = Field(None, description="snac/dac/xcodec2/neucodec/mimi: local folder or hub id of the "

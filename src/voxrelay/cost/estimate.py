@@ -1,5 +1,5 @@
 """The cost estimate of a run, from its usage and its checkpoints: pure arithmetic (the formulas below are
-those the README gives; GiB = 2^30 bytes, a month = 730 hours, as GCS and S3 bill).
+those docs/durability.md gives; GiB = 2^30 bytes, a month = 730 hours, as GCS and S3 bill).
 
 So far (each item's price from the ``cost`` section):
 

@@ -306,7 +306,7 @@ def prepare(cfg: RunConfig, strict: bool = False, overwrite: bool = False) -> Pr
     elif needs.voice_prompts and rank == 0 and not any(u.speaker for u in rows if u.problem is None):
         log.warning("no row has a `voice_prompts` column or names its voices (a `speaker` column): model.family="
                     "%s will train without voice prompts, and learn to clone voices from none. Give each row a "
-                    "`voice_prompts` column (one clip per speaker, in the order of its labels; see the README), "
+                    "`voice_prompts` column (one clip per speaker, in the order of its labels; see docs/models.md), "
                     "before renting a GPU", cfg.model.family)
     plan = plan_shards(rows, cfg.data.eval_size, cfg.data.shard_size)
     try:

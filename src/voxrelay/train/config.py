@@ -57,8 +57,8 @@ class TrainConfig(Section):
         "auto", description="Packed batches: a batch's examples end to end in one row, no padding, each with its "
         "own positions, attention kept within each example (flash-attention's varlen kernel on CUDA where "
         "installed, else SDPA example by example) and the same loss terms; batches are shuffled rows cut at the "
-        "budget instead of length-sorted buckets. auto: on for the families that can pack (the README's "
-        "Packed batches says which), off for the others (the reason is logged); true refuses a family that cannot. "
+        "budget instead of length-sorted buckets. auto: on for the families that can pack (docs/training.md, "
+        "Packed batches, says which), off for the others (the reason is logged); true refuses a family that cannot. "
         "Runs saved before this key keep false",
     )
     lr: float = Field(1e-3, gt=0, description="Peak learning rate")

@@ -1,5 +1,5 @@
 """Why a session stops, with one home (voxrelay.checkpoint.stops): the exit code of every stop, durable or not,
-refused or not; the severity order the processes of a job agree by; the sweep's verdicts; the README's table."""
+refused or not; the severity order the processes of a job agree by; the sweep's verdicts; the exit-code page's table."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from voxrelay.checkpoint import stops as S
 
-README = Path(__file__).parents[3] / "README.md"
+EXIT_CODES = Path(__file__).parents[3] / "docs" / "reference" / "exit-codes.md"
 
 
 @pytest.mark.parametrize(("reason", "durable", "refused", "code"), [
@@ -52,8 +52,8 @@ def test_a_sweep_ends_exactly_the_experiments_a_rerun_cannot_continue():
     assert S.TIME_LIMIT.again and S.preemption("SIGTERM").again
 
 
-def test_the_readmes_exit_code_table_lists_every_code_a_session_can_end_with():
-    text = README.read_text()
+def test_the_exit_code_page_lists_every_code_a_session_can_end_with():
+    text = EXIT_CODES.read_text()
     table = text[text.index("| exit code | meaning | what to do |"):]
     table = table[:table.index("\n\n")]
     listed = {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.M)}

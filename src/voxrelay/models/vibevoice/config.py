@@ -131,4 +131,4 @@ class VibeVoiceFamilyConfig(FamilyConfig):
                 f"codec.path={self.init_from} under another data.name ({LATENT_BYTES_PER_HOUR * hours / 1e9:.1f} GB "
                 f"instead of about {AUDIO_BYTES_PER_HOUR * hours / 1e9:.1f} GB; prepare on a GPU). A run already "
                 "training on this data keeps it (another data.name is refused on resume): start the next run on the "
-                "latents. README: VibeVoice, feature storage")
+                "latents. docs/models.md: VibeVoice, feature storage")

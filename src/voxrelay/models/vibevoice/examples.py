@@ -113,7 +113,8 @@ class ExampleMaker:
             log.warning("%d of %d training rows have no voice prompts (no `voice_prompts` column) and name no voices "
                         "(no `speaker` column): they train without voice prompts, so the model learns to clone "
                         "voices from fewer examples. Give each dialogue a `voice_prompts` column: one clip per "
-                        "speaker, in the order of its labels (README: VibeVoice, voice prompts)", bare, len(rows))
+                        "speaker, in the order of its labels (docs/models.md: VibeVoice, voice prompts)", bare,
+                        len(rows))
         lonely = sorted(v for v in named if len(pool.get(v, [])) < 2)
         if lonely:
             log.warning("%d voice(s) have fewer than 2 one-voice clips, so some of their rows train without a voice "

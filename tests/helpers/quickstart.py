@@ -1,0 +1,118 @@
+"""Run a quickstart page (docs/quickstart/*.md) as a user follows it, so its commands cannot go stale.
+
+A page is walked block by block, in order: every line of a ```bash block is either run or named in the page's
+``skip`` (with the reason the test cannot run it: an install, a login, several GPUs), else the test fails; a
+```yaml block after ``<!-- quickstart: merge FILE -->`` is merged into FILE as the user's edit; a block after
+``<!-- quickstart: write FILE -->`` is written to FILE; a ```python block after ``<!-- quickstart: run -->``
+runs. A `voxrelay` command that reads a config gets the page's ``extra`` overrides appended (the tiny model, codec
+and sizes that make it run on a CPU); ``replace`` swaps text in a command, a file's name or an edit (a bucket URI for a
+local folder)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tests.helpers.runner import voxrelay
+
+CONFIG_COMMANDS = ("prepare", "train", "plan", "doctor", "config", "sweep")
+DIRECTIVE = re.compile(r"<!-- quickstart: (merge \S+|write \S+|run) -->")
+
+
+@dataclass
+class Page:
+    path: Path
+    extra: list[str] = field(default_factory=list)
+    skip: dict[str, str] = field(default_factory=dict)  # a command's start -> why the test does not run it
+    replace: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Ran:
+    line: str
+    result: subprocess.CompletedProcess
+    seconds: float = 0.0
+
+
+def blocks(text: str) -> list[tuple[str, str, str | None]]:
+    """The fenced blocks of a page: (language, body, the directive on the line before it, if any)."""
+    found, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        m = re.match(r"```(\w*)$", lines[i])
+        if not m:
+            i += 1
+            continue
+        before = DIRECTIVE.search(lines[i - 1]) if i else None
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        found.append((m.group(1), "\n".join(lines[i + 1:end]), before.group(1) if before else None))
+        i = end + 1
+    return found
+
+
+def commands(body: str) -> list[str]:
+    """A bash block's commands: continuation lines joined, comments dropped."""
+    out, pending = [], ""
+    for raw in body.splitlines():
+        line = pending + raw.strip()
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        pending = ""
+        line = re.split(r"\s+#\s", line, maxsplit=1)[0].strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+def merge(into: dict, edit: dict) -> dict:
+    for key, value in edit.items():
+        into[key] = merge(into.get(key) or {}, value) if isinstance(value, dict) else value
+    return into
+
+
+def run_page(page: Page, cwd: Path, env: dict) -> list[Ran]:
+    """Follow the page in ``cwd``; every command must exit 0. Returns what each command printed."""
+    ran: list[Ran] = []
+    for lang, body, directive in blocks(page.path.read_text()):
+        target = cwd / _replaced(page, directive.split()[1]) if directive and " " in directive else None
+        if directive and directive.startswith("merge "):
+            edit = yaml.safe_load(_replaced(page, body))
+            target.write_text(yaml.safe_dump(merge(yaml.safe_load(target.read_text()), edit)))
+        elif directive and directive.startswith("write "):
+            target.write_text(_replaced(page, body) + "\n")
+        elif lang == "python" and directive == "run":
+            res = subprocess.run([sys.executable, "-c", body], cwd=cwd, env=env, capture_output=True, text=True,
+                                 timeout=600)
+            assert res.returncode == 0, f"{page.path.name}: python block\n{body}\n{res.stdout}{res.stderr}"
+            ran.append(Ran(body, res))
+        elif lang == "bash":
+            for line in commands(body):
+                ran += _run_line(page, line, cwd, env)
+    return ran
+
+
+def _run_line(page: Page, line: str, cwd: Path, env: dict) -> list[Ran]:
+    if any(line.startswith(s) for s in page.skip):
+        return []
+    assert line.startswith("voxrelay "), f"{page.path.name}: {line!r} is neither run by the test nor skipped"
+    line = _replaced(page, line)
+    args = shlex.split(line)[1:]
+    if args[0] in CONFIG_COMMANDS:
+        args += page.extra
+    start = time.monotonic()
+    res = voxrelay(*args, env=env, cwd=cwd)
+    assert res.returncode == 0, f"{page.path.name}: {line}\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
+    return [Ran(line, res, time.monotonic() - start)]
+
+
+def _replaced(page: Page, text: str) -> str:
+    for old, new in page.replace.items():
+        text = text.replace(old, new)
+    return text
