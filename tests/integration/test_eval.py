@@ -224,10 +224,16 @@ def test_eval_all_prints_a_table_per_checkpoint_and_writes_the_plot(trained):
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
     assert lines[0].split() == ["step", "loss", "text_gain", "wer", "cer", "silent_frac", "mcd_dtw", "speaker_sim"]
-    assert [line.split()[0] for line in lines[1:]] == ["4", "6"]  # the checkpoints kept (keep_last 2)
-    assert all(len(line.split()) == 8 and "-" not in line.split()[1:] for line in lines[1:])
-    steps = [r["step"] for r in _jsonl(run / "eval" / "results.jsonl")]
-    assert steps[-2:] == [4, 6]
+    assert [line.split()[0] for line in lines[1:-1]] == ["4", "6"]  # the checkpoints kept (keep_last 2)
+    assert all(len(line.split()) == 8 and "-" not in line.split()[1:] for line in lines[1:-1])
+    yardstick = "Whisper base (packaged) (faster-whisper, beam 5), language en, Whisper's English normaliser"
+    assert lines[-1] == f"WER/CER by {yardstick}"  # the table says what its WER/CER are measured with
+    results = _jsonl(run / "eval" / "results.jsonl")
+    assert [r["step"] for r in results][-2:] == [4, 6] and {r["eval/asr"] for r in results[-2:]} == {yardstick}
+    training = [m for m in _jsonl(run / "metrics.jsonl") if "eval/wer" in m]  # training's evals say it too
+    assert training and {m["eval/asr"] for m in training} == {yardstick}
+    scores = _jsonl(run / "eval" / "step-00000006" / "scores.jsonl")
+    assert scores and {r["asr"] for r in scores} == {yardstick}
     assert (run / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -92,8 +92,7 @@ def print_codec_check(report) -> None:
     line = f"codec {report.codec.get('type')}: {s['clips']} clips, mean MCD-DTW {s['mcd_db']:.2f} dB"
     if asr:
         line += (f"; WER {s['recording_wer']:.3f} on the recordings -> {s['round_trip_wer']:.3f} on the round trips, "
-                 f"CER {s['recording_cer']:.3f} -> {s['round_trip_cer']:.3f} ({s['asr_model']}, language "
-                 f"{s['language']}, Whisper's English normaliser)")
+                 f"CER {s['recording_cer']:.3f} -> {s['round_trip_cer']:.3f} (by {s['asr']})")
     else:
         line += " (no WER: eval.asr is off)"
     out.print(f"{line}; round trips and report.json in {report.uri}", highlight=False, markup=False)

@@ -113,12 +113,12 @@ def _intelligibility(cfg: RunConfig, clips: list[dict], texts: list[str], record
     except (AsrMissing, AsrModelError, RuntimeError) as err:
         log.warning("codec check: WER/CER not measured: %s", err)
         return {}
-    out = {"asr_model": whisper.name, "language": asr.language}
+    out = {"asr_model": whisper.name, "language": asr.language, "asr": whisper.describe(asr.language)}
     for kind, audio in (("recording", recordings), ("round_trip", trips)):
         hyps = whisper.transcribe(audio, asr.language)
         total = None
         for clip, text, hyp in zip(clips, texts, hyps, strict=True):
-            e = errors(text, hyp)
+            e = errors(text, hyp, asr.language)
             total = e if total is None else total + e
             clip |= {f"{kind}_wer": round(e.wer, 4), f"{kind}_cer": round(e.cer, 4), f"{kind}_transcript": hyp}
         out |= {f"{kind}_wer": round(total.wer, 4), f"{kind}_cer": round(total.cer, 4)}

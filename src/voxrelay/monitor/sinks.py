@@ -104,8 +104,11 @@ class TensorBoardSink:
         self.writer = SummaryWriter(str(logdir))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
+        for key, value in metrics.items():  # a text beside the numbers (eval/asr: what WER/CER were measured with)
+            if isinstance(value, str):
+                self.writer.add_text(key, value, step)
+            else:
+                self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
     def log_audio(self, step: int, tag: str, wav: np.ndarray, sample_rate: int) -> None:

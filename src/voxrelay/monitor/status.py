@@ -176,7 +176,9 @@ def format_status(s: RunStatus) -> str:
     eta = s.eta_seconds
     lines.append(f"eta          {'-' if eta is None else f'{eta / 60:.1f} min'}")
     if s.last_eval:
-        lines.append("last eval    " + ", ".join(f"{k[5:]} {v:.3f}" for k, v in s.last_eval.items()))
+        said = [f"(WER/CER by {v})" for v in s.last_eval.values() if isinstance(v, str)]
+        lines.append("last eval    " + ", ".join(f"{k[5:]} {v:.3f}" for k, v in s.last_eval.items()
+                                                 if not isinstance(v, str)) + "".join(f" {w}" for w in said))
     if s.cache is not None:
         c = s.cache
         lines.append(f"local cache  {_size(c.total)} (prepared {_size(c.prepared)}, staging {_size(c.staging)}) "

@@ -82,15 +82,25 @@ def packaged_model(name: str) -> Path | None:
 
 def resolve_model(name: str) -> str:
     """A local folder or a name faster-whisper can fetch, for ``eval.asr.model``."""
+    return resolved(name)[0]
+
+
+def resolved(name: str) -> tuple[str, str]:
+    """(what faster-whisper loads for ``eval.asr.model``: a local folder or a name it can fetch, the short name every
+    score states: a size, ``base (packaged)``, or the folder)."""
     if name == "auto":
-        return str(packaged_model("base") or packaged_model("tiny.en") or "base.en")
+        for size in ("base", "tiny.en"):
+            if (folder := packaged_model(size)) is not None:
+                return str(folder), f"{size} (packaged)"
+        return "base.en", "base.en"
     local = Path(name).expanduser()
     if local.exists():
         if not (local / "model.bin").exists():
             raise AsrModelError(f"eval.asr.model: {local} holds no CTranslate2 Whisper model (model.bin missing); "
                                 "point it at a converted folder or use a size such as base.en")
-        return str(local)
-    return str(packaged_model(name) or name)
+        return str(local), str(local)
+    folder = packaged_model(name)
+    return (str(folder), f"{name} (packaged)") if folder is not None else (name, name)
 
 
 @dataclass
@@ -140,11 +150,19 @@ def assign_words(words: list[tuple[float, float, str]], spans: list[tuple[float,
 class Transcriber:
     """One loaded Whisper model; :meth:`transcribe` gives one transcript per clip."""
 
-    def __init__(self, model, name: str, beam_size: int = 5, batch_size: int = 1):
+    def __init__(self, model, name: str, beam_size: int = 5, batch_size: int = 1, label: str | None = None):
         self.model = model
         self.name = name
         self.beam_size = beam_size
         self.batch_size = batch_size
+        self.label = label or name
+
+    def describe(self, language: str) -> str:
+        """The yardstick every WER/CER goes with: which Whisper, how it decoded, which text normaliser."""
+        from voxrelay.quality.text import normaliser
+
+        return (f"Whisper {self.label} (faster-whisper, beam {self.beam_size}), language {language}, "
+                f"{normaliser(language)}")
 
     @classmethod
     def load(cls, name: str = "auto", device: str = "auto", threads: int = 0, beam_size: int = 5,
@@ -156,7 +174,7 @@ class Transcriber:
         except ImportError as err:
             raise AsrMissing(f"WER/CER need faster-whisper: {INSTALL_HINT}") from err
         logging.getLogger("faster_whisper").setLevel(logging.WARNING)  # not a line per window
-        folder = resolve_model(name)
+        folder, short = resolved(name)
         if device == "auto":
             import torch
 
@@ -168,7 +186,10 @@ class Transcriber:
             raise AsrModelError(f"eval.asr.model={name!r} ({folder}) could not be loaded: {err}. Use a local "
                                 "CTranslate2 Whisper folder, install the packaged weights, or a size name "
                                 "such as base.en with network access") from None
-        return cls(model, folder, beam_size, batch_size or (1 if device == "cpu" else 8))
+        from voxrelay.quality.text import use_spelling_map
+
+        use_spelling_map(folder if Path(folder).is_dir() else None)  # the English normaliser's, when it ships one
+        return cls(model, folder, beam_size, batch_size or (1 if device == "cpu" else 8), short)
 
     def transcribe(self, clips: list[tuple[np.ndarray, int]], language: str = "en") -> list[str]:
         """(audio float [N], sample rate) per clip -> its transcript (packed windows, beam search)."""

@@ -18,7 +18,7 @@ import torch
 from voxrelay.errors import one_line
 from voxrelay.quality.config import EvalConfig
 from voxrelay.quality.samples import generate_samples, held_out_loss
-from voxrelay.quality.scorer import Sample
+from voxrelay.quality.scorer import ASR_KEY, Sample
 from voxrelay.train.state import rng_state, seed_everything, seed_generators, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -103,4 +103,6 @@ def evaluate_model(model, codec, loss_rows: list | None, synth_rows: list, step:
         if scorer is not None and out.samples:  # the speaker encoder draws from the RNG as it loads: inside
             scores, out.scores = scorer.score(out.samples, parts)
             out.metrics |= scores
+            if "eval/wer" in scores:  # the one text beside the numbers: what the WER/CER were measured with
+                out.metrics[ASR_KEY] = scorer.yardstick()
     return out

@@ -41,9 +41,13 @@ def write_plot(run_uri: str) -> str | None:
         log.warning("no plot: matplotlib is not installed (pip install 'voxrelay[eval]')")
         return None
     from voxrelay.quality.report import EVAL_DIR, RESULTS_FILE
+    from voxrelay.quality.scorer import ASR_KEY
 
     training = curves(storage.join(run_uri, METRICS_FILE))
-    on_demand = curves(storage.join(run_uri, EVAL_DIR, RESULTS_FILE))
+    results = storage.join(run_uri, EVAL_DIR, RESULTS_FILE)
+    on_demand = curves(results)
+    yardstick = next((r[ASR_KEY] for uri in (results, storage.join(run_uri, METRICS_FILE))
+                      for r in reversed(read_jsonl(uri)) if r.get(ASR_KEY)), None)
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6), constrained_layout=True)
     for ax, (title, keys) in zip(axes, PANELS, strict=True):
         for key in keys:
@@ -61,6 +65,8 @@ def write_plot(run_uri: str) -> str | None:
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
+    if yardstick:
+        fig.suptitle(f"WER/CER by {yardstick}", fontsize=9)
     return save_figure(fig, storage.join(run_uri, PLOT_FILE))
 
 

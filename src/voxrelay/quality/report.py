@@ -22,7 +22,7 @@ from voxrelay.errors import UserError
 from voxrelay.paths import check_path
 from voxrelay.quality.config import EvalConfig
 from voxrelay.quality.samples import TextRow
-from voxrelay.quality.scorer import Scorer
+from voxrelay.quality.scorer import ASR_KEY, Scorer
 
 EVAL_DIR = "eval"
 RESULTS_FILE = "results.jsonl"
@@ -130,13 +130,15 @@ def save_step(run_uri: str, step: int, metrics: dict, samples: list, per_sample:
 
 
 def format_table(rows: list[tuple[int | str, dict]]) -> str:
-    """One line per step: loss, WER, CER, MCD-DTW, speaker similarity ('-' where not measured)."""
+    """One line per step: loss, WER, CER, MCD-DTW, speaker similarity ('-' where not measured); then the line
+    naming what the WER/CER were measured with, when they were."""
     head = f"{'step':>8}  " + "  ".join(f"{c.split('/', 1)[1]:>11}" for c in COLUMNS)
     lines = [head]
     for step, m in rows:
         cells = [f"{m[c]:>11.3f}" if isinstance(m.get(c), float | int) else f"{'-':>11}" for c in COLUMNS]
         lines.append(f"{step!s:>8}  " + "  ".join(cells))
-    return "\n".join(lines)
+    yardsticks = list(dict.fromkeys(m[ASR_KEY] for _, m in rows if m.get(ASR_KEY)))
+    return "\n".join(lines + [f"WER/CER by {y}" for y in yardsticks])
 
 
 def scorer_for(cfg, asr_model: str | None) -> Scorer:

@@ -11,15 +11,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from voxrelay.quality.asr import AsrMissing, AsrModelError, Transcriber
 from voxrelay.quality.config import EvalConfig
-from voxrelay.quality.text import errors, use_spelling_map
+from voxrelay.quality.text import errors
 
 log = logging.getLogger(__name__)
+ASR_KEY = "eval/asr"  # beside eval/wer: the Whisper, its decoding and the normaliser they were measured with
 
 
 @dataclass
@@ -49,9 +49,8 @@ class Scorer:
             try:
                 if kind == "asr":
                     asr = self.cfg.asr
-                    model = Transcriber.load(asr.model, asr.device, self.threads, asr.beam_size, asr.batch_size)
-                    use_spelling_map(model.name if Path(model.name).is_dir() else None)
-                    self._models[kind] = model
+                    self._models[kind] = Transcriber.load(asr.model, asr.device, self.threads, asr.beam_size,
+                                                          asr.batch_size)
                 else:
                     from voxrelay.quality.speaker import SpeakerEncoder
 
@@ -59,6 +58,12 @@ class Scorer:
             except (AsrMissing, AsrModelError, RuntimeError) as err:
                 log.warning("eval: %s not measured: %s", "WER/CER" if kind == "asr" else "speaker similarity", err)
         return self._models[kind]
+
+    def yardstick(self) -> str | None:
+        """What every WER/CER of this scorer is measured with (the ASR model, its decoding, the text normaliser);
+        None before Whisper is loaded or without one."""
+        asr = self._models.get("asr")
+        return asr.describe(self.cfg.asr.language) if asr is not None and self.cfg.asr is not None else None
 
     def score(self, samples: list[Sample], parts=None) -> tuple[dict[str, float], list[dict]]:
         """(set metrics ``eval/wer``, ``eval/cer``, ``eval/speaker_sim``, one row per sample). ``parts``: an
@@ -85,11 +90,11 @@ def _intelligibility(asr, language: str | None, rows: list[dict], samples: list[
     """``eval/wer`` and ``eval/cer`` of the set (edits over the reference words of every sample); each row gets its
     transcript and scores."""
     hyps = asr.transcribe([(s.wav, s.sample_rate) for s in samples], language)  # an empty sample is heard as ""
-    total = None
+    total, language = None, language or "en"
     for row, sample, hyp in zip(rows, samples, hyps, strict=True):
-        e = errors(sample.text, hyp)
+        e = errors(sample.text, hyp, language)
         total = e if total is None else total + e
-        row |= {"transcript": hyp, "wer": round(e.wer, 4), "cer": round(e.cer, 4)}
+        row |= {"transcript": hyp, "wer": round(e.wer, 4), "cer": round(e.cer, 4), "asr": asr.describe(language)}
     return {"eval/wer": total.wer, "eval/cer": total.cer}
 
 

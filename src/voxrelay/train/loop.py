@@ -214,7 +214,7 @@ def _evaluate(run: Run, stops: Stops, bar: ProgressLine, step_s: float) -> dict:
     if not results:
         return {}
     run.monitor.log(loop.step, results)
-    bar.note(f"eval @{loop.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in results.items()))
+    bar.note(f"eval @{loop.step}: " + ", ".join(f"{k} {v:.3f}" for k, v in results.items() if not isinstance(v, str)))
     if "eval/loss" in results:  # its part failed (a warning said so): not an eval "without improvement"
         loop.record_eval(results["eval/loss"])
     return results

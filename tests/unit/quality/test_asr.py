@@ -16,6 +16,7 @@ from voxrelay.quality.asr import (
     pack,
     packaged_model,
     resolve_model,
+    resolved,
 )
 from voxrelay.quality.text import errors, set_errors
 
@@ -43,6 +44,8 @@ def test_packaged_weights_resolve_without_the_network():
     assert resolve_model("auto") == str(base)
     assert resolve_model("tiny.en") == str(packaged_model("tiny.en"))
     assert resolve_model("large-v3") == "large-v3"  # a hub name faster-whisper fetches itself
+    assert [resolved(n)[1] for n in ("auto", "tiny.en", "large-v3")] == ["base (packaged)", "tiny.en (packaged)",
+                                                                         "large-v3"]  # what the scores say
 
 
 def test_a_folder_without_a_model_is_a_clear_error(tmp_path):
@@ -111,3 +114,9 @@ def test_beam_size_is_validated():
     assert EvalConfig().asr.beam_size == 5
     with pytest.raises(ValidationError, match="beam_size"):
         EvalConfig(asr={"beam_size": 0})
+
+
+def test_the_yardstick_names_the_model_its_decoding_and_the_normaliser(whisper):
+    assert whisper.describe("en") == ("Whisper base (packaged) (faster-whisper, beam 5), language en, "
+                                      "Whisper's English normaliser")
+    assert whisper.describe("zh").endswith("language zh, Whisper's basic normaliser")

@@ -59,3 +59,21 @@ def test_the_spelling_map_is_used_when_the_model_folder_ships_one(tmp_path):
     finally:
         assert not use_spelling_map(None)
     assert errors("the colour", "the color").word_edits == 1 and text._SPELLING == {}
+
+
+def test_each_language_has_its_normaliser_and_the_scores_name_it(tmp_path):
+    """English: Whisper's English rules (diacritics dropped, Mr -> mister); any other language: Whisper's basic
+    normaliser, which keeps what its words are spelt with."""
+    assert errors("Er ist schön.", "er ist schon", "en").word_edits == 0
+    assert errors("Er ist schön.", "er ist schon", "de").word_edits == 1
+    assert normalize("Mr. Smith didn't pay!", "en") == "mister smith did not pay"
+    assert normalize("Mr. Smith didn't pay!", "pl") == "mr smith didn t pay"
+    assert normalize("今天的天气真不错,适合出去散步。", "zh") == "今天的天气真不错 适合出去散步"
+    assert (text.normaliser("en"), text.normaliser("zh")) == ("Whisper's English normaliser",
+                                                            "Whisper's basic normaliser")
+    (tmp_path / "normalizer.json").write_text(json.dumps({"colour": "color"}))
+    try:
+        assert use_spelling_map(tmp_path)
+        assert text.normaliser("en") == "Whisper's English normaliser with its spelling map"
+    finally:
+        use_spelling_map(None)
