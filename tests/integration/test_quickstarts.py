@@ -36,7 +36,8 @@ SKIP = {"pip install": "the test runs in the installed tree",
         "gcloud storage cp": "the bucket is a local folder here (storage backends: tests/integration/test_storage*)",
         "sky jobs": "SkyPilot launches cloud VMs; its files are checked in tests/integration/test_templates.py",
         "torchrun": "several GPUs; multi-process training is tests/integration/test_fsdp.py's and test_resume.py's",
-        "accelerate launch": "several GPUs"}
+        "accelerate launch": "several GPUs",
+        "pip wheel": "builds the package from the repository; tests/unit/test_docs.py builds that wheel"}
 
 
 def write_voice_folder(folder: Path, speaker: str, voice: str = "en-us") -> Path:

@@ -24,7 +24,8 @@ QUICK = (NO_EVALS, NO_SAVES, "monitor.tensorboard=false")
 
 
 def _run_notebook(tmp_path: Path, session: str, env: dict[str, str]) -> str:
-    """Execute the notebook's cells in a new kernel whose environment has ``env`` too; their printed output."""
+    """Execute the notebook's cells in a new kernel whose environment has ``env`` too; their printed output, and
+    ``[audio]`` / ``[image]`` for each audio player and image the cells displayed."""
     nbclient = pytest.importorskip("nbclient")
     nbformat = pytest.importorskip("nbformat")
     import os
@@ -34,7 +35,10 @@ def _run_notebook(tmp_path: Path, session: str, env: dict[str, str]) -> str:
     cwd.mkdir()
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=240, resources={"metadata": {"path": str(cwd)}})
     client.execute(env=dict(os.environ, **env))  # (passed to the kernel's Popen)
-    return "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs)
+    shown = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+    return "".join(out.get("text", "") or ("[image]" if "image/png" in out.get("data", {}) else "[audio]"
+                                           if "<audio" in out.get("data", {}).get("text/html", "") else "")
+                   for out in shown)
 
 
 def test_colab_notebook_is_one_cell_that_trains_and_resumes_in_the_next_session(tmp_path, gcs_root):
@@ -51,6 +55,8 @@ def test_colab_notebook_is_one_cell_that_trains_and_resumes_in_the_next_session(
         "VOXRELAY_CACHE": str(tmp_path / "cache-1"),
         "VOXRELAY_OVERRIDES": "train.time_limit_from=process train.max_steps=100000 train.total_time_limit=1s"})
     assert "re-run this cell in a new session to resume" in first, first
+    # every session ends showing its work: status, a sample to play, the eval's curves
+    assert "durable      step" in first and first.count("[audio]") == 1 and first.count("[image]") == 1, first
     stopped = int(re.search(r"trained to step (\d+)", first).group(1))
     assert stopped >= 1, first
 
@@ -60,6 +66,7 @@ def test_colab_notebook_is_one_cell_that_trains_and_resumes_in_the_next_session(
     assert "shards written 0" in second, second  # prepare found the first session's data
     assert f"resuming {storage.join(gcs_root, 'runs', 'colab')} from step {stopped}" in second, second
     assert f"trained to step {stopped + 3}" in second and "voxrelay: finished, nothing left to train" in second, second
+    assert second.count("[audio]") == second.count("[image]") == 1 and "results in gs://" in second, second
 
 
 SKYPILOT_TASKS = sorted(EXAMPLES.glob("skypilot*.yaml"))
@@ -79,6 +86,35 @@ def test_skypilot_task_passes_skypilots_schema(path):
     assert 74 not in resources["job_recovery"]["recover_on_exit_codes"]
     assert resources["job_recovery"].get("max_restarts_on_errors", 0) == 0
     assert "voxrelay " in task["run"]
+
+
+@pytest.mark.parametrize("path", SKYPILOT_TASKS, ids=lambda p: p.name)
+def test_skypilot_setup_installs_the_newest_wheel_of_a_folder(path, tmp_path):
+    """The install line as written: VOXRELAY_PIP_SPEC a folder of wheels (here a local one; gs:// and s3:// list
+    and copy the same way) installs its newest voxrelay wheel with the extras; no wheel there: exit 2, saying how
+    to make one. `pip` and `uv` are stubs that record their arguments."""
+    import os
+    import subprocess
+
+    stubs, wheels, home = tmp_path / "bin", tmp_path / "wheels", tmp_path / "home"
+    for folder in (stubs, wheels, home):
+        folder.mkdir()
+    for tool in ("pip", "uv"):
+        (stubs / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {tmp_path}/calls\n')
+        (stubs / tool).chmod(0o755)
+    for name in ("voxrelay-0.1.0-py3-none-any.whl", "voxrelay-0.2.0-py3-none-any.whl", "other-9.0-py3-none-any.whl"):
+        (wheels / name).write_bytes(b"")
+    setup = yaml.safe_load(path.read_text())["setup"]
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", HOME=str(home))
+    res = subprocess.run(["bash", "-c", setup], env=env | {"VOXRELAY_PIP_SPEC": f"{wheels}/"}, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    installed = (tmp_path / "calls").read_text().splitlines()[-1]
+    assert installed == (f"uv pip install --python {home}/voxrelay-env/bin/python "
+                         f"voxrelay[gcs,s3] @ file://{home}/voxrelay-0.2.0-py3-none-any.whl")
+    empty = subprocess.run(["bash", "-c", setup], env=env | {"VOXRELAY_PIP_SPEC": f"{home}/none/"},
+                           capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 2 and "pip wheel --no-deps . -w dist" in empty.stdout
 
 
 @pytest.mark.parametrize("change, error", [
