@@ -19,18 +19,19 @@ pytestmark = pytest.mark.slow  # tiers: see tests/conftest.py
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 NOTEBOOK = EXAMPLES / "colab.ipynb"
+SWEEP_NOTEBOOK = EXAMPLES / "colab-sweep.ipynb"
 # no evals, no periodic saves: a session saves once, when it stops
 QUICK = (NO_EVALS, NO_SAVES, "monitor.tensorboard=false")
 
 
-def _run_notebook(tmp_path: Path, session: str, env: dict[str, str]) -> str:
+def _run_notebook(tmp_path: Path, session: str, env: dict[str, str], notebook: Path = NOTEBOOK) -> str:
     """Execute the notebook's cells in a new kernel whose environment has ``env`` too; their printed output, and
     ``[audio]`` / ``[image]`` for each audio player and image the cells displayed."""
     nbclient = pytest.importorskip("nbclient")
     nbformat = pytest.importorskip("nbformat")
     import os
 
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb = nbformat.read(notebook, as_version=4)
     cwd = tmp_path / session
     cwd.mkdir()
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=240, resources={"metadata": {"path": str(cwd)}})
@@ -67,6 +68,22 @@ def test_colab_notebook_is_one_cell_that_trains_and_resumes_in_the_next_session(
     assert f"resuming {storage.join(gcs_root, 'runs', 'colab')} from step {stopped}" in second, second
     assert f"trained to step {stopped + 3}" in second and "voxrelay: finished, nothing left to train" in second, second
     assert second.count("[audio]") == second.count("[image]") == 1 and "results in gs://" in second, second
+
+
+def test_the_sweep_notebook_runs_the_same_cell_over_a_sweep_and_shows_each_experiment(tmp_path, gcs_root):
+    nb, sweep_nb = (yaml.safe_load(p.read_text()) for p in (NOTEBOOK, SWEEP_NOTEBOOK))
+    (cell,) = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert sweep_nb["cells"][-1]["source"] == cell["source"]  # one cell to keep right, not two drifting apart
+    base = storage.join(gcs_root, "sweeps", "base.yaml")
+    storage.write_text(base, load_config(demo_config_path(), tiny(gcs_root, *QUICK)).to_yaml())
+    sweep = storage.join(gcs_root, "sweeps", "lr.yaml")
+    storage.write_text(sweep, "base: base.yaml\ngrid:\n  train.lr: [1.0e-3, 5.0e-4]\n")
+    shown = _run_notebook(tmp_path, "sweep", {
+        "VOXRELAY_SWEEP": sweep, "VOXRELAY_CONFIG": base, "VOXRELAY_PIP_SPEC": "", "OMP_NUM_THREADS": "1",
+        "VOXRELAY_CACHE": str(tmp_path / "cache"), "VOXRELAY_OVERRIDES": "train.time_limit_from=process"},
+        SWEEP_NOTEBOOK)
+    assert "voxrelay: finished, nothing left to train" in shown, shown
+    assert shown.count("finished") >= 3 and "lr-lr-0.001" in shown and shown.count("[image]") == 1, shown
 
 
 SKYPILOT_TASKS = sorted(EXAMPLES.glob("skypilot*.yaml"))
