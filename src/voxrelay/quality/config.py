@@ -14,7 +14,8 @@ class AsrConfig(BaseModel):
 
     model: str = Field(
         "auto", description="Whisper for WER/CER: `auto` (packaged base, else packaged tiny.en, else base.en from "
-        "the hub), a local CTranslate2 Whisper folder, or a faster-whisper size/hub id (`base.en`, `large-v3`)",
+        "the hub), a faster-whisper size (`base.en`, `large-v3`), a local Whisper folder or a hub id, CTranslate2's "
+        "(`Systran/faster-whisper-large-v3`) or transformers' (`openai/whisper-large-v3`: converted once, cached)",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where Whisper runs (auto: cuda when present)")
     language: str = Field("en", description="Language of the eval texts (Whisper language code)")

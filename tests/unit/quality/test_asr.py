@@ -4,8 +4,11 @@ packing puts each word back on its own utterance."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers.speech import SENTENCES, espeak
 from voxrelay.quality.asr import (
@@ -49,8 +52,47 @@ def test_packaged_weights_resolve_without_the_network():
 
 
 def test_a_folder_without_a_model_is_a_clear_error(tmp_path):
-    with pytest.raises(AsrModelError, match=r"model\.bin missing"):
+    with pytest.raises(AsrModelError, match=r"neither CTranslate2's model\.bin nor a transformers config\.json"):
         resolve_model(str(tmp_path))
+
+
+def save_transformers_whisper(folder: Path) -> Path:
+    """A tiny random Whisper as transformers saves one (config.json, model.safetensors), with the real Whisper
+    tokenizer (the packaged weights' tokenizer.json) and feature extractor settings."""
+    from transformers import (
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperTokenizerFast,
+    )
+
+    torch.manual_seed(0)
+    config = WhisperConfig(vocab_size=51865, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                           decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                           decoder_start_token_id=50258, eos_token_id=50257, pad_token_id=50257, bos_token_id=50257)
+    WhisperForConditionalGeneration(config).save_pretrained(folder)
+    WhisperTokenizerFast(tokenizer_file=str(packaged_model("base") / "tokenizer.json")).save_pretrained(folder)
+    WhisperFeatureExtractor().save_pretrained(folder)
+    return folder
+
+
+def test_a_transformers_whisper_is_converted_once_and_transcribes(tmp_path, monkeypatch):
+    """eval.asr.model may name a Whisper in transformers' layout (what openai/whisper-large-v3 is): converted to
+    CTranslate2 once into the cache, then loaded and decoded by faster-whisper as any other; the scores say so."""
+    monkeypatch.setenv("VOXRELAY_CACHE", str(tmp_path / "cache"))
+    folder = save_transformers_whisper(tmp_path / "whisper-hf")
+    first, label = resolved(str(folder))
+    assert (Path(first) / "model.bin").is_file() and Path(first).is_relative_to(tmp_path / "cache")
+    assert label == f"{folder} (transformers, converted to CTranslate2)"
+    made = (Path(first) / "model.bin").stat().st_mtime_ns
+    assert resolved(str(folder))[0] == first and (Path(first) / "model.bin").stat().st_mtime_ns == made  # reused
+    whisper = Transcriber.load(str(folder), "cpu", threads=1, beam_size=1)
+    heard = whisper.transcribe([(np.zeros(16000, np.float32), 16000)])  # random weights: words, not sense
+    assert len(heard) == 1 and isinstance(heard[0], str)
+    assert whisper.describe("en").startswith(f"Whisper {folder} (transformers, converted to CTranslate2)")
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(AsrModelError, match="could not be converted.*model.safetensors"):
+        resolved(str(folder))
 
 
 @pytest.fixture(scope="module")
