@@ -32,7 +32,7 @@ def summary(path: Path) -> str:
         if not line.startswith("#") or line.strip() == "#":
             break
         head.append(line.lstrip("# ").strip())
-    said = " ".join(head)
+    said = " ".join(head).replace(f"examples/{path.name}", path.name)  # the file as `init` writes it
     said = said[:said.index(". ") + 1] if ". " in said else said
     return said if len(said) <= 110 else said[:109].rstrip(" ,;:") + "…"
 
