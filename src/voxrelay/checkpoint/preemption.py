@@ -156,6 +156,22 @@ class Deadline:
         self.total_s = total_s
         self.started_at = started_at
 
+    def describe(self, source: str, now: float | None = None) -> str | None:
+        """The session's limit as a log line: from when it counts and what is left (None: no limit). ``source``:
+        train.time_limit_from. A limit already spent when the session starts says why (a machine booted hours
+        before the command, counted from its boot)."""
+        if self.session_s is None:
+            return None
+        now = time.time() if now is None else now
+        left = self.started_at + self.session_s - now
+        since = "the machine's boot" if source == "boot" else "this process's start"
+        line = (f"train.time_limit: {_span(self.session_s)} from {since} ({_span(now - self.started_at)} ago), "
+                f"{_span(max(left, 0.0))} left")
+        if left <= 0:
+            line += ("; already spent: this machine booted long before this session (train.time_limit_from=process "
+                     "counts from the command instead)" if source == "boot" else "; already spent: raise it")
+        return line
+
     def reached(self, trained_s: float, next_step_s: float) -> str | None:
         """The limit the next step (lasting ``next_step_s``) would cross, if any."""
         if self.session_s is not None and time.time() + next_step_s >= self.started_at + self.session_s:
@@ -203,3 +219,8 @@ class SaveTrigger:
         self.last_save = time.monotonic()
         # exponential average: one slow save (a cold cache) should not double the interval
         self.save_cost_s = cost_s if self.save_cost_s == 0 else 0.7 * self.save_cost_s + 0.3 * cost_s
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min" if seconds >= 60 else \
+        f"{seconds:.0f} s"

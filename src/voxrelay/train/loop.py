@@ -157,6 +157,8 @@ def _train(run: Run) -> TrainResult:
     tc, ck, loop = run.cfg.train, run.cfg.checkpoint, run.loop
     deadline = pre.Deadline(parse_duration(tc.time_limit), parse_duration(tc.total_time_limit),
                             pre.session_start(tc.time_limit_from))
+    if run.accelerator.is_main_process and (said := deadline.describe(tc.time_limit_from)) is not None:
+        log.info(said)  # from when the session's limit counts: a machine up for hours has spent a boot-counted one
     trigger = pre.SaveTrigger(ck.every_steps, ck.every_minutes, parse_duration(ck.adaptive_mtbf), ck.every_epochs,
                               run.stream.cursor.epoch)
     meter, batches, t0, wall0 = Throughput(), iter(run.stream), time.time(), loop.wall_time

@@ -186,3 +186,19 @@ def test_time_limit_counts_from_the_process_or_the_machine_boot():
     assert pre.session_start("boot") == boot and pre.session_start("process") == started
     deadline = pre.Deadline(session_s=time.time() - boot - 1, total_s=None, started_at=pre.session_start("boot"))
     assert deadline.reached(0.0, 0.0) == pre.TIME_LIMIT  # the machine has been up longer than the limit
+
+
+def test_the_session_limit_says_from_when_it_counts_and_why_it_is_already_spent():
+    """A user on a machine up for 11 h with `time_limit_from: boot` saw a 20 s session end before its first step;
+    the first line of `train` now says so."""
+    from voxrelay.checkpoint.preemption import Deadline
+
+    now = 1_000_000.0
+    booted = Deadline(20.0, None, now - 11 * 3600)
+    assert booted.describe("boot", now) == ("train.time_limit: 20 s from the machine's boot (11.0 h ago), 0 s left; "
+                                            "already spent: this machine booted long before this session "
+                                            "(train.time_limit_from=process counts from the command instead)")
+    fresh = Deadline(23.5 * 3600, None, now - 90)
+    assert fresh.describe("process", now) == ("train.time_limit: 23.5 h from this process's start (2 min ago), "
+                                              "23.5 h left")
+    assert Deadline(None, 3600.0, now).describe("boot", now) is None
