@@ -4,7 +4,7 @@ written where the user wants it; ``voxrelay init --list`` names them."""
 from __future__ import annotations
 
 import difflib
-import re
+import json
 from importlib import resources
 from pathlib import Path
 
@@ -25,8 +25,8 @@ def summary(path: Path) -> str:
     """A template's first line of description (the header comment of a YAML file, a notebook's title)."""
     text = path.read_text()
     if path.suffix == ".ipynb":
-        found = re.search(r'"# ([^"\\]+)', text)
-        return found.group(1).strip() if found else ""
+        markdown = next((c for c in json.loads(text)["cells"] if c["cell_type"] == "markdown"), None)
+        return "".join(markdown["source"]).splitlines()[0].lstrip("# ").strip() if markdown else ""
     head = []
     for line in text.splitlines():
         if not line.startswith("#") or line.strip() == "#":

@@ -78,13 +78,12 @@ _per_example_call = _per_example
 
 def register() -> None:
     """Make :data:`PACKED_SDPA` an attention implementation transformers knows (with SDPA's masks)."""
-    global _registered
+    global _registered, _per_example_call
     if _registered:
         return
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    global _per_example_call
     _per_example_call = torch.compiler.disable(_per_example)
     AttentionInterface.register(PACKED_SDPA, packed_sdpa)
     AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)

@@ -22,8 +22,13 @@ PANELS = (
 
 def curves(uri: str) -> dict[str, list[tuple[int, float]]]:
     """metric -> [(step, value)] sorted by step, from a JSONL of metrics (the last value at a step wins)."""
+    return curves_of(read_jsonl(uri))
+
+
+def curves_of(records: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """:func:`curves` of records already read."""
     by_key: dict[str, dict[int, float]] = {}
-    for record in read_jsonl(uri):
+    for record in records:
         for key, value in record.items():
             if key not in ("step", "time") and isinstance(value, int | float) and value == value:
                 by_key.setdefault(key, {})[int(record["step"])] = float(value)
@@ -43,11 +48,10 @@ def write_plot(run_uri: str) -> str | None:
     from voxrelay.quality.report import EVAL_DIR, RESULTS_FILE
     from voxrelay.quality.scorer import ASR_KEY
 
-    training = curves(storage.join(run_uri, METRICS_FILE))
-    results = storage.join(run_uri, EVAL_DIR, RESULTS_FILE)
-    on_demand = curves(results)
-    yardstick = next((r[ASR_KEY] for uri in (results, storage.join(run_uri, METRICS_FILE))
-                      for r in reversed(read_jsonl(uri)) if r.get(ASR_KEY)), None)
+    logged = read_jsonl(storage.join(run_uri, METRICS_FILE))
+    results = read_jsonl(storage.join(run_uri, EVAL_DIR, RESULTS_FILE))
+    training, on_demand = curves_of(logged), curves_of(results)
+    yardstick = next((r[ASR_KEY] for r in reversed(logged + results) if r.get(ASR_KEY)), None)
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6), constrained_layout=True)
     for ax, (title, keys) in zip(axes, PANELS, strict=True):
         for key in keys:

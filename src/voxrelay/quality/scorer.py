@@ -91,10 +91,11 @@ def _intelligibility(asr, language: str | None, rows: list[dict], samples: list[
     transcript and scores."""
     hyps = asr.transcribe([(s.wav, s.sample_rate) for s in samples], language)  # an empty sample is heard as ""
     total, language = None, language or "en"
+    yardstick = asr.describe(language)
     for row, sample, hyp in zip(rows, samples, hyps, strict=True):
         e = errors(sample.text, hyp, language)
         total = e if total is None else total + e
-        row |= {"transcript": hyp, "wer": round(e.wer, 4), "cer": round(e.cer, 4), "asr": asr.describe(language)}
+        row |= {"transcript": hyp, "wer": round(e.wer, 4), "cer": round(e.cer, 4), "asr": yardstick}
     return {"eval/wer": total.wer, "eval/cer": total.cer}
 
 
