@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from tests.helpers import forked
 from tests.helpers.tiny import NO_EVALS, NO_SAVES, tiny
 from voxrelay.checkpoint.manager import CheckpointManager
 from voxrelay.cli import demo_config_path
@@ -31,8 +32,9 @@ def env_for(cache: Path, extra: dict | None = None) -> dict:
 
 
 def voxrelay(*args: str, env: dict, timeout: float = 600, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "voxrelay", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+    """``python -m voxrelay ARGS`` in a process of its own (forked from a pre-imported interpreter: see
+    :mod:`tests.helpers.zygote`), its output captured."""
+    return forked.run(list(args), env, cwd=cwd, timeout=timeout)
 
 
 def torchrun(nproc: int, *args: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -97,10 +99,13 @@ class Trainer:
         elif nproc > 1:
             args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                     *args[1:]]
-        self.proc = subprocess.Popen(
-            args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
-        )
+        if launcher is None and nproc == 1:  # forked from a pre-imported interpreter (tests.helpers.zygote)
+            self.proc = forked.popen(args[3:], env, stderr_to_stdout=True)
+        else:
+            self.proc = subprocess.Popen(
+                args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True,
+            )
         self.lines: list[str] = []
         self.first_step = threading.Event()
         self._printed = threading.Condition()

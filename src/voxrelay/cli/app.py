@@ -55,6 +55,13 @@ def _setup_logging() -> None:
     for noisy in ("httpx", "urllib3", "botocore", "s3fs", "gcsfs", "aiobotocore", "fsspec", "accelerate"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.captureWarnings(True)  # FutureWarnings and the like: through the filter above
+    setup_environment()
+
+
+def setup_environment() -> None:
+    """What this process tells the libraries through their environment variables, which they read once, at
+    import: so it runs before any of them is imported (the test suite's forking interpreter runs it before it
+    imports them, as a command would)."""
     if not OWN_LINES.verbose:  # transformers and the hub print through handlers of their own
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_HUB_VERBOSITY", "error")
