@@ -56,6 +56,20 @@ def test_bad_values_name_key_value_and_fix(override, expected):
     assert override.split("=")[1] in msg or "unknown key" in msg
 
 
+@pytest.mark.parametrize(("override", "expected"), [
+    ("train.max_stepz=3", "train.max_stepz: unknown key; did you mean train.max_steps?"),
+    ("trian.max_steps=5", "trian: unknown key; did you mean train?"),
+    ("model.hidden_sise=4", "model.hidden_sise: unknown key; did you mean model.hidden_size?"),  # a family's key
+    ('data.sources=[{"type": "folder", "pathh": "x"}]', "data.sources.0.pathh: unknown key; did you mean "
+                                                         "data.sources.0.path?"),
+    ("zzz=1", "zzz: unknown key; check the spelling"),  # nothing near: no guess
+])
+def test_an_unknown_key_names_the_nearest_known_one(override, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert expected in str(info.value), str(info.value)
+
+
 def test_both_batch_budgets_is_an_error():
     with pytest.raises(ConfigError, match="exactly one of batch_seconds or batch_tokens"):
         load_config(None, ["train.batch_seconds=30"])

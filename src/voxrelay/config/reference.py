@@ -1,8 +1,10 @@
 """The configuration reference page (docs/reference/config.md), generated from the config classes of
-:mod:`voxrelay.config` (``scripts/update_reference.py`` writes it; a test keeps the page in sync)."""
+:mod:`voxrelay.config` (``scripts/update_reference.py`` writes it; a test keeps the page in sync), and the key
+an unknown one was probably meant to be."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
@@ -52,3 +54,27 @@ def _sections_of(annotation: Any) -> list[type[BaseModel]]:
     """The section classes a field holds: one, or each variant of a union (``model``: one per family)."""
     candidates = list(get_args(annotation)) if get_origin(annotation) in (Union, UnionType) else [annotation]
     return [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+
+
+def near_key(loc: list[str | int]) -> str | None:
+    """The known key nearest to the unknown one at ``loc`` (its siblings only, e.g. ``train.max_stepz`` ->
+    ``train.max_steps``, ``data.sources.0.pathh`` -> ``data.sources.0.path``), or None when none is close."""
+    parent = tuple("[]" if isinstance(p, int) else p for p in loc[:-1])
+    close = difflib.get_close_matches(str(loc[-1]), sorted(_children().get(parent, ())), n=1, cutoff=0.6)
+    return ".".join(str(p) for p in [*loc[:-1], close[0]]) if close else None
+
+
+def _children() -> dict[tuple[str, ...], set[str]]:
+    """Each section's path (list items as ``[]``) -> the names of its keys and subsections (every family's
+    under ``model``)."""
+    tree: dict[tuple[str, ...], set[str]] = {}
+
+    def walk(model: type[BaseModel], path: tuple[str, ...]) -> None:
+        for name, field in model.model_fields.items():
+            tree.setdefault(path, set()).add(name)
+            for sub in _sections_of(field.annotation):
+                walk(sub, (*path, name))
+
+    walk(RunConfig, ())
+    walk(SourceConfig, ("data", "sources", "[]"))
+    return tree

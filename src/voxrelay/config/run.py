@@ -379,7 +379,11 @@ def _format_errors(err: ValidationError, source: str) -> str:
         key = ".".join(str(p) for p in loc) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key; check the spelling (`voxrelay config show` lists every key)"
+            from voxrelay.config.reference import near_key
+
+            near = near_key(loc)
+            msg = f"unknown key; did you mean {near}?" if near else "unknown key; check the spelling"
+            msg += " (`voxrelay config show` lists every key)"
         got = e.get("input")
         got_s = "" if isinstance(got, dict) else f" (got {got!r})"
         lines.append(f"  {key}: {msg}{got_s}")
