@@ -1,8 +1,9 @@
 """The client of :mod:`tests.helpers.zygote`: start ``python -m voxrelay ARGS`` as a child of a zygote for the
 command's environment, and handle it as a :class:`subprocess.Popen` (pid, pipes, poll/wait/kill, returncode).
 
-Zygotes are kept per environment (a test's commands usually share one), two per environment used in turn (their
-hash seeds differ, as two fresh processes' would), a few environments at a time; each ends with the test process.
+Zygotes are kept per environment (a test's commands usually share one), a few environments at a time; each ends
+with the test process. `train` commands take turns between two per environment, whose hash seeds differ as two
+fresh processes' would: a run and its resume never share one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -61,13 +63,17 @@ class Pool:
         self.lock = threading.Lock()
         self.folder = tempfile.mkdtemp(prefix="vx-zygotes-")
 
-    def zygote(self, env: dict) -> Zygote | None:
+    def zygote(self, env: dict, train: bool = False) -> Zygote | None:
+        """The zygote for ``env``: the first one, but for ``train`` commands the two in turn (a run and its
+        resume do not share a hash seed; the second is started only for an environment's second `train`)."""
         key = tuple(sorted(env.items()))
         with self.lock:
             zygotes = self.zygotes.setdefault(key, [])
             self.zygotes.move_to_end(key)
-            turn = self.turn[key] = self.turn.get(key, -1) + 1
-            if len(zygotes) < PER_ENVIRONMENT:
+            turn = 0
+            if train:
+                turn = self.turn[key] = self.turn.get(key, -1) + 1
+            if len(zygotes) <= min(turn, PER_ENVIRONMENT - 1):
                 folder = tempfile.mkdtemp(dir=self.folder)
                 zygotes.append(Zygote(env, folder))
             while len(self.zygotes) > ENVIRONMENTS:
@@ -81,6 +87,7 @@ class Pool:
             for z in zygotes:
                 z.stop()
         self.zygotes.clear()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 POOL = Pool()
@@ -90,13 +97,14 @@ atexit.register(POOL.stop)
 class Forked:
     """A forked ``python -m voxrelay ARGS``, handled as :class:`subprocess.Popen` (``text=True``) handles one."""
 
-    def __init__(self, zygote: Zygote, args: list[str], cwd: str | Path | None, stderr_to_stdout: bool):
+    def __init__(self, zygote: Zygote, args: list[str], cwd: str | Path | None, stderr_to_stdout: bool,
+                 script: str | None = None):
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe() if not stderr_to_stdout else (None, out_w)
         stdin = os.open(os.devnull, os.O_RDONLY)
         self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.conn.connect(zygote.path)
-        request = json.dumps({"args": list(args), "cwd": str(cwd or os.getcwd())}).encode()
+        request = json.dumps({"args": list(args), "cwd": str(cwd or os.getcwd()), "script": script}).encode()
         socket.send_fds(self.conn, [request], [stdin, out_w, err_w])
         for fd in {stdin, out_w, err_w}:
             os.close(fd)
@@ -163,7 +171,11 @@ class Forked:
 def popen(args: list[str], env: dict, cwd: str | Path | None = None, stderr_to_stdout: bool = False):
     """``python -m voxrelay ARGS`` forked from a zygote for ``env``, or started afresh where forking is off or the
     zygote could not start (its own error is then the fresh process's to show)."""
-    zygote = POOL.zygote(env) if enabled() else None
+    zygote = POOL.zygote(env, train=args[:1] == ["train"]) if enabled() else None
+    if log := os.environ.get("VOXRELAY_TEST_FORK_LOG"):  # what the suite's commands cost: see docs/contributing.md
+        with open(log, "a") as f:
+            f.write(json.dumps({"env": hash(tuple(sorted(env.items()))), "cmd": args[:1], "forked": zygote is not None,
+                                "zygotes": sum(map(len, POOL.zygotes.values())), "pid": os.getpid()}) + "\n")
     if zygote is None:
         return subprocess.Popen([sys.executable, "-m", "voxrelay", *args], env=env, cwd=cwd, text=True,
                                 errors="replace", stdout=subprocess.PIPE,

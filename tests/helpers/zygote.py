@@ -94,8 +94,9 @@ def _reap(waiting: dict[int, socket.socket]) -> None:
             conn.close()
 
 
-def _become(request: dict) -> None:
-    """In the forked child: become ``python -m voxrelay ARGS`` run in ``cwd`` with the client's pipes."""
+def _become(request: dict) -> str | None:
+    """In the forked child: become ``python -m voxrelay ARGS`` run in ``cwd`` with the client's pipes (or
+    ``python SCRIPT ARGS``: the helper's own tests look inside a child with a script)."""
     os.setsid()
     for target, fd in enumerate(request["fds"]):
         os.dup2(fd, target)
@@ -110,6 +111,7 @@ def _become(request: dict) -> None:
     voxrelay.IMPORTED_AT = __import__("time").time()
     voxrelay.PARENT_AT_IMPORT = os.getppid()
     sys.argv = ["-m", *request["args"]]
+    return request.get("script")
 
 
 def _preload() -> None:
@@ -122,7 +124,7 @@ def _preload() -> None:
     assert not loaded, f"the zygote's imports brought in {loaded}, which changes what commands do"
 
 
-def _run() -> None:
+def _run(script: str | None) -> None:
     """``python -m voxrelay``, then the interpreter's exit as a fresh process's is seen from outside: non-daemon
     threads joined, atexit handlers run (logging's flush, weakref finalizers, tempfile clean-up), what the command
     left unreachable collected (its finalizers run), stdout/stderr flushed, the exit code of ``SystemExit`` (a
@@ -136,7 +138,11 @@ def _run() -> None:
 
     code = 0
     try:
-        runpy._run_module_as_main("voxrelay")  # what `python -m voxrelay` runs
+        if script is None:
+            runpy._run_module_as_main("voxrelay")  # what `python -m voxrelay` runs
+        else:
+            sys.argv[0] = script
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             code = e.code or 0
@@ -161,11 +167,9 @@ def _run() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.pop(0)  # this file's folder; a child puts its own working folder there
+    sys.path[0] = os.getcwd()  # not this file's folder (then PYTHONPATH's, as `python -m` has them); each child its own
     _preload()
     request = _serve(sys.argv[1])
     if request is None:
         sys.exit(0)
-    _become(request)
-    del request
-    _run()
+    _run(_become(request))
