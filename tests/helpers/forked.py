@@ -39,6 +39,7 @@ class Zygote:
         self.proc = subprocess.Popen([sys.executable, str(ZYGOTE), self.path], env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=self.log)
         self.ready: bool | None = None
+        self.live = 0  # its commands still running: it is not stopped under them
 
     def wait_ready(self) -> bool:
         if self.ready is None:
@@ -76,9 +77,10 @@ class Pool:
             if len(zygotes) <= min(turn, PER_ENVIRONMENT - 1):
                 folder = tempfile.mkdtemp(dir=self.folder)
                 zygotes.append(Zygote(env, folder))
-            while len(self.zygotes) > ENVIRONMENTS:
-                for old in self.zygotes.popitem(last=False)[1]:
-                    old.stop()
+            idle = [k for k, zs in self.zygotes.items() if k != key and not any(z.live for z in zs)]
+            for old in idle[:max(0, len(self.zygotes) - ENVIRONMENTS)]:  # the least recently used first
+                for z in self.zygotes.pop(old):
+                    z.stop()
             chosen = zygotes[turn % len(zygotes)]
             return chosen if chosen.wait_ready() else None
 
@@ -113,6 +115,8 @@ class Forked:
         if not line.startswith("pid "):
             raise RuntimeError(f"the zygote did not start the command: {line!r}\n{zygote.startup_error()}")
         self.pid = int(line.split()[1])
+        self.zygote = zygote
+        zygote.live += 1
         self.args = ["voxrelay", *args]
         self.stdout = open(out_r, errors="replace")  # noqa: SIM115 (the caller's, as Popen's)
         self.stderr = open(err_r, errors="replace") if err_r is not None else None  # noqa: SIM115
@@ -135,6 +139,7 @@ class Forked:
         if not line.startswith("exit "):
             raise RuntimeError(f"the zygote lost command {self.pid}: {line!r}")
         self.returncode = os.waitstatus_to_exitcode(int(line.split()[1]))
+        self.zygote.live -= 1
         self.replies.close()
         self.conn.close()
 

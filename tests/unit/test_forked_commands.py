@@ -15,7 +15,8 @@ import pytest
 
 from tests.helpers import forked
 
-pytestmark = pytest.mark.skipif(not forked.enabled(), reason="forking is off (VOXRELAY_TEST_FORK=0) or not Linux")
+pytestmark = [pytest.mark.slow,  # each environment starts interpreters (~6 s each)
+              pytest.mark.skipif(not forked.enabled(), reason="forking is off (VOXRELAY_TEST_FORK=0) or not Linux")]
 
 PROBE = """
 import json, os, sys
@@ -82,3 +83,18 @@ def test_forking_can_be_turned_off(env, monkeypatch: pytest.MonkeyPatch):
     proc = forked.popen(["--version"], env)
     assert isinstance(proc, subprocess.Popen) and proc.args[:3] == [sys.executable, "-m", "voxrelay"]
     assert proc.communicate(120)[0] == "voxrelay 0.1.0\n"
+
+
+def test_an_interpreter_is_never_stopped_under_a_running_command(env, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(forked, "ENVIRONMENTS", 1)  # one environment's interpreters alive at a time, if idle
+    script = tmp_path / "pause.py"
+    script.write_text("import signal\nprint('waiting', flush=True)\nsignal.pause()\n")
+    running = forked.Forked(forked.POOL.zygote(env), [], tmp_path, stderr_to_stdout=True, script=str(script))
+    assert running.stdout.readline() == "waiting\n"
+    assert forked.run(["--version"], dict(env, MARK="another")).returncode == 0  # a second environment comes
+    assert running.zygote.proc.poll() is None and running.poll() is None  # kept: it has a command running
+    running.kill()
+    assert running.wait(60) == -signal.SIGKILL
+    forked.run(["--version"], dict(env, MARK="a third"))
+    assert running.zygote.proc.poll() is not None  # idle now: stopped for the newer environment
