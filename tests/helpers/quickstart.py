@@ -4,12 +4,15 @@ A page is walked block by block, in order: every line of a ```bash block is eith
 ``skip`` (with the reason the test cannot run it: an install, a login, several GPUs), else the test fails; a
 ```yaml block after ``<!-- quickstart: merge FILE -->`` is merged into FILE as the user's edit; a block after
 ``<!-- quickstart: write FILE -->`` is written to FILE; a ```python block after ``<!-- quickstart: run -->``
-runs. A `voxrelay` command that reads a config gets the page's ``extra`` overrides appended (the tiny model, codec
-and sizes that make it run on a CPU); ``replace`` swaps text in a command, a file's name or an edit (a bucket URI for a
-local folder)."""
+runs; a ```text block after ``<!-- quickstart: prints -->`` is what the page shows a command printing: its first
+line is ``$ COMMAND`` (a command the page ran before it), each other line must be a line that command printed, the
+numbers aside (``...`` stands for lines left out). A `voxrelay` command that reads a config gets the page's
+``extra`` overrides appended (the tiny model, codec and sizes that make it run on a CPU); ``replace`` swaps text in a
+command, a file's name or an edit (a bucket URI for a local folder)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -23,7 +26,8 @@ import yaml
 from tests.helpers.runner import voxrelay
 
 CONFIG_COMMANDS = ("prepare", "train", "plan", "doctor", "config", "sweep")
-DIRECTIVE = re.compile(r"<!-- quickstart: (merge \S+|write \S+|run) -->")
+DIRECTIVE = re.compile(r"<!-- quickstart: (merge \S+|write \S+|run|prints) -->")
+NUMBER = re.compile(r"\d[\d,.:/]*")
 
 
 @dataclass
@@ -79,6 +83,7 @@ def merge(into: dict, edit: dict) -> dict:
 
 def run_page(page: Page, cwd: Path, env: dict) -> list[Ran]:
     """Follow the page in ``cwd``; every command must exit 0. Returns what each command printed."""
+    env = {"COLUMNS": "120", **env}  # a terminal's width, as the pages' example outputs have it
     ran: list[Ran] = []
     for lang, body, directive in blocks(page.path.read_text()):
         target = cwd / _replaced(page, directive.split()[1]) if directive and " " in directive else None
@@ -92,10 +97,29 @@ def run_page(page: Page, cwd: Path, env: dict) -> list[Ran]:
                                  timeout=600)
             assert res.returncode == 0, f"{page.path.name}: python block\n{body}\n{res.stdout}{res.stderr}"
             ran.append(Ran(body, res))
+        elif lang == "text" and directive == "prints":
+            _check_printed(page, body, ran)
         elif lang == "bash":
             for line in commands(body):
                 ran += _run_line(page, line, cwd, env)
     return ran
+
+
+def _check_printed(page: Page, body: str, ran: list[Ran]) -> None:
+    """The page's example output of a command it ran: each shown line one the command printed (numbers masked:
+    the page's may come from a real run, the test's from a tiny one; stdout and stderr interleave as they came)."""
+    first, *shown = body.splitlines()
+    assert first.startswith("$ "), f"{page.path.name}: an output block starts with '$ COMMAND': {first!r}"
+    command = _replaced(page, first[2:])
+    matches = [r for r in ran if r.line == command]
+    assert matches, f"{page.path.name}: {first!r} shows the output of a command the page did not run before it"
+    printed = {_shape(line) for line in (matches[-1].result.stdout + matches[-1].result.stderr).splitlines()}
+    missing = [line for line in shown if line.strip() != "..." and _shape(line) not in printed]
+    assert not missing, f"{page.path.name}: {first!r} does not print {missing}; it printed:\n" + "\n".join(printed)
+
+
+def _shape(line: str) -> str:
+    return " ".join(NUMBER.sub("#", line).split())
 
 
 def _run_line(page: Page, line: str, cwd: Path, env: dict) -> list[Ran]:
@@ -108,6 +132,9 @@ def _run_line(page: Page, line: str, cwd: Path, env: dict) -> list[Ran]:
         args += page.extra
     start = time.monotonic()
     res = voxrelay(*args, env=env, cwd=cwd)
+    if dump := os.environ.get("VOXRELAY_QUICKSTART_DUMP"):  # what each command printed, to write a page's examples
+        with open(dump, "a") as f:
+            f.write(f"$ {line}\n{res.stdout}{res.stderr}\n")
     assert res.returncode == 0, f"{page.path.name}: {line}\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
     return [Ran(line, res, time.monotonic() - start)]
 

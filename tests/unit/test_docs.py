@@ -48,6 +48,13 @@ def test_the_docs_site_builds_strictly(tmp_path: Path):
         assert ("index.html" if rel == "index" else f"{rel}/index.html") in built, rel
 
 
+def test_every_plan_output_in_the_docs_is_what_plan_prints_now():
+    """The `$ voxrelay plan ...` blocks (memory planning, the quickstarts' real-scale plans): rerun, compared."""
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "docs_plans.py"), "--check"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:] + "\n(run scripts/docs_plans.py to rewrite them)"
+
+
 def test_no_page_speaks_of_internal_labels():
     """Use cases, not the labels of the users' posts the project was built from."""
     texts = {p: p.read_text() for p in [*PAGES, *EXAMPLES.iterdir()] if p.is_file()}
