@@ -83,7 +83,7 @@ def merge(into: dict, edit: dict) -> dict:
 
 def run_page(page: Page, cwd: Path, env: dict) -> list[Ran]:
     """Follow the page in ``cwd``; every command must exit 0. Returns what each command printed."""
-    env = {"COLUMNS": "120", **env}  # a terminal's width, as the pages' example outputs have it
+    env = {**env, "COLUMNS": "120"}  # a terminal's width, as the pages' example outputs have it
     ran: list[Ran] = []
     for lang, body, directive in blocks(page.path.read_text()):
         target = cwd / _replaced(page, directive.split()[1]) if directive and " " in directive else None
@@ -114,7 +114,7 @@ def _check_printed(page: Page, body: str, ran: list[Ran]) -> None:
     matches = [r for r in ran if r.line == command]
     assert matches, f"{page.path.name}: {first!r} shows the output of a command the page did not run before it"
     printed = {_shape(line) for line in (matches[-1].result.stdout + matches[-1].result.stderr).splitlines()}
-    missing = [line for line in shown if line.strip() != "..." and _shape(line) not in printed]
+    missing = [line for line in shown if line.strip() != "..." and _shape(_replaced(page, line)) not in printed]
     assert not missing, f"{page.path.name}: {first!r} does not print {missing}; it printed:\n" + "\n".join(printed)
 
 
