@@ -5,16 +5,19 @@ A zygote is an interpreter started exactly as ``python -m voxrelay`` would be (t
 environment), that runs what the CLI does before any library import (:func:`voxrelay.cli.app.setup_environment`:
 the libraries read those variables once, at import), imports the heavy modules, and then waits. For each command
 it forks a child that becomes ``python -m voxrelay ARGS`` in the given folder, with the caller's pipes as its
-stdin/stdout/stderr, in a session of its own (so a test can SIGKILL its whole process tree): the interpreter then
-exits as any other would (atexit handlers, non-daemon threads joined, an uncaught exception printed, exit 1).
+stdin/stdout/stderr, in a session of its own (so a test can SIGKILL its whole process tree), and ends as an
+interpreter is seen to end from outside (:func:`_run`: non-daemon threads joined, atexit handlers, an uncaught
+exception printed and exit 1), without tearing down the imported modules.
 
-What a child shares with its siblings and a fresh process would not: the hash seed (so :mod:`tests.helpers.runner`
-alternates two zygotes per environment: a run and its resume get different ones) and numpy's global generator
-(reseeded in the child); ``voxrelay.IMPORTED_AT``/``PARENT_AT_IMPORT`` are set again as a fresh import sets them.
+What a child shares with its siblings and a fresh process would not: the hash seed (so :mod:`tests.helpers.forked`
+gives `train` commands two zygotes per environment in turn: a run and its resume get different ones) and numpy's
+global generator (reseeded in the child); ``voxrelay.IMPORTED_AT``/``PARENT_AT_IMPORT`` are set again as a fresh
+import sets them.
 The modules imported are those every training command imports (never peft, which the chunked loss looks for in
 ``sys.modules``). ``VOXRELAY_TEST_FORK=0`` turns it off (every command a fresh process).
 
-Protocol over a Unix socket, one connection per command: the client sends one JSON line (``args``, ``cwd``) with
+Protocol over a Unix socket, one connection per command: the client sends one JSON line (``args``, ``cwd``; or a
+``script`` to run instead, for the helper's own tests) with
 its three pipe ends as SCM_RIGHTS; the zygote answers ``pid <n>`` and, when the child ends, ``exit <waitstatus>``.
 """
 
