@@ -228,7 +228,8 @@ def _committed(prepared: str, name: str, ids_sha: str, params: dict) -> bool:
         return False
     marker = storage.read_json(uri)
     if marker.get("ids_sha1") != ids_sha:
-        log.warning("shard %s was prepared from other rows (sources changed); preparing it again", name)
+        log.warning("shard %s was prepared from other rows (the sources or the train/eval split changed); preparing "
+                    "it again", name)
         return False
     if marker.get("params", params) != params:  # markers of older versions carry no params
         changed = ident.changed_keys(marker["params"], params) or ["the fitted codec state"]

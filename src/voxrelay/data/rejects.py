@@ -91,8 +91,9 @@ def gate(counts: dict[str, int], rejects: list[dict], max_fraction: float, eval_
     if kept == 0:
         return f"prepare kept no row: {len(rejects)} of {total} rows rejected"
     if counts.get("train", 0) == 0:
+        rejected = f"{len(rejects)} of {total} rows were rejected" if rejects else "none was rejected"
         return (f"prepare kept no training row: the {kept} usable rows all went to the eval split (data.eval_size="
-                f"{eval_size}), and {len(rejects)} of {total} rows were rejected; lower data.eval_size or add rows")
+                f"{eval_size}), and {rejected}; lower data.eval_size or add rows")
     rate = len(rejects) / total
     if rate > max_fraction:
         accept = math.ceil(rate * 100) / 100
@@ -105,6 +106,9 @@ def gate(counts: dict[str, int], rejects: list[dict], max_fraction: float, eval_
 
 
 def stop_message(headline: str, rejects: list[dict], prepared_uri: str) -> str:
-    """The message of a prepare that stops on its rejects: the headline, the reasons counted, the first rows."""
+    """The message of a prepare that stops on its rejects: the headline, the reasons counted, the first rows (the
+    headline alone when no row was rejected: every row went to the eval split)."""
+    if not rejects:
+        return headline
     lines = [f"{headline}. Most common reasons:", *(f"  {line}" for line in counted_reasons(rejects))]
     return "\n".join(lines + format_rejects(rejects, prepared_uri, counted=False))

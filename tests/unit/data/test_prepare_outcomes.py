@@ -186,3 +186,16 @@ def test_the_terminal_lists_the_first_rejects_and_counts_the_reasons():
                                         "  30 × empty text",
                                         "  15 × too short: 0.00 s < data.min_duration 1.0 s (and 14 like it)"]
     assert message.splitlines()[-1] == "  ... and 15 more"
+
+
+def test_every_row_in_the_eval_split_says_so_without_an_empty_list_of_reasons():
+    """A user's 12 clips with the recipe's data.eval_size 16: the message named no reasons under "Most common
+    reasons:" (nothing was rejected)."""
+    from voxrelay.data.rejects import gate, stop_message
+
+    headline = gate({"train": 0, "eval": 12}, [], max_fraction=0.1, eval_size=16)
+    assert headline == ("prepare kept no training row: the 12 usable rows all went to the eval split "
+                        "(data.eval_size=16), and none was rejected; lower data.eval_size or add rows")
+    assert stop_message(headline, [], "/r/prepared/x") == headline
+    rejected = [{"id": "u1", "where": "/d/m.csv row 2", "reason": "empty text"}]
+    assert "and 1 of 13 rows were rejected" in gate({"eval": 12}, rejected, max_fraction=0.1, eval_size=16)
