@@ -177,10 +177,6 @@ def popen(args: list[str], env: dict, cwd: str | Path | None = None, stderr_to_s
     """``python -m voxrelay ARGS`` forked from a zygote for ``env``, or started afresh where forking is off or the
     zygote could not start (its own error is then the fresh process's to show)."""
     zygote = POOL.zygote(env, train=args[:1] == ["train"]) if enabled() else None
-    if log := os.environ.get("VOXRELAY_TEST_FORK_LOG"):  # what the suite's commands cost: see docs/contributing.md
-        with open(log, "a") as f:
-            f.write(json.dumps({"env": hash(tuple(sorted(env.items()))), "cmd": args[:1], "forked": zygote is not None,
-                                "zygotes": sum(map(len, POOL.zygotes.values())), "pid": os.getpid()}) + "\n")
     if zygote is None:
         return subprocess.Popen([sys.executable, "-m", "voxrelay", *args], env=env, cwd=cwd, text=True,
                                 errors="replace", stdout=subprocess.PIPE,

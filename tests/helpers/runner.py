@@ -93,18 +93,15 @@ class Trainer:
 
     def __init__(self, root: str, env: dict, *overrides: str, nproc: int = 1, config: str = CONFIG,
                  settings=tiny, launcher: list[str] | None = None):  # noqa: ANN001 (settings: (root, *overrides) -> overrides)
-        args = [sys.executable, "-m", "voxrelay", "train", config, *settings(root, *overrides)]
-        if launcher is not None:  # e.g. node_launcher(): one node of a job over several
-            args = [*launcher, *args[1:]]
-        elif nproc > 1:
-            args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                    *args[1:]]
+        command = ["train", config, *settings(root, *overrides)]
         if launcher is None and nproc == 1:  # forked from a pre-imported interpreter (tests.helpers.zygote)
-            self.proc = forked.popen(args[3:], env, stderr_to_stdout=True)
-        else:
+            self.proc = forked.popen(command, env, stderr_to_stdout=True)
+        else:  # launcher: e.g. node_launcher(), one node of a job over several
+            start = launcher if launcher is not None else [
+                sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
             self.proc = subprocess.Popen(
-                args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                start_new_session=True,
+                [*start, "-m", "voxrelay", *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, start_new_session=True,
             )
         self.lines: list[str] = []
         self.first_step = threading.Event()

@@ -5,6 +5,7 @@ an unknown one was probably meant to be."""
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
@@ -64,6 +65,7 @@ def near_key(loc: list[str | int]) -> str | None:
     return ".".join(str(p) for p in [*loc[:-1], close[0]]) if close else None
 
 
+@functools.cache  # one walk of the config classes, however many keys a config gets wrong
 def _children() -> dict[tuple[str, ...], set[str]]:
     """Each section's path (list items as ``[]``) -> the names of its keys and subsections (every family's
     under ``model``)."""
