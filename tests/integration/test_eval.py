@@ -237,6 +237,34 @@ def test_eval_all_prints_a_table_per_checkpoint_and_writes_the_plot(trained):
     assert (run / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_eval_utmos_scores_a_run_trained_without_it_and_names_its_weights(trained, tmp_path):
+    """`--utmos FILE` on a run whose config has eval.utmos off: a utmos column, its yardstick under the table,
+    per-sample scores, the plot's fourth panel. The file: SpeechMOS' layout (tests/unit/quality/test_utmos.py checks
+    its numbers against SpeechMOS' module)."""
+    import struct
+
+    import torch
+
+    from tests.helpers.utmos_weights import stand_in_weights
+
+    _, env, run = trained
+    upstream = json.loads((Path(__file__).parents[1] / "fixtures/utmos/upstream.json").read_text())
+    weights = tmp_path / "utmos22_strong_step7459_v1.pt"
+    torch.save(stand_in_weights(upstream["shapes"]), weights)
+    res = voxrelay("eval", str(run), "--step", "6", "--num", "2", "--utmos", str(weights), env=env)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert lines[0].split()[-2:] == ["speaker_sim", "utmos"] and lines[1].split()[0] == "6"
+    assert lines[-1] == "UTMOS by UTMOS22 strong (utmos22_strong_step7459_v1.pt)", lines
+    result = _jsonl(run / "eval" / "results.jsonl")[-1]
+    scores = _jsonl(run / "eval" / "step-00000006" / "scores.jsonl")
+    assert len(scores) == 2 and all(isinstance(r["utmos"], float) for r in scores)
+    assert result["eval/utmos"] == pytest.approx(sum(r["utmos"] for r in scores) / 2, abs=1e-4)
+    assert result["eval/mos_model"] == "UTMOS22 strong (utmos22_strong_step7459_v1.pt)"
+    width = struct.unpack(">I", (run / "eval.png").read_bytes()[16:20])[0]
+    assert width == 2000  # four panels of 5 inches at 100 dpi: loss, WER/CER/similarity, MCD, UTMOS
+
+
 def test_eval_of_an_export_speaks_the_given_texts(trained, tmp_path):
     _, env, run = trained
     res = voxrelay("export", str(run), "-o", str(tmp_path / "export"), env=env)

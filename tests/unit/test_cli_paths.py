@@ -71,6 +71,7 @@ NOT_PATHS = {
     "fmt": "an export format name",
     "kind": "an upstream format name",
     "asr_model": "a Whisper size or hub id (or folder): resolved where the scorer loads it",
+    "utmos": "true, a URL or a weights file: read (or refused with a warning) where the scorer loads it",
     "name": "a template's name (voxrelay init --list)",
 }
 FILLERS = {"kind": "parler-config"}  # required non-path parameters

@@ -74,13 +74,15 @@ def eval_cmd(
     num: int = typer.Option(None, "--num", min=1, help="Only the first N texts (training's evals speak "
                             "train.eval_synth of them: --num that gives its numbers; default: all held-out texts)"),
     asr_model: str = typer.Option(None, "--asr-model", help="Whisper for WER/CER instead of the run's eval.asr.model"),
+    utmos: str = typer.Option(None, "--utmos", help="Score UTMOS too (eval.utmos): `true` fetches SpeechMOS' "
+                              "weights once, or the path or URL of utmos22_strong_step7459_v1.pt"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per step instead of the table"),
 ):
-    """Score a checkpoint as training's evaluation does: loss, WER/CER, MCD-DTW, speaker similarity; write
-    <run>/eval/ and the plot <run>/eval.png."""
+    """Score a checkpoint as training's evaluation does: loss, WER/CER, MCD-DTW, speaker similarity (UTMOS with
+    --utmos or eval.utmos); write <run>/eval/ and the plot <run>/eval.png."""
     from voxrelay.quality.report import evaluate_source, format_table
 
-    results = evaluate_source(run, step, all_steps, texts, asr_model, num,
+    results = evaluate_source(run, step, all_steps, texts, asr_model, num, utmos=utmos,
                               progress=lambda m: err.print(m, highlight=False))
     if as_json:
         for at, metrics in results:

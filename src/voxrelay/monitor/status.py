@@ -176,7 +176,9 @@ def format_status(s: RunStatus) -> str:
     eta = s.eta_seconds
     lines.append(f"eta          {'-' if eta is None else f'{eta / 60:.1f} min'}")
     if s.last_eval:
-        said = [f"(WER/CER by {v})" for v in s.last_eval.values() if isinstance(v, str)]
+        from voxrelay.quality.scorer import said_by
+
+        said = [f"({line})" for line in said_by(s.last_eval)]
         lines.append("last eval    " + ", ".join(f"{k[5:]} {v:.3f}" for k, v in s.last_eval.items()
                                                  if not isinstance(v, str)) + "".join(f" {w}" for w in said))
     if s.cache is not None:

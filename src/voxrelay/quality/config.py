@@ -53,6 +53,12 @@ class EvalConfig(BaseModel):
         True, description="Report eval/speaker_sim: cosine of speaker embeddings (resemblyzer's encoder) of each "
         "sample and its reference recording (needs `voxrelay[eval]`)",
     )
+    utmos: bool | str = Field(
+        False, description="Report eval/utmos: UTMOS22 strong's predicted naturalness MOS (1-5) of each sample, "
+        "the UTMOS of F5-TTS' and other papers' tables. true: SpeechMOS' released weights "
+        "(utmos22_strong_step7459_v1.pt, 0.4 GB, downloaded once into torch's hub cache); a path or URL of that "
+        "file: read from there (offline machines); false: off. Needs no extra",
+    )
 
     @field_validator("asr", mode="before")
     @classmethod

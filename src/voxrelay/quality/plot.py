@@ -1,5 +1,5 @@
-"""``<run>/eval.png``: loss, WER/CER/speaker similarity and MCD-DTW over steps: lines for training's
-evaluations (``metrics.jsonl``), open markers for ``voxrelay eval`` results (often more texts)."""
+"""``<run>/eval.png``: loss, WER/CER/speaker similarity, MCD-DTW (and UTMOS when measured) over steps: lines
+for training's evaluations (``metrics.jsonl``), open markers for ``voxrelay eval`` results (often more texts)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ PANELS = (
     ("WER / CER / speaker similarity", ("eval/wer", "eval/cer", "eval/speaker_sim")),
     ("MCD-DTW (dB)", ("eval/mcd_dtw",)),
 )
+UTMOS_PANEL = ("UTMOS (predicted MOS, 1-5)", ("eval/utmos",))  # drawn when a run measured it (eval.utmos)
 
 
 def curves(uri: str) -> dict[str, list[tuple[int, float]]]:
@@ -46,14 +47,15 @@ def write_plot(run_uri: str) -> str | None:
         log.warning("no plot: matplotlib is not installed (pip install 'voxrelay[eval]')")
         return None
     from voxrelay.quality.report import EVAL_DIR, RESULTS_FILE
-    from voxrelay.quality.scorer import ASR_KEY
+    from voxrelay.quality.scorer import YARDSTICKS, said_by
 
     logged = read_jsonl(storage.join(run_uri, METRICS_FILE))
     results = read_jsonl(storage.join(run_uri, EVAL_DIR, RESULTS_FILE))
     training, on_demand = curves_of(logged), curves_of(results)
-    yardstick = next((r[ASR_KEY] for r in reversed(logged + results) if r.get(ASR_KEY)), None)
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6), constrained_layout=True)
-    for ax, (title, keys) in zip(axes, PANELS, strict=True):
+    newest = {k: next((r[k] for r in reversed(logged + results) if r.get(k)), None) for k in YARDSTICKS}
+    panels = PANELS + ((UTMOS_PANEL,) if training.get("eval/utmos") or on_demand.get("eval/utmos") else ())
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), constrained_layout=True)
+    for ax, (title, keys) in zip(axes, panels, strict=True):
         for key in keys:
             color = None
             if training.get(key):
@@ -69,8 +71,8 @@ def write_plot(run_uri: str) -> str | None:
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
-    if yardstick:
-        fig.suptitle(f"WER/CER by {yardstick}", fontsize=9)
+    if said := said_by(newest):
+        fig.suptitle("; ".join(said), fontsize=9)
     return save_figure(fig, storage.join(run_uri, PLOT_FILE))
 
 

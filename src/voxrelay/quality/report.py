@@ -22,12 +22,13 @@ from voxrelay.errors import UserError
 from voxrelay.paths import check_path
 from voxrelay.quality.config import EvalConfig
 from voxrelay.quality.samples import TextRow
-from voxrelay.quality.scorer import ASR_KEY, Scorer
+from voxrelay.quality.scorer import Scorer, said_by
 
 EVAL_DIR = "eval"
 RESULTS_FILE = "results.jsonl"
 COLUMNS = ("eval/loss", "eval/text_gain", "eval/wer", "eval/cer", "eval/silent_frac", "eval/mcd_dtw",
            "eval/speaker_sim")
+OPTIONAL_COLUMNS = ("eval/utmos",)  # shown when a row has them (eval.utmos is off by default)
 
 
 class EvalError(UserError, ValueError):
@@ -130,23 +131,27 @@ def save_step(run_uri: str, step: int, metrics: dict, samples: list, per_sample:
 
 
 def format_table(rows: list[tuple[int | str, dict]]) -> str:
-    """One line per step: loss, WER, CER, MCD-DTW, speaker similarity ('-' where not measured); then the line
-    naming what the WER/CER were measured with, when they were."""
-    head = f"{'step':>8}  " + "  ".join(f"{c.split('/', 1)[1]:>11}" for c in COLUMNS)
+    """One line per step: loss, WER, CER, MCD-DTW, speaker similarity, UTMOS when measured ('-' where not); then
+    the lines naming what the WER/CER (and UTMOS) were measured with, when they were."""
+    columns = COLUMNS + tuple(c for c in OPTIONAL_COLUMNS if any(c in m for _, m in rows))
+    head = f"{'step':>8}  " + "  ".join(f"{c.split('/', 1)[1]:>11}" for c in columns)
     lines = [head]
     for step, m in rows:
-        cells = [f"{m[c]:>11.3f}" if isinstance(m.get(c), float | int) else f"{'-':>11}" for c in COLUMNS]
+        cells = [f"{m[c]:>11.3f}" if isinstance(m.get(c), float | int) else f"{'-':>11}" for c in columns]
         lines.append(f"{step!s:>8}  " + "  ".join(cells))
-    yardsticks = list(dict.fromkeys(m[ASR_KEY] for _, m in rows if m.get(ASR_KEY)))
-    return "\n".join(lines + [f"WER/CER by {y}" for y in yardsticks])
+    return "\n".join(lines + list(dict.fromkeys(line for _, m in rows for line in said_by(m))))
 
 
-def scorer_for(cfg, asr_model: str | None) -> Scorer:
+def scorer_for(cfg, asr_model: str | None, utmos: str | None = None) -> Scorer:
+    """The run's eval scorer (defaults for an export), with ``--asr-model`` and ``--utmos`` (``true``: the
+    released weights) over its settings."""
     import torch
 
     eval_cfg = cfg.eval.model_copy(deep=True) if cfg is not None else EvalConfig()
     if asr_model is not None:
         eval_cfg.asr = (eval_cfg.asr or EvalConfig().asr).model_copy(update={"model": asr_model})
+    if utmos is not None:
+        eval_cfg.utmos = True if utmos.lower() == "true" else utmos
     return Scorer(eval_cfg, torch.get_num_threads())
 
 
@@ -163,7 +168,7 @@ def run_steps(run_uri: str, step: int | None, all_steps: bool) -> list[int | Non
 
 
 def evaluate_source(source: str, step: int | None = None, all_steps: bool = False, texts: Path | None = None,
-                    asr_model: str | None = None, num: int | None = None,
+                    asr_model: str | None = None, num: int | None = None, utmos: str | None = None,
                     progress=lambda msg: None) -> list[tuple[int | str, dict]]:
     """``voxrelay eval``: (step or 'export', metrics) per evaluated checkpoint; a run's results and
     plot are written into the run folder."""
@@ -177,13 +182,13 @@ def evaluate_source(source: str, step: int | None = None, all_steps: bool = Fals
         if rows is None:
             raise EvalError(f"{source} is an export folder, which holds no held-out data: pass --texts FILE")
         model, codec = load_from_export(storage.local_path(source))
-        metrics, _, _ = evaluate_step(model, codec, rows, 0, scorer_for(None, asr_model))
+        metrics, _, _ = evaluate_step(model, codec, rows, 0, scorer_for(None, asr_model, utmos))
         return [("export", metrics)]
     if storage.is_local(source):  # results go into the run folder: checked before minutes of scoring
         check_path(storage.local_path(source), "RUN", "copy the run folder to where you can write (eval writes "
                    f"{EVAL_DIR}/ and eval.png into it)", writes=True, folder=True)
     cfg = run_config(source)
-    scorer = scorer_for(cfg, asr_model)
+    scorer = scorer_for(cfg, asr_model, utmos)
     out = []
     for wanted in run_steps(source, step, all_steps):
         model, codec, at = load_from_run(source, wanted)

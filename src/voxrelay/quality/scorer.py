@@ -1,9 +1,9 @@
-"""Scores of generated speech besides MCD-DTW: intelligibility (WER/CER through Whisper) and
+"""Scores of generated speech besides MCD-DTW: intelligibility (WER/CER through Whisper),
 speaker similarity (cosine of speaker embeddings vs the reference recording; for a multi-speaker sample,
-per speaker against its voice: :func:`per_speaker`).
+per speaker against its voice: :func:`per_speaker`) and, when ``eval.utmos`` asks, UTMOS (predicted MOS).
 
-Both need the optional extra ``voxrelay[eval]``; without it, or when a model cannot be loaded,
-the first evaluation says so once and the others go on without that score.
+WER/CER and speaker similarity need the optional extra ``voxrelay[eval]``; without it, or when a model cannot be
+loaded, the first evaluation says so once and the others go on without that score.
 """
 
 from __future__ import annotations
@@ -14,12 +14,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from voxrelay.errors import UserError
 from voxrelay.quality.asr import AsrMissing, AsrModelError, Transcriber
 from voxrelay.quality.config import EvalConfig
 from voxrelay.quality.text import errors
 
 log = logging.getLogger(__name__)
 ASR_KEY = "eval/asr"  # beside eval/wer: the Whisper, its decoding and the normaliser they were measured with
+MOS_KEY = "eval/mos_model"  # beside eval/utmos: the MOS predictor and its weights file
+_WHAT = {"asr": "WER/CER", "speaker": "speaker similarity", "utmos": "UTMOS"}
+YARDSTICKS = {ASR_KEY: "WER/CER", MOS_KEY: "UTMOS"}
+
+
+def said_by(metrics: dict) -> list[str]:
+    """What the scores of ``metrics`` were measured with, one line per yardstick ("WER/CER by ...")."""
+    return [f"{what} by {metrics[key]}" for key, what in YARDSTICKS.items() if metrics.get(key)]
 
 
 @dataclass
@@ -51,12 +60,16 @@ class Scorer:
                     asr = self.cfg.asr
                     self._models[kind] = Transcriber.load(asr.model, asr.device, self.threads, asr.beam_size,
                                                           asr.batch_size)
+                elif kind == "utmos":
+                    from voxrelay.quality.utmos import UtmosScorer
+
+                    self._models[kind] = UtmosScorer.load(self.cfg.utmos, _device(self.cfg))
                 else:
                     from voxrelay.quality.speaker import SpeakerEncoder
 
                     self._models[kind] = SpeakerEncoder.load()
-            except (AsrMissing, AsrModelError, RuntimeError) as err:
-                log.warning("eval: %s not measured: %s", "WER/CER" if kind == "asr" else "speaker similarity", err)
+            except (AsrMissing, AsrModelError, RuntimeError, UserError) as err:
+                log.warning("eval: %s not measured: %s", _WHAT[kind], err)
         return self._models[kind]
 
     def yardstick(self) -> str | None:
@@ -83,6 +96,10 @@ class Scorer:
         if encoder is not None:
             with guard("speaker similarity"):
                 metrics |= _similarities(encoder, rows, samples)
+        utmos = self._load("utmos") if self.cfg.utmos else None
+        if utmos is not None:
+            with guard("UTMOS"):
+                metrics |= _naturalness(utmos, rows, samples)
         return metrics, rows
 
 
@@ -97,6 +114,24 @@ def _intelligibility(asr, language: str | None, rows: list[dict], samples: list[
         total = e if total is None else total + e
         row |= {"transcript": hyp, "wer": round(e.wer, 4), "cer": round(e.cer, 4), "asr": yardstick}
     return {"eval/wer": total.wer, "eval/cer": total.cer}
+
+
+def _naturalness(utmos, rows: list[dict], samples: list[Sample]) -> dict:
+    """``eval/utmos``: the mean predicted MOS of the samples with audio, and what predicted it (``eval/mos_model``);
+    each row gets its own ``utmos``."""
+    found = []
+    for row, s in zip(rows, samples, strict=True):
+        if len(s.wav):
+            row["utmos"] = round(utmos.score(s.wav, s.sample_rate), 4)
+            found.append(row["utmos"])
+    return {"eval/utmos": float(np.mean(found)), MOS_KEY: utmos.describe()} if found else {}
+
+
+def _device(cfg: EvalConfig) -> str:
+    import torch
+
+    wanted = cfg.asr.device if cfg.asr is not None else "auto"
+    return ("cuda" if torch.cuda.is_available() else "cpu") if wanted == "auto" else wanted
 
 
 def _similarities(encoder, rows: list[dict], samples: list[Sample]) -> dict[str, float]:

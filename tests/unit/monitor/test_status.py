@@ -109,3 +109,17 @@ def test_the_writer_is_judged_without_comparing_clocks(tmp_path, cache):
                     "pid": os.getpid(), "start_ticks": -1, "renewed": time.time(), "expires": time.time() + 60}
     storage.write_text(storage.join(run, "lease.json"), json.dumps(gone))
     assert "died on this machine" in format_status(run_status(run))
+
+
+def test_status_last_eval_says_what_measured_each_score(tmp_path, cache):
+    from voxrelay.paths import METRICS_FILE
+
+    run = f"memory://status-{uuid.uuid4().hex}/runs/r"
+    storage.write_text(storage.join(run, CONFIG_SNAPSHOT), "train:\n  max_steps: 10\n")
+    evals = [{"step": 4, "time": 1.0, "eval/loss": 2.5, "eval/wer": 0.4, "eval/asr": "Whisper base",
+              "eval/utmos": 3.25, "eval/mos_model": "UTMOS22 strong (w.pt)"}]
+    storage.write_text(storage.join(run, METRICS_FILE), "".join(json.dumps(r) + "\n" for r in evals))
+    (line,) = [x for x in format_status(run_status(run)).splitlines() if x.startswith("last eval")]
+    assert line == ("last eval    loss 2.500, wer 0.400, utmos 3.250 (WER/CER by Whisper base) "
+                    "(UTMOS by UTMOS22 strong (w.pt))")
+    storage.delete(run.rsplit("/runs/", 1)[0], recursive=True)
