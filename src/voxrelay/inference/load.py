@@ -73,7 +73,7 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
     check_base(ckpt.manifest.get(BASE_HASH), base, describe_base(cfg.model, cfg.train.seed),
                f"cannot load {run_uri} at step {ckpt.step}", "make the run's base reachable as it was (the same "
                "model.init_from weights; for a random init the same torch version)")
-    apply_lora(model, cfg.train.lora)
+    apply_lora(model, cfg.train.lora, training=False)
     load_trainable(model.module, weights, f"checkpoint {ckpt.uri}")
     if cfg.train.lora is None:
         return model, codec, ckpt.step, None

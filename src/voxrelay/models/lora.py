@@ -70,13 +70,15 @@ def ties_embeddings(module: torch.nn.Module) -> bool:
     return emb is not None and head is not None and getattr(emb, "weight", None) is getattr(head, "weight", 0)
 
 
-def apply_lora(model: FamilyModel, cfg: LoraConfig | None, compute_dtype: torch.dtype | None = None) -> None:
+def apply_lora(model: FamilyModel, cfg: LoraConfig | None, compute_dtype: torch.dtype | None = None,
+               training: bool = True) -> None:
     """Replace ``model.module`` by a ``PeftModel`` with LoRA adapters (no-op when ``cfg`` is None), its frozen
     base quantised when ``cfg.base_bits`` is set (:mod:`voxrelay.models.qlora`; computing in ``compute_dtype``,
     None: each weight's own dtype; not on the meta device, where ``plan`` prices the quantised layout instead).
 
     The family's loss and generate call the module as before (PeftModel forwards every argument).
-    Adapter initialisation draws from the global torch RNG, which the caller has seeded.
+    Adapter initialisation draws from the global torch RNG, which the caller has seeded. ``training``: the log
+    line says what trains (False: a checkpoint loaded to synthesize, evaluate or export says what the adapters hold).
     """
     if cfg is None:
         return
@@ -109,9 +111,10 @@ def apply_lora(model: FamilyModel, cfg: LoraConfig | None, compute_dtype: torch.
     total = sum(_numel(p) for p in model.module.parameters())
     base_dtype = next((p.dtype for p in model.module.parameters() if not p.requires_grad), None)
     log.info("LoRA r=%d alpha=%g dropout=%g rslora=%s on %s; trained in full: %s; token rows trained: %s; tied "
-             "embeddings: %s; frozen base in %s; training %s of %s parameters (%.2f%%)", s["r"], s["alpha"],
+             "embeddings: %s; frozen base in %s; %s %s of %s parameters (%.2f%%)", s["r"], s["alpha"],
              s["dropout"], s["rslora"], s["target_modules"], s["modules_to_save"] or "none",
-             {k: len(v) for k, v in rows.items()} if rows else "none", tied, base_dtype, f"{trainable:,}",
+             {k: len(v) for k, v in rows.items()} if rows else "none", tied, base_dtype,
+             "training" if training else "adapters and trained modules:", f"{trainable:,}",
              f"{total:,}", 100 * trainable / max(total, 1))
 
 

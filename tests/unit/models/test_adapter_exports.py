@@ -103,3 +103,25 @@ def test_an_adapter_export_of_the_older_layout_still_loads(tmp_path):
         assert all(k.startswith("base_model.model.net.") for k in f.keys())
     a, b = _merged(load_from_export(str(new))[0].module), _merged(load_from_export(str(old))[0].module)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_loaded_adapter_is_not_said_to_train(tmp_path, caplog):
+    """Training says what trains; synthesize/eval/export, which load the adapters (``training=False``), say what
+    the adapters hold instead of "training N of M parameters"."""
+    import logging
+
+    from voxrelay.config import load_config
+    from voxrelay.models.lora_config import LoraConfig
+    from voxrelay.models.registry import build_model
+    from voxrelay.train.strategies import apply_lora
+
+    cfg = load_config(None, ["model.family=orpheus", f"model.init_from={_base('orpheus', tmp_path)}"]).model
+    said = {}
+    for training in (True, False):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="voxrelay.models.lora"):
+            apply_lora(build_model(cfg, CASES["orpheus"][1], 0), LoraConfig(r=4), training=training)
+        said[training] = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("LoRA r=4"))
+    assert "; training " in said[True] and "; training " not in said[False]
+    assert said[False].split("; ")[-1].startswith("adapters and trained modules: ")
+    assert said[True].split(" of ")[-1] == said[False].split(" of ")[-1]  # the same count of the same parameters
