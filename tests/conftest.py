@@ -7,14 +7,21 @@ loop); ``bash scripts/test.sh`` runs everything (what CI runs)."""
 
 from __future__ import annotations
 
-import re
+import os
+
+# One OpenMP thread per process, the workers' own in-process models included (the commands they start already run
+# with OMP_NUM_THREADS=1): two workers on two cores each with a second thread spin against each other (measured:
+# four in-process test files 136-145 s with torch's default of 2 threads, 50-53 s with 1). Set before torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import re  # noqa: E402
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
 
-import pytest
+import pytest  # noqa: E402
 
-from tests.helpers.servers import GCSServer, S3Server, ServerUnavailable, apply_env, reset_storage_cache
+from tests.helpers.servers import GCSServer, S3Server, ServerUnavailable, apply_env, reset_storage_cache  # noqa: E402
 
 
 def _server(cls: type[S3Server] | type[GCSServer]) -> Iterator[S3Server | GCSServer]:
