@@ -62,7 +62,8 @@ class Pool:
         self.zygotes: OrderedDict[tuple, list[Zygote]] = OrderedDict()
         self.turn: dict[tuple, int] = {}
         self.lock = threading.Lock()
-        self.folder = tempfile.mkdtemp(prefix="vx-zygotes-")
+        self.folder: str | None = None  # made with the first zygote: a process that imports this and forks none
+        # (or ends by os._exit, as a forked command does) leaves nothing behind
 
     def zygote(self, env: dict, train: bool = False) -> Zygote | None:
         """The zygote for ``env``: the first one, but for ``train`` commands the two in turn (a run and its
@@ -75,6 +76,7 @@ class Pool:
             if train:
                 turn = self.turn[key] = self.turn.get(key, -1) + 1
             if len(zygotes) <= min(turn, PER_ENVIRONMENT - 1):
+                self.folder = self.folder or tempfile.mkdtemp(prefix="vx-zygotes-")
                 folder = tempfile.mkdtemp(dir=self.folder)
                 zygotes.append(Zygote(env, folder))
             idle = [k for k, zs in self.zygotes.items() if k != key and not any(z.live for z in zs)]
@@ -89,7 +91,8 @@ class Pool:
             for z in zygotes:
                 z.stop()
         self.zygotes.clear()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 POOL = Pool()
