@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (if needed), lint, and run every test (what CI runs). The test servers (moto S3, fake-gcs-server)
 # are started by the tests themselves on 127.0.0.1.
-#   bash scripts/test.sh            every test (~22 min on 2 cores)
+#   bash scripts/test.sh            every test (21-25 min on 2 cores; up to twice that on a slower host)
 #   bash scripts/test.sh --fast     the fast tier: -m "not slow" (a few minutes; see tests/conftest.py)
 #   bash scripts/test.sh ARGS...    pytest's own arguments (a file, -k EXPR, -m EXPR), after the options above
 set -euo pipefail
