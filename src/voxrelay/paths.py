@@ -208,6 +208,28 @@ def cache_dir(*parts: str) -> Path:
     return path
 
 
+def not_a_run(run_uri: str) -> str:
+    """Why ``run_uri`` is no run folder, for an error message: it does not exist; it is a model folder in another
+    format (a ``config.json``: an export in an upstream format, a hub snapshot); or it lacks the run's config."""
+    import json
+
+    from voxrelay import storage
+
+    if not storage.exists(run_uri):
+        return f"{run_uri} does not exist"
+    model_json = storage.join(run_uri, "config.json")
+    if storage.exists(model_json):
+        try:
+            kind = json.loads(storage.read_text(model_json)).get("model_type")
+        except (ValueError, AttributeError):
+            kind = None
+        return (f"{run_uri} is a model folder in another format ({f'model_type {kind!r}' if kind else 'config.json'}"
+                ": an export with --format <upstream>, or a hub model), not a run folder: voxrelay reads back runs and "
+                "exports written with --format voxrelay (the default); load this one with its own library's "
+                "from_pretrained, or train from it with model.init_from")
+    return f"{run_uri} is not a run folder (no {CONFIG_SNAPSHOT})"
+
+
 def run_location(run_uri: str) -> tuple[str, str] | None:
     """(root, name) of a run folder ``<root>/runs/<name>``, from where the folder is; None when ``run_uri`` is
     not laid out so. A run finds its prepared data from here, not from the root it was trained with: a root

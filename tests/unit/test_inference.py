@@ -106,3 +106,20 @@ def test_a_voice_the_run_does_not_know_is_refused_before_the_model_loads(tmp_pat
             main()
         err = capsys.readouterr().err
         assert stop.value.code == 2 and said in " ".join(err.split()) and "checkpoint" not in err, err
+
+
+def test_a_model_folder_in_another_format_is_named_with_what_reads_it(tmp_path: Path) -> None:
+    """An export written with --format parler (or a hub model) holds config.json and no voxrelay files: synthesize,
+    eval, export and status say what it is and what voxrelay reads back, not only "no config.yaml"."""
+    from voxrelay.monitor.status import StatusError, run_status
+
+    (tmp_path / "config.json").write_text('{"model_type": "parler_tts"}')
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    said = r"is a model folder in another format \(model_type 'parler_tts': an export with --format <upstream>"
+    with pytest.raises(UserError, match=said + r".*--format voxrelay \(the default\).*pass <root>/runs/<name>"):
+        load_any(str(tmp_path))
+    with pytest.raises(StatusError, match=said):
+        run_status(str(tmp_path))
+    (tmp_path / "config.json").write_text("not json")
+    with pytest.raises(UserError, match=r"another format \(config.json: an export"):
+        load_any(str(tmp_path))

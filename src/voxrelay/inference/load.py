@@ -32,7 +32,7 @@ from voxrelay.models.lora import (
 )
 from voxrelay.models.qlora import quantise_base
 from voxrelay.models.registry import as_trained, build_model, codec_for_run, load_model, model_for_run
-from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located
+from voxrelay.paths import CONFIG_SNAPSHOT, EXPORT_META, located, not_a_run
 from voxrelay.precision import compute_as_trained
 
 CODEC_JSON = "codec.json"
@@ -88,7 +88,7 @@ def _load_run(run_uri: str, step: int | None) -> tuple[FamilyModel, AudioCodec, 
 def run_config(run_uri: str) -> RunConfig:
     snapshot = storage.join(run_uri, CONFIG_SNAPSHOT)
     if not storage.exists(snapshot):
-        raise InferenceError(f"{run_uri} is not a run folder (no {CONFIG_SNAPSHOT}); pass <root>/runs/<name>")
+        raise InferenceError(f"{not_a_run(run_uri)}; pass <root>/runs/<name>")
     try:
         # keys added since the run was saved stand for what it did then (train.lora.embeddings: full)
         saved = with_added_defaults(located(yaml.safe_load(storage.read_text(snapshot)) or {}, run_uri))

@@ -20,7 +20,17 @@ from voxrelay.checkpoint.store import Checkpoint, CommittedStore
 from voxrelay.errors import UserError
 from voxrelay.monitor.limits import what_limits
 from voxrelay.monitor.sinks import read_jsonl
-from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, EXPORT_META, METRICS_FILE, USAGE_FILE, cache_dir, located, uri_key
+from voxrelay.paths import (
+    CKPT_DIR,
+    CONFIG_SNAPSHOT,
+    EXPORT_META,
+    METRICS_FILE,
+    USAGE_FILE,
+    cache_dir,
+    located,
+    not_a_run,
+    uri_key,
+)
 
 if TYPE_CHECKING:
     from voxrelay.cost.estimate import CostReport
@@ -100,9 +110,8 @@ def _metrics(run_uri: str) -> list[dict]:
 def run_status(run_uri: str, cost: bool = False) -> RunStatus:
     snapshot = storage.join(run_uri, CONFIG_SNAPSHOT)
     if not storage.exists(snapshot):
-        what = "is not a run folder (no " + CONFIG_SNAPSHOT + ")" if storage.exists(run_uri) else "does not exist"
         raise StatusError(
-            f"{run_uri} {what}; pass the run folder <root>/runs/<name> with the `root` and `name` of the "
+            f"{not_a_run(run_uri)}; pass the run folder <root>/runs/<name> with the `root` and `name` of the "
             "run's config (it exists once `voxrelay train` has started)"
         )
     cfg = located(yaml.safe_load(storage.read_text(snapshot)) or {}, run_uri)
