@@ -77,3 +77,17 @@ def test_an_eval_speaks_a_held_out_row_with_its_own_voice_prompts(model):
     voices = samples[0].voices
     assert voices is not None and [v.size for v in voices] == [24000, 12000]
     assert np.allclose(voices[1] / np.abs(voices[1]).max(), b.reshape(-1) / np.abs(b).max(), atol=1e-3)
+
+
+def test_voice_prompts_reach_a_base_held_in_bf16_outside_autocast(tmp_path):
+    """The vibevoice-lora recipe keeps its frozen base in bf16; synthesize and eval on a CPU run without autocast, so
+    the prompts' float32 audio met bf16 convolutions ("Input type (float) and bias type (c10::BFloat16)")."""
+    import torch
+
+    cfg = VibeVoiceFamilyConfig(init_from=str(save_tiny_vibevoice(tmp_path / "tiny")), max_length=1024,
+                                voice_prompt_drop_rate=0.0, weights_dtype="bfloat16")
+    bf16 = build_model(cfg, DataSpec(1, 65536, [], 24000.0, 24000), seed=0)
+    assert next(bf16.net.model.audio_tower.parameters()).dtype == torch.bfloat16
+    clips = (_clip(1.0, 300.0).reshape(-1) / 32767.0, _clip(0.5, 500.0).reshape(-1) / 32767.0)
+    speech = bf16.speak(Request(SEED_LINE, voice_prompts=clips), PCM, max_frames=2)
+    assert speech.sample_rate == 24000 and speech.frames <= 2 and np.isfinite(speech.wav).all()

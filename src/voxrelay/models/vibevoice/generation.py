@@ -74,9 +74,11 @@ def stored_features(net, clips: list[np.ndarray]):
         del inner.get_audio_features  # the class's own again
 
 
-def _audio_inputs(prompts: dict[int, np.ndarray], hop: int, device: torch.device) -> dict[str, torch.Tensor]:
+def _audio_inputs(prompts: dict[int, np.ndarray], hop: int, device: torch.device,
+                  dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """``input_values``/``padding_mask`` of the prompts (zeros of the right length for stored latents: their
-    features come from :func:`stored_features`)."""
+    features come from :func:`stored_features`), in ``dtype``: the encoders' (a base held in bf16 takes bf16
+    audio; outside autocast, float32 audio into bf16 convolutions is an error)."""
     if not prompts:
         return {}
     clips = [prompts[i] for i in sorted(prompts)]
@@ -88,7 +90,7 @@ def _audio_inputs(prompts: dict[int, np.ndarray], hop: int, device: torch.device
         if c.ndim == 1:
             values[j, 0, :n] = torch.from_numpy(c)
         mask[j, :n] = True
-    return {"input_values": values.to(device), "padding_mask": mask.to(device)}
+    return {"input_values": values.to(device, dtype), "padding_mask": mask.to(device)}
 
 
 def speak(model: VibeVoice, request: Request, max_frames: int | None, seed: int) -> Speech:
@@ -112,7 +114,8 @@ def speak(model: VibeVoice, request: Request, max_frames: int | None, seed: int)
     eos = model.maker.ids["eos"]
     kwargs = {"input_ids": torch.tensor([ids], device=device),
               "attention_mask": torch.ones((1, len(ids)), dtype=torch.int64, device=device),
-              **_audio_inputs(prompts, model.maker.hop, device), "sample": False, "noise_scheduler": CosineVSchedule(),
+              **_audio_inputs(prompts, model.maker.hop, device, next(net.model.audio_tower.parameters()).dtype),
+              "sample": False, "noise_scheduler": CosineVSchedule(),
               "num_diffusion_steps": model.settings["diffusion_steps"],
               "guidance_scale": model.settings["guidance_scale"], "max_new_tokens": limit, "eos_token_id": eos,
               "pad_token_id": eos, "return_dict_in_generate": True}
