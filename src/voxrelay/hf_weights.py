@@ -37,13 +37,14 @@ def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
         index = folder / (name + ".index.json")
         if index.is_file():
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            return {k: v for shard in shards for k, v in _read(folder / shard).items()}
+            return {k: v for shard in shards for k, v in read_file(folder / shard).items()}
         if (folder / name).is_file():
-            return _read(folder / name)
+            return read_file(folder / name)
     raise WeightsFileError(f"{str(folder)!r} holds no {SAFETENSORS} or {PICKLE} (nor their .index.json)")
 
 
-def _read(path: Path) -> dict[str, torch.Tensor]:
+def read_file(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one weights file: safetensors, or a pickle read as plain tensors only."""
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 

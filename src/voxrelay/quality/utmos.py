@@ -107,7 +107,7 @@ def rename(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def read_state(source: str) -> tuple[dict[str, torch.Tensor], str]:
     """(the state dict, its file name) from a local file or a URL (downloaded once into torch's hub cache)."""
-    from voxrelay.hf_weights import WeightsFileError, _read
+    from voxrelay.hf_weights import WeightsFileError, read_file
 
     if re.match(r"^https?://", source):
         try:
@@ -123,7 +123,7 @@ def read_state(source: str) -> tuple[dict[str, torch.Tensor], str]:
         raise UtmosWeightsError(f"eval.utmos: {source} is not a file; give the path of "
                                 f"utmos22_strong_step7459_v1.pt (from {WEIGHTS_URL}) or true to download it")
     try:
-        return _read(path), path.name
+        return read_file(path), path.name
     except WeightsFileError as err:
         raise UtmosWeightsError(f"eval.utmos: {err}") from None
 
