@@ -171,6 +171,15 @@ def assign_words(words: list[tuple[float, float, str]], spans: list[tuple[float,
     return [" ".join(w for w in ws if w) for ws in out]
 
 
+def resolve_device(device: str) -> str:
+    """An eval model's device: ``auto`` is cuda when present, else cpu; anything else as given."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 class Transcriber:
     """One loaded Whisper model; :meth:`transcribe` gives one transcript per clip."""
 
@@ -199,10 +208,7 @@ class Transcriber:
             raise AsrMissing(f"WER/CER need faster-whisper: {INSTALL_HINT}") from err
         logging.getLogger("faster_whisper").setLevel(logging.WARNING)  # not a line per window
         folder, short = resolved(name)
-        if device == "auto":
-            import torch
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(device)
         compute_type = "int8" if device == "cpu" else "float16"
         try:
             model = WhisperModel(folder, device=device, compute_type=compute_type, cpu_threads=threads)

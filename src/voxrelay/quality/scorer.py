@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from voxrelay.errors import UserError
-from voxrelay.quality.asr import AsrMissing, AsrModelError, Transcriber
+from voxrelay.quality.asr import AsrMissing, AsrModelError, Transcriber, resolve_device
 from voxrelay.quality.config import EvalConfig
 from voxrelay.quality.text import errors
 
@@ -63,7 +63,8 @@ class Scorer:
                 elif kind == "utmos":
                     from voxrelay.quality.utmos import UtmosScorer
 
-                    self._models[kind] = UtmosScorer.load(self.cfg.utmos, _device(self.cfg))
+                    self._models[kind] = UtmosScorer.load(self.cfg.utmos, resolve_device(
+                        self.cfg.asr.device if self.cfg.asr is not None else "auto"))
                 else:
                     from voxrelay.quality.speaker import SpeakerEncoder
 
@@ -122,16 +123,9 @@ def _naturalness(utmos, rows: list[dict], samples: list[Sample]) -> dict:
     found = []
     for row, s in zip(rows, samples, strict=True):
         if len(s.wav):
-            row["utmos"] = round(utmos.score(s.wav, s.sample_rate), 4)
-            found.append(row["utmos"])
+            found.append(utmos.score(s.wav, s.sample_rate))
+            row["utmos"] = round(found[-1], 4)
     return {"eval/utmos": float(np.mean(found)), MOS_KEY: utmos.describe()} if found else {}
-
-
-def _device(cfg: EvalConfig) -> str:
-    import torch
-
-    wanted = cfg.asr.device if cfg.asr is not None else "auto"
-    return ("cuda" if torch.cuda.is_available() else "cpu") if wanted == "auto" else wanted
 
 
 def _similarities(encoder, rows: list[dict], samples: list[Sample]) -> dict[str, float]:
