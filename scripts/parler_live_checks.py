@@ -7,7 +7,9 @@ In voxrelay's environment it builds the upstream fixture's model (tests/fixtures
 with parler's DAC wrapper rebuilt from the fixture's key list (deterministic weights, tests/helpers/parler_dac.py),
 then:
 
-1. ``export --format parler`` and voxrelay's greedy generation of the fixture's first row (codes and audio);
+1. ``export --format parler`` and voxrelay's greedy generation of the fixture's first row (codes and audio), once
+   with that DAC (written as parler's wrapper) and once with a tiny DAC of other sizes (``transformers_dac/``,
+   written as transformers' ``DacModel``);
    ``scripts/parler_upstream.py check-export DIR --generate OURS`` then runs, in upstream's pinned venv, its
    from_pretrained, README's ``model.generate(input_ids=…, prompt_input_ids=…)`` and the same greedy generation;
 2. a LoRA model (seeded adapters, moved off zero) exported ``--adapter-only`` and its logits on the fixture's
@@ -34,6 +36,7 @@ FIXTURE = REPO / "tests" / "fixtures" / "parler"
 UPSTREAM = ["python3", str(REPO / "scripts" / "parler_upstream.py")]
 MAX_LENGTH = 40  # decoder columns, the start column included
 RECORD = FIXTURE / "live_checks.txt"
+TINY_DAC = FIXTURE / "transformers_dac"  # a DAC of other sizes than descript's, as upstream saves one
 NOISE = re.compile(r"it/s\]|s/it\]|kernels-community")  # progress bars, bitsandbytes' CPU notice
 
 
@@ -82,7 +85,7 @@ class NoUnusedIds:
         return logits
 
 
-def generation(model, codec, work: Path) -> Path:
+def generation(model, codec, work: Path, name: str) -> Path:
     """voxrelay's greedy codes and audio for the fixture's row 0 (its ids fit the fixture's vocabularies)."""
     import torch
     from safetensors.torch import load_file, save_file
@@ -98,7 +101,7 @@ def generation(model, codec, work: Path) -> Path:
         codes = generate(NoUnusedIds(module), cond, SamplingConfig(do_sample=False, max_length=MAX_LENGTH,
                                                                    min_new_tokens=k + 1)).codes[0]
     audio = torch.from_numpy(codec.decode(codes.numpy()))
-    ours = work / "ours_generate.safetensors"
+    ours = work / f"ours_generate_{name}.safetensors"
     save_file({"input_ids": ids.contiguous(), "prompt_input_ids": prompt.contiguous(), "codes": codes.contiguous(),
                "audio": audio, "max_length": torch.tensor(MAX_LENGTH), "min_new_tokens": torch.tensor(k + 1)},
               str(ours))
@@ -142,13 +145,16 @@ def main() -> int:
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="parler-live-"))
     sys.path.insert(0, str(REPO))
+    from voxrelay.codecs.dac import DacCodec
     from voxrelay.inference import export
 
     codec = parler_dac(work)
     model, cfg = fixture_model(work)
-    export(model, codec, work / "export", fmt="parler")
-    ours = generation(model, codec, work)
-    checks = [["check-export", str(work / "export"), "--generate", str(ours)]]
+    checks = []
+    # descript's 44.1 kHz DAC (written as parler's wrapper) and a DAC of other sizes (as transformers' DacModel)
+    for name, dac in (("export", codec), ("export-transformers-dac", DacCodec.from_pretrained(str(TINY_DAC)))):
+        export(model, dac, work / name, fmt="parler")
+        checks.append(["check-export", str(work / name), "--generate", str(generation(model, dac, work, name))])
     checks.append(["check-adapter", str(work / "adapter"), str(adapter(model, cfg, codec, work))])
     status, lines = 0, [f"# scripts/parler_live_checks.py, {time.strftime('%Y-%m-%d')}"]
     for check in checks:

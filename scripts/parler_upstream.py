@@ -6,6 +6,8 @@ separate virtualenv: it creates that venv when it is missing, then re-executes i
 
     python3 scripts/parler_upstream.py make-fixture [--venv DIR] [--out DIR] [--text-d-model N]
     python3 scripts/parler_upstream.py check-export FOLDER [--venv DIR] [--fixture DIR]
+    (and make-checkpoint, make-dac, make-transformers-dac, make-peft-fields, check-adapter:
+    scripts/parler_upstream_artifacts.py)
 
 make-fixture: builds a tiny, seeded, random upstream ParlerTTSForConditionalGeneration and writes to
 tests/fixtures/parler/ its config, its weights without the DAC (`audio_encoder.*`), the DAC key list, and the
@@ -111,14 +113,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                        "compare with the codes/audio voxrelay generated (scripts/parler_live_checks.py writes OURS)")
     ckpt = sub.add_parser("make-checkpoint", help="write an upstream output_dir with an accelerate checkpoint-* folder")
     dac = sub.add_parser("make-dac", help="write parler's DAC wrapper configs and codes of deterministic weights")
+    tdac = sub.add_parser("make-transformers-dac", help="write a model whose audio encoder is transformers' DacModel")
     peft_fields = sub.add_parser("make-peft-fields", help="record the LoraConfig fields of the venv's peft")
     adapter = sub.add_parser("check-adapter", help="PeftModel.from_pretrained of an --adapter-only export")
     adapter.add_argument("folder", type=Path)
     adapter.add_argument("ours", type=Path, help="voxrelay's logits of the adapted model on the fixture's inputs")
     adapter.add_argument("--fixture", type=Path, default=DEFAULT_OUT)
-    for p in (ckpt, dac, peft_fields):
+    for p in (ckpt, dac, tdac, peft_fields):
         p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    for p in (make, check, ckpt, dac, adapter, peft_fields):
+    for p in (make, check, ckpt, dac, tdac, adapter, peft_fields):
         p.add_argument("--venv", type=Path, default=argparse.SUPPRESS, help="upstream venv")
     return parser.parse_args(argv)
 
@@ -139,6 +142,8 @@ def main(argv: list[str]) -> int:
         more.make_checkpoint(args.out.absolute())
     elif args.command == "make-dac":
         more.make_dac(args.out.absolute())
+    elif args.command == "make-transformers-dac":
+        more.make_transformers_dac(args.out.absolute())
     elif args.command == "make-peft-fields":
         more.make_peft_fields(args.out.absolute())
     elif args.command == "check-adapter":
@@ -167,8 +172,9 @@ def quiet_upstream() -> None:
 # ----------------------------------------------------------------------------- model
 
 
-def build_model(text_d_model: int):
-    """Tiny upstream model: flan-t5-like encoder, 9-codebook decoder, full-size DAC (the DAC is not saved)."""
+def build_model(text_d_model: int, audio=None):
+    """Tiny upstream model: flan-t5-like encoder, 9-codebook decoder, and ``audio`` as its audio encoder's config
+    (default: parler's full-size DAC wrapper, not saved by make-fixture)."""
     import torch
     from parler_tts import DACConfig, ParlerTTSConfig, ParlerTTSDecoderConfig, ParlerTTSForConditionalGeneration
     from transformers import T5Config
@@ -200,7 +206,7 @@ def build_model(text_d_model: int):
         bos_token_id=BOS_ID,
         num_codebooks=NUM_CODEBOOKS,
     )
-    config = ParlerTTSConfig.from_sub_models_config(t5, DACConfig(), decoder, vocab_size=PROMPT_VOCAB)
+    config = ParlerTTSConfig.from_sub_models_config(t5, audio or DACConfig(), decoder, vocab_size=PROMPT_VOCAB)
     config.pad_token_id = PAD_ID
     config.decoder_start_token_id = BOS_ID
     torch.manual_seed(SEED)
@@ -511,9 +517,9 @@ def check_export(folder: Path, fixture: Path, atol: float) -> int:
     model, info = ParlerTTSForConditionalGeneration.from_pretrained(
         str(folder), attn_implementation=ATTN, torch_dtype=torch.float32, output_loading_info=True
     )
-    non_dac = [k for k in info["missing_keys"] if not k.startswith("audio_encoder.")]
-    print(f"missing (non-DAC): {non_dac}\nunexpected: {info['unexpected_keys']}")
-    print(f"mismatched: {info['mismatched_keys']}")
+    missing, unexpected, mismatched = info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]
+    print(f"audio encoder: {type(model.audio_encoder).__name__} ({model.config.audio_encoder.model_type})")
+    print(f"missing: {missing}\nunexpected: {unexpected}\nmismatched: {mismatched}")
     ref = load_file(str(fixture / "io.safetensors"))
     got = run_forward(model.eval(), ref)
     diff = (got["logits"] - ref["logits"]).abs()
@@ -521,7 +527,8 @@ def check_export(folder: Path, fixture: Path, atol: float) -> int:
     print(f"loss {got['loss'].item():.6f} vs fixture {ref['loss'].item():.6f}")
     print(f"loss_sum {got['loss_sum'].item():.6f} vs fixture {ref['loss_sum'].item():.6f}")
     problems = [f"max |logit diff| > atol {atol}"] if diff.max().item() > atol else []
-    problems += ["non-DAC keys missing from the folder"] if non_dac else []
+    if missing or unexpected or mismatched:
+        problems.append("keys missing from the folder, unexpected or of other sizes")
     print("OK" if not problems else "MISMATCH: " + "; ".join(problems))
     return 1 if problems else 0
 

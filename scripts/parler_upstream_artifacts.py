@@ -8,6 +8,8 @@
 - ``make-dac``: parler's own DAC wrapper (``DACModel(DACConfig())``, as ``push_dac_to_hub.py`` builds
   ``parler-tts/dac_44khZ_8kbps``) with deterministic weights: its ``config.json`` in both ``model_type``
   spellings and what it encodes/decodes for a fixed input;
+- ``make-transformers-dac``: a model whose audio encoder is transformers' own ``DacModel`` (as mini v1.1 ships
+  it) of the tests' tiny sizes: its config.json, its DAC tensors and what that DAC encodes and decodes;
 - ``check_generate``/``check_adapter``: upstream's ``generate`` and peft's ``PeftModel.from_pretrained`` on
   folders written by voxrelay, against what voxrelay computed (``scripts/parler_live_checks.py``).
 """
@@ -192,6 +194,55 @@ def make_dac(out_dir: Path) -> None:
     print(f"codes {tuple(io['audio_codes'].shape)}: {io['audio_codes'][:, :4].tolist()}")
 
 
+def make_transformers_dac(out_dir: Path) -> None:
+    """A model whose audio encoder is transformers' own DacModel (``model_type`` "dac", as parler-tts-mini-v1.1
+    ships its DAC) of the tests' tiny sizes (tests/helpers/parler.py ``TINY_DAC``), saved by upstream's
+    ``save_pretrained``: its config.json, the ``audio_encoder.*`` tensors of its model.safetensors (the rest is
+    the main fixture's), and what that DAC encodes for a fixed signal and decodes from those codes."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import DacConfig
+
+    from tests.helpers.parler import TINY_DAC
+    from tests.helpers.parler_dac import fixed_signal
+
+    model = up.build_model(24, DacConfig(**TINY_DAC))
+    dac = model.audio_encoder.eval()
+    gen = torch.Generator().manual_seed(up.SEED)
+    with torch.no_grad():  # O(1) signals (the DAC's own init decodes to ~1e-3)
+        for name, param in dac.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            if name.endswith(".alpha"):
+                param.copy_(1.0 + 0.1 * noise)
+            elif name.endswith(".bias"):
+                param.copy_(0.01 * noise)
+            else:
+                fan_in = param[0].numel() ** 0.5  # the decoder's smaller: its final tanh would saturate
+                scale = 1.0 if "codebook" in name else (0.6 if name.startswith("decoder.") else 1.0) / fan_in
+                param.copy_(noise * scale)
+    assert type(dac).__name__ == "DacModel" and dac.config.hidden_size == TINY_DAC["hidden_size"]
+    folder = out_dir / "transformers_dac"
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        saved = load_file(str(Path(tmp) / "model.safetensors"))
+        shutil.copyfile(Path(tmp) / "config.json", folder / "config.json")
+    audio_encoder = {k: v.contiguous() for k, v in saved.items() if k.startswith("audio_encoder.")}
+    assert audio_encoder.keys() == {"audio_encoder." + k for k in dac.state_dict()}
+    save_file(audio_encoder, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    x = fixed_signal()
+    with torch.no_grad():
+        codes = dac.encode(x).audio_codes  # [B 1, K, T]
+        audio = dac.decode(audio_codes=codes).audio_values  # [B 1, samples]
+    io = {"input_values": x, "audio_codes": codes[0].contiguous(), "audio_values": audio.contiguous()}
+    save_file(io, str(folder / "io.safetensors"), metadata={"format": "pt"})
+    for path in sorted(folder.iterdir()):
+        path.chmod(0o644)
+        print(f"{path.stat().st_size:>9}  {path}")
+    print(f"{len(audio_encoder)} audio_encoder tensors; codes {tuple(io['audio_codes'].shape)}; audio "
+          f"{tuple(audio.shape)}, max |x| {audio.abs().max().item():.4f}, std {audio.std().item():.4f}")
+
+
 # ----------------------------------------------------------------------------- checks of voxrelay's exports
 
 
@@ -217,9 +268,9 @@ def check_generate(folder: Path, ours_file: Path) -> int:
     seen = []
     decode = model.audio_encoder.decode
 
-    def spy(audio_codes, *args, **kwargs):
+    def spy(*args, audio_codes, **kwargs):  # upstream passes codes by name (DacModel's first is latents)
         seen.append(audio_codes.detach().clone())
-        return decode(audio_codes, *args, **kwargs)
+        return decode(*args, audio_codes=audio_codes, **kwargs)
 
     model.audio_encoder.decode = spy
     audio = model.generate(input_ids=ids, prompt_input_ids=prompt, do_sample=False, suppress_tokens=unused,
@@ -307,21 +358,37 @@ as transformers 4.46 and <= 4.44.2dev register it. The folder held only config.j
 `DACModel.decode` of those codes. (Upstream's encode keeps only whole hops: 4,000 samples give 7 frames, where
 voxrelay's DacCodec pads to 8.)
 
+## `transformers_dac/` (`make-transformers-dac`)
+
+A model whose audio encoder is transformers' own `DacModel` (`model_type` "dac", as parler-tts-mini-v1.1 ships
+its DAC) of the tests' tiny sizes (`TINY_DAC` in tests/helpers/parler.py: 4 encoder and 16 decoder channels,
+`codebook_dim` 4, latent 16, 44.1 kHz / 512), built by `ParlerTTSConfig.from_sub_models_config` with the model
+above and saved by upstream's `save_pretrained`: `config.json` as written, `model.safetensors` with only its
+223 `audio_encoder.*` tensors (seeded: weights ~ N(0, 1/fan_in), the decoder's x0.6 so its tanh does not
+saturate, Snake alphas 1 + 0.1 x, biases 0.01 x), and `io.safetensors`: `input_values` (fixed_signal()),
+`audio_codes` [9, 8] = `DacModel.encode(...)`, `audio_values` [1, 4096] = `DacModel.decode(audio_codes=...)`.
+voxrelay exports any DAC that is not descript's 44.1 kHz layout in this form (upstream's `DACModel` builds only
+that layout: a tiny DAC written as `dac_on_the_hub` failed upstream's `from_pretrained` with size mismatches).
+
 ## `peft_0.13.2_lora_config_fields.json` (`make-peft-fields`)
 
 The fields of `peft.LoraConfig` in peft 0.13.2 (2024-10, the peft of transformers 4.46's time): an
 `adapter_config.json` with any other key is refused there, as peft 0.21's full dump was
 (`LoraConfig.__init__() got an unexpected keyword argument 'alora_invocation_tokens'`).
 
-## Live checks of voxrelay's exports (`scripts/parler_live_checks.py`, recorded 2026-11-28)
+## Live checks of voxrelay's exports (`scripts/parler_live_checks.py`, recorded 2026-11-29)
 
 `PYTHONPATH=src .venv/bin/python scripts/parler_live_checks.py --record` builds this fixture's model in voxrelay
 (`model.init_from` this folder, the DAC of `dac/` rebuilt), exports it, runs `check-export EXPORT --generate OURS`
-(export --format parler: from_pretrained, upstream README's `model.generate(input_ids=…, prompt_input_ids=…)`,
+(export --format parler, with that DAC and with `transformers_dac/`'s: from_pretrained, upstream
+README's `model.generate(input_ids=…, prompt_input_ids=…)`,
 greedy generation against voxrelay's codes and audio) and `check-adapter` (export --adapter-only of a LoRA model:
 peft's `PeftModel.from_pretrained` and `AutoPeftModel` on `ParlerTTSForConditionalGeneration`) in this venv, and
 writes their output to `live_checks.txt`.
 Greedy on both sides with the ids above BOS banned (a random model picks them; upstream's DAC decode cannot
 take them). Before voxrelay wrote `bos_token_id`, upstream's generate on the export failed in
 `modeling_parler_tts.py` line 3523: `TypeError: unsupported operand type(s) for *: 'Tensor' and 'NoneType'`.
+Before voxrelay wrote a DAC of other sizes as transformers' `DacModel`, upstream's `from_pretrained` of that
+export failed: `RuntimeError: Error(s) in loading state_dict for ParlerTTSForConditionalGeneration` (size
+mismatches in `audio_encoder.model.*`).
 """

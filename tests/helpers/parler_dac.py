@@ -39,3 +39,21 @@ def fixed_signal(samples: int = 4096, rate: int = 44100) -> torch.Tensor:
     wave = 0.4 * torch.sin(2 * torch.pi * 220 * t) + 0.3 * torch.sin(2 * torch.pi * 1375 * t)
     wave = wave + 0.2 * torch.sin(2 * torch.pi * (300 + 4000 * t) * t)
     return wave.float()[None, None]
+
+
+def save_dac_folder(folder, fixture, spelling: str = "dac_on_the_hub"):
+    """``folder`` as upstream's ``DACModel.save_pretrained`` wrote it for ``fixture`` (tests/fixtures/parler): its
+    ``config.{spelling}.json`` and the ~300 MB weights rebuilt from ``audio_encoder_keys.json``."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    folder, fixture = Path(folder), Path(fixture)
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(fixture / "dac" / f"config.{spelling}.json", folder / "config.json")
+    keys = json.loads((fixture / "audio_encoder_keys.json").read_text())
+    save_file(dac_state({k.removeprefix("audio_encoder."): v["shape"] for k, v in keys.items()}),
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder

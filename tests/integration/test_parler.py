@@ -119,6 +119,8 @@ def test_parler_prepare_train_kill_resume_synthesize_eval_export(setup, tmp_path
         assert res.returncode == 0, res.stdout + res.stderr
         config = json.loads((out / "config.json").read_text())
         assert config["model_type"] == "parler_tts" and (out / marker).is_file()
+    # the tiny DAC is not descript's layout: transformers' DacModel, which upstream builds at any size
+    assert json.loads((tmp_path / "export-parler" / "config.json").read_text())["audio_encoder"]["model_type"] == "dac"
     res = voxrelay("synthesize", str(tmp_path / "export-voxrelay"), "Hello there.", "-o", str(tmp_path / "e.wav"),
                    "--description", "A woman speaks with a British accent.", env=env)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -55,19 +55,42 @@ def dac_config_from_upstream(audio_encoder: Mapping[str, Any]) -> DacConfig:
 
     if not is_descript_config(audio_encoder):  # e.g. mini v1.1: already a transformers DacConfig
         return DacConfig.from_dict({k: v for k, v in audio_encoder.items() if k not in ("frame_rate", "model_type")})
-    # descript's DAC(...) defaults, as upstream's DACModel builds it from num_codebooks/latent_dim/codebook_size
     return DacConfig(
-        encoder_hidden_size=64,
-        downsampling_ratios=[2, 4, 8, 8],
-        decoder_hidden_size=1536,
-        upsampling_ratios=[8, 8, 4, 2],
+        **DESCRIPT_LAYOUT,
         n_codebooks=int(audio_encoder.get("num_codebooks", 9)),
         codebook_size=int(audio_encoder.get("codebook_size", 1024)),
-        codebook_dim=8,
         hidden_size=int(audio_encoder.get("latent_dim", 1024)),
         sampling_rate=int(audio_encoder.get("sampling_rate", 44100)),
-        hop_length=512,
     )
+
+
+# descript's DAC(...) defaults (its 44.1 kHz model): upstream's DACModel builds exactly these, taking only
+# num_codebooks, latent_dim and codebook_size from its config
+DESCRIPT_LAYOUT: dict[str, Any] = dict(encoder_hidden_size=64, downsampling_ratios=[2, 4, 8, 8],
+                                       decoder_hidden_size=1536, upsampling_ratios=[8, 8, 4, 2], codebook_dim=8,
+                                       hop_length=512)
+DESCRIPT_RATE = 44100
+
+
+def descript_layout_differences(config: DacConfig) -> dict[str, tuple[Any, Any]]:
+    """{size: (this DAC's, descript's)} where ``config`` differs from the DAC upstream's wrapper builds (empty: the
+    DAC can be written as ``dac_on_the_hub``)."""
+    ours = {k: getattr(config, k) for k in DESCRIPT_LAYOUT} | {"sampling_rate": config.sampling_rate}
+    ours = {k: list(v) if isinstance(v, tuple) else v for k, v in ours.items()}
+    return {k: (ours[k], v) for k, v in (DESCRIPT_LAYOUT | {"sampling_rate": DESCRIPT_RATE}).items() if ours[k] != v}
+
+
+# transformers' DacConfig fields (4.46, upstream's, and 5): what an audio_encoder of model_type "dac" holds
+TRANSFORMERS_DAC_FIELDS = ("encoder_hidden_size", "downsampling_ratios", "decoder_hidden_size", "upsampling_ratios",
+                           "n_codebooks", "codebook_size", "codebook_dim", "quantizer_dropout", "hidden_size",
+                           "hop_length", "commitment_loss_weight", "codebook_loss_weight", "sampling_rate")
+
+
+def transformers_dac_config(config: DacConfig) -> dict[str, Any]:
+    """``config`` as the ``audio_encoder`` dict of a model whose DAC is transformers' ``DacModel`` (as Parler-TTS
+    mini v1.1 ships it): only DacConfig's own fields, every size explicit."""
+    out = {k: getattr(config, k) for k in TRANSFORMERS_DAC_FIELDS}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()} | {"model_type": "dac"}
 
 
 def _dac_module_pairs(enc_blocks: int, dec_blocks: int, quantizers: int) -> list[tuple[str, str]]:

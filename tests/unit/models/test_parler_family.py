@@ -131,10 +131,10 @@ def test_a_config_only_folder_builds_on_meta_for_planning(parts, tmp_path):
     assert model.config.decoder.num_codebooks == 9
 
 
-def test_export_in_upstreams_format_holds_upstreams_names_and_the_dac(parts, tmp_path):
-    """Our export of the upstream fixture's weights has exactly upstream's non-DAC tensors (names, values) and the
-    DAC under descript's weight-normed names; `scripts/parler_upstream.py check-export` loads such a folder in
-    upstream's own code (not run here: it needs parler-tts' pinned environment)."""
+def test_export_in_upstreams_format_holds_upstreams_names(parts, tmp_path):
+    """Our export of the upstream fixture's weights has exactly upstream's non-DAC tensors (names, values; the DAC
+    in either of upstream's layouts: test_parler_export_dac.py); `scripts/parler_upstream.py check-export` loads
+    such a folder in upstream's own code (not run here: it needs parler-tts' pinned environment)."""
     from safetensors.torch import load_file
 
     from voxrelay.inference import export
@@ -145,11 +145,8 @@ def test_export_in_upstreams_format_holds_upstreams_names_and_the_dac(parts, tmp
     saved, theirs = load_file(str(tmp_path / "up" / "model.safetensors")), load_file(str(FIXTURE / "model.safetensors"))
     ours = {k: v for k, v in saved.items() if not k.startswith("audio_encoder.")}
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
-    dac = sorted(k for k in saved if k.startswith("audio_encoder."))
-    assert dac and all(k.startswith("audio_encoder.model.") for k in dac)
-    assert any(k.endswith("parametrizations.weight.original0") for k in dac)
+    assert any(k.startswith("audio_encoder.") for k in saved)
     config = json.loads((tmp_path / "up" / "config.json").read_text())
-    assert config["audio_encoder"]["model_type"] == "dac_on_the_hub" and config["audio_encoder"]["frame_rate"] == 86
     back = config_from_upstream(config)
     assert (back.decoder, back.text_encoder, back.prompt_vocab_size) == (model.config.decoder,
                                                                          model.config.text_encoder, 80)
@@ -227,7 +224,6 @@ CONFIG_DIFFERENT = {
     "decoder.add_cross_attention": "true as upstream's from_sub_models_pretrained (the init scripts) sets it",
     "decoder.is_decoder": "the same",
     "decoder.architectures": "as a released decoder config names it",
-    "audio_encoder.latent_dim": "this test's DAC is a tiny one",
 }
 
 
@@ -256,6 +252,7 @@ def test_export_in_upstreams_format_matches_upstreams_own_files_field_by_field(p
     assert set(ours) - set(theirs) == GENERATION_EXTRA and ours["max_length"] == 30 * 86
     config = json.loads((tmp_path / "up" / "config.json").read_text())
     upstream = json.loads((FIXTURE / "config.json").read_text())
+    del config["audio_encoder"], upstream["audio_encoder"]  # this test's DAC is a tiny one: test_parler_export_dac.py
     assert [k for k in _differences(config, upstream) if k not in CONFIG_DIFFERENT] == []
 
 

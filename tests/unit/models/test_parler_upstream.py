@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -97,13 +96,9 @@ def test_init_from_an_accelerate_checkpoint_in_a_bucket(s3_root: str, tmp_path: 
 @pytest.fixture(scope="module")
 def dac_weights(tmp_path_factory) -> Path:
     """The ~300 MB model.safetensors upstream's DACModel.save_pretrained wrote, rebuilt from its key list."""
-    from tests.helpers.parler_dac import dac_state
+    from tests.helpers.parler_dac import save_dac_folder
 
-    keys = json.loads((FIXTURE / "audio_encoder_keys.json").read_text())
-    path = tmp_path_factory.mktemp("parler-dac") / "model.safetensors"
-    save_file(dac_state({k.removeprefix("audio_encoder."): v["shape"] for k, v in keys.items()}), str(path),
-              metadata={"format": "pt"})
-    return path
+    return save_dac_folder(tmp_path_factory.mktemp("parler-dac"), FIXTURE) / "model.safetensors"
 
 
 def _dac_folder(kind: str, weights: Path, tmp_path: Path) -> Path:

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voxrelay.codecs.dac_keys import descript_layout_differences, transformers_dac_config
 from voxrelay.errors import UserError
 from voxrelay.models.parler import keymap
 from voxrelay.models.parler.modeling import ParlerConfig
@@ -59,12 +60,24 @@ def upstream_config(config: ParlerConfig, audio_encoder: dict | None = None) -> 
             "decoder_start_token_id": bos, "is_encoder_decoder": True}
 
 
+def audio_encoder_config(codec: Any) -> tuple[str, dict[str, Any]]:
+    """(DAC layout for :func:`keymap.to_upstream_state`, ``audio_encoder`` of config.json) for the run's DAC."""
+    dac_config = codec.model.config
+    if descript_layout_differences(dac_config):
+        return "transformers", transformers_dac_config(dac_config)
+    return "descript", {"model_type": "dac_on_the_hub", "num_codebooks": codec.num_codebooks,
+                        "codebook_size": codec.codebook_size, "latent_dim": int(dac_config.hidden_size),
+                        "frame_rate": int(codec.frame_rate), "sampling_rate": codec.sample_rate, "model_bitrate": 8}
+
+
 def save_upstream(model: Parler, folder: Path, codec: Any) -> None:
-    """Upstream's own format (``export --format parler``): ``config.json`` with the DAC as upstream's descript
-    wrapper (``dac_on_the_hub``), ``model.safetensors`` with every weight under upstream's names (the DAC
-    weight-normed under ``audio_encoder.model.*``), ``generation_config.json``, and the transcript tokenizer at
-    the root as upstream's training saves it (the description tokenizer in ``description_tokenizer/``):
-    ``ParlerTTSForConditionalGeneration.from_pretrained(folder)`` loads it."""
+    """Upstream's own format (``export --format parler``): ``config.json``, ``model.safetensors`` with every weight
+    under upstream's names, ``generation_config.json``, and the transcript tokenizer at the root as upstream's
+    training saves it (the description tokenizer in ``description_tokenizer/``):
+    ``ParlerTTSForConditionalGeneration.from_pretrained(folder)`` loads it. The DAC goes as upstream's descript
+    wrapper (``dac_on_the_hub``, weight-normed under ``audio_encoder.model.*``, as mini v0.1/v1 ship it) when it
+    has descript's 44.1 kHz layout, the only one that wrapper builds; any other DAC as transformers' ``DacModel``
+    (``model_type`` "dac" with every size, plain weights under ``audio_encoder.*``, as mini v1.1 ships it)."""
     from safetensors.torch import save_file
 
     from voxrelay.models.parler.loading import DESCRIPTION_TOKENIZER
@@ -78,12 +91,10 @@ def save_upstream(model: Parler, folder: Path, codec: Any) -> None:
     config = module.config
     ours = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
     dac_state = {k: v.detach().cpu().contiguous() for k, v in dac.state_dict().items()}
-    state = keymap.to_upstream_state(ours, config, dac=dac_state, dac_layout="descript")
+    layout, audio = audio_encoder_config(codec)
+    state = keymap.to_upstream_state(ours, config, dac=dac_state, dac_layout=layout)
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     frame_rate = int(codec.frame_rate)  # upstream's 86 for 44.1 kHz / 512 (transformers' DacConfig says 87)
-    audio = {"model_type": "dac_on_the_hub", "num_codebooks": codec.num_codebooks,
-             "codebook_size": codec.codebook_size, "latent_dim": int(dac.config.hidden_size),
-             "frame_rate": frame_rate, "sampling_rate": codec.sample_rate, "model_bitrate": 8}
     (folder / "config.json").write_text(json.dumps(upstream_config(config, audio), indent=2))
     eos, bos = config.decoder.eos_token_id, config.decoder.bos_token_id
     # as upstream's save_pretrained writes it (+ the sampling defaults of released checkpoints); generate() starts
