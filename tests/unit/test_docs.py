@@ -11,7 +11,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-import click
 import pytest
 import typer
 import yaml
@@ -107,22 +106,36 @@ def test_the_wheel_ships_every_template(tmp_path: Path):
 
 
 def header_commands(path: Path) -> list[list[str]]:
-    """The voxrelay commands in an example's header comment (continuation lines joined), as argument lists."""
+    """The voxrelay commands in an example's header comment, as argument lists: the indented command lines
+    (continuations joined, a Colab cell's `!` dropped) and the `voxrelay ...` spans quoted in its prose."""
     lines, commands, pending = [], [], ""
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
             break
-        lines.append(line.lstrip("#").strip().lstrip("!"))
+        lines.append(line[1:])
     for line in lines:
+        quoted = re.findall(r"`(voxrelay [^`]+)`", line)
         line = pending + line
         if line.endswith("\\"):
             pending = line[:-1] + " "
             continue
         pending = ""
-        if re.match(r"(voxrelay|accelerate launch|torchrun) ", line):
-            words = shlex.split(line.split("  #")[0])
+        text = line.strip().lstrip("!")
+        if line.startswith("  ") and re.match(r"(voxrelay|accelerate launch|torchrun) ", text):
+            quoted.append(text.split("  #")[0])
+        for command in quoted:
+            words = shlex.split(command)
             commands.append(words[words.index("voxrelay") + 1:])
     return commands
+
+
+def test_header_commands_are_the_indented_lines_and_the_quoted_spans(tmp_path: Path):
+    example = tmp_path / "x.yaml"
+    example.write_text("# voxrelay as a job: prose, `voxrelay plan x.yaml --gpu t4` quoted\n#\n"
+                       "#   voxrelay prepare x.yaml root=/r   # a comment\n#   !voxrelay train x.yaml \\\n"
+                       "#     a=1\nname: x\n# voxrelay status after the header\n")
+    assert header_commands(example) == [["plan", "x.yaml", "--gpu", "t4"], ["prepare", "x.yaml", "root=/r"],
+                                        ["train", "x.yaml", "a=1"]]
 
 
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
@@ -133,12 +146,15 @@ def test_every_command_in_an_examples_header_is_one_the_cli_accepts(example: str
 
     monkeypatch.chdir(REPO)
     group = typer.main.get_command(app)
-    for args in header_commands(EXAMPLES / example):
+    commands = header_commands(EXAMPLES / example)
+    assert commands, f"{example}'s header shows no voxrelay command"
+    for args in commands:
         command, rest = group, list(args)
-        while isinstance(command, click.Group):
-            command = command.get_command(click.Context(command), rest.pop(0))
-            assert command is not None, args
-        opts, positional, _ = command.make_parser(click.Context(command)).parse_args(list(rest))
+        while hasattr(command, "list_commands"):  # a group (typer's own click: not click.Group)
+            name = rest.pop(0)
+            command = command.get_command(command.context_class(command), name)
+            assert command is not None, f"{example}: no command {name!r} in {args}"
+        opts, positional, _ = command.make_parser(command.context_class(command)).parse_args(list(rest))
         config = next((p for p in positional if p.endswith(".yaml") and (REPO / p).is_file()), None)
         if config and command.name != "sweep":
             load_config(REPO / config, [p for p in positional if "=" in p])
