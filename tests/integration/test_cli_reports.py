@@ -100,3 +100,11 @@ def test_budget_stops_at_a_committed_checkpoint_until_it_is_raised(prepared):
     assert 0 < s2["class_a"] < s1["class_a"]  # its own requests: the first session's are not in it again
     status = voxrelay("status", str(run), "--cost", env=env).stdout
     assert f"{s1['class_a'] + s2['class_a']} class A x $10000/10k" in status and "finished     yes" in status
+
+    # trained to the end: a further train says so (not "resuming"), trains nothing, exits 0
+    done = voxrelay("train", CONFIG, *tiny(root, *priced, f"train.max_steps={stopped + 2}", "cost.budget=1000"),
+                    env=env)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 0 and "resuming" not in said, done.stderr
+    assert f"is already trained to step {stopped + 2} (train.max_steps {stopped + 2}): nothing to train" in said
+    assert max(run.glob("checkpoints/step-*/manifest.json")).parent.name == f"step-{stopped + 2:08d}"

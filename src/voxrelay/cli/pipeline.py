@@ -152,7 +152,12 @@ def train_cmd(
 
 
 def say_resumed(run) -> None:
-    if run.resumed_from is not None and run.accelerator.is_main_process:  # once per job, not per process
+    if run.resumed_from is None or not run.accelerator.is_main_process:  # once per job, not per process
+        return
+    if run.resumed_from >= run.cfg.train.max_steps:  # nothing left to train: not a resume
+        err.print(f"{run.cfg.run_uri} is already trained to step {run.resumed_from} (train.max_steps "
+                  f"{run.cfg.train.max_steps}): nothing to train; raise train.max_steps to train on", highlight=False)
+    else:
         err.print(f"resuming {run.cfg.run_uri} from step {run.resumed_from}", highlight=False)
 
 
