@@ -50,6 +50,7 @@ def test_voices_early_stopping_and_cost_status(tmp_path, prepared):
     assert float(items["operations"][0]) == pytest.approx(ops, rel=1e-2)
     assert float(items["total"][0]) == pytest.approx(sum(float(items[k][0]) for k in items if k != "total"), abs=2e-4)
     assert "budget" not in cost.stdout and "advice" not in cost.stdout  # the GPU is most of this bill
+    assert "a local disk bills neither: cost.class_a_per_10k=0" in " ".join(cost.stdout.split())  # root: a folder
 
     voices = voxrelay("voices", run, env=env)
     assert voices.returncode == 0 and voices.stdout.split() == ["en-gb+f3", "en-us"]
