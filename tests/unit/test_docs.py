@@ -36,15 +36,41 @@ def test_the_readme_is_short_and_every_link_in_it_leads_to_a_file():
     assert "<!--" not in readme, "generated reference material belongs in docs/reference/"
 
 
+def build_site(folder: Path, site: Path) -> subprocess.CompletedProcess:
+    """``mkdocs build --strict`` of ``folder`` (mkdocs.yml + docs/), as CI runs it: without ``-q``, which hides
+    the warnings that ``--strict`` turns into a failure."""
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=folder,
+                          capture_output=True, text=True, timeout=300,
+                          env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
+
+
 def test_the_docs_site_builds_strictly(tmp_path: Path):
-    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
-                         cwd=REPO, capture_output=True, text=True, timeout=300, env={"NO_MKDOCS_2_WARNING": "1",
-                                                                                    "PATH": "/usr/bin:/bin"})
+    res = build_site(REPO, tmp_path / "site")
     assert res.returncode == 0, res.stdout + res.stderr
     built = {p.relative_to(tmp_path / "site").as_posix() for p in (tmp_path / "site").rglob("index.html")}
     for page in (REPO / "docs").rglob("*.md"):
         rel = page.relative_to(REPO / "docs").with_suffix("").as_posix()
         assert ("index.html" if rel == "index" else f"{rel}/index.html") in built, rel
+
+
+@pytest.mark.parametrize("breakage", ["a link to a missing page", "a missing anchor", "a page out of the nav"])
+def test_the_strict_build_fails_on_a_broken_link_anchor_or_a_page_left_out(breakage: str, tmp_path: Path):
+    import shutil
+
+    shutil.copytree(REPO / "docs", tmp_path / "docs")
+    shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    index = tmp_path / "docs" / "index.md"
+    if breakage == "a link to a missing page":
+        index.write_text(index.read_text() + "\nSee [the missing page](no-such-page.md).\n")
+    elif breakage == "a missing anchor":
+        index.write_text(index.read_text() + "\nSee [memory](memory.md#no-such-heading).\n")
+    else:
+        (tmp_path / "docs" / "orphan.md").write_text("# Orphan\n\nIn no nav.\n")
+    res = build_site(tmp_path, tmp_path / "site")
+    said = res.stdout + res.stderr
+    assert res.returncode == 1 and "Aborted with" in said, said[-2000:]
+    assert {"a link to a missing page": "no-such-page.md", "a missing anchor": "no-such-heading",
+            "a page out of the nav": "orphan.md"}[breakage] in said, said[-2000:]
 
 
 def test_every_plan_output_in_the_docs_is_what_plan_prints_now():
