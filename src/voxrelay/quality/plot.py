@@ -36,6 +36,14 @@ def curves_of(records: list[dict]) -> dict[str, list[tuple[int, float]]]:
     return {key: sorted(points.items()) for key, points in by_key.items()}
 
 
+def newest_yardsticks(records: list[dict]) -> dict[str, str]:
+    """The newest value of each yardstick key (``eval/asr``, ``eval/mos_model``) in ``records``, oldest first."""
+    from voxrelay.quality.scorer import YARDSTICKS
+
+    newest = {k: next((r[k] for r in reversed(records) if r.get(k)), None) for k in YARDSTICKS}
+    return {k: v for k, v in newest.items() if v}
+
+
 def write_plot(run_uri: str) -> str | None:
     """Write ``<run>/eval.png``; its URI, or None when matplotlib is missing (said once in the log)."""
     try:
@@ -47,12 +55,12 @@ def write_plot(run_uri: str) -> str | None:
         log.warning("no plot: matplotlib is not installed (pip install 'voxrelay[eval]')")
         return None
     from voxrelay.quality.report import EVAL_DIR, RESULTS_FILE
-    from voxrelay.quality.scorer import YARDSTICKS, said_by
+    from voxrelay.quality.scorer import said_by
 
     logged = read_jsonl(storage.join(run_uri, METRICS_FILE))
     results = read_jsonl(storage.join(run_uri, EVAL_DIR, RESULTS_FILE))
     training, on_demand = curves_of(logged), curves_of(results)
-    newest = {k: next((r[k] for r in reversed(logged + results) if r.get(k)), None) for k in YARDSTICKS}
+    newest = newest_yardsticks(logged + results)
     panels = PANELS + ((UTMOS_PANEL,) if training.get("eval/utmos") or on_demand.get("eval/utmos") else ())
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), constrained_layout=True)
     for ax, (title, keys) in zip(axes, panels, strict=True):

@@ -1,5 +1,6 @@
 """``voxrelay sweep status SWEEP.yaml``: one line per experiment (state, step, best eval loss and WER, the
-durable step, who trains it) and ``<root>/sweeps/<sweep>/eval.png``, the experiments' eval curves side by side."""
+durable step, who trains it), what the WERs were measured with, and ``<root>/sweeps/<sweep>/eval.png``, the
+experiments' eval curves side by side."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import logging
 from dataclasses import dataclass
 
 from voxrelay import storage
+from voxrelay.monitor.sinks import read_jsonl
 from voxrelay.paths import METRICS_FILE
-from voxrelay.quality.plot import curves, save_figure
+from voxrelay.quality.plot import curves_of, newest_yardsticks, save_figure
+from voxrelay.quality.scorer import ASR_KEY, said_by
 from voxrelay.sweep import state as st
 
 log = logging.getLogger(__name__)
@@ -20,6 +23,7 @@ HEADER = ("experiment", "sets", "state", "step", "best eval loss", "best WER", "
 class Row:
     state: st.ExperimentState
     curves: dict[str, list[tuple[int, float]]]
+    asr: str | None = None  # what its newest WER was measured with (eval/asr)
 
     @property
     def step(self) -> int:
@@ -32,8 +36,24 @@ class Row:
 
 
 def rows(root: str, sweep) -> list[Row]:
-    return [Row(s, curves(storage.join(s.run_uri, METRICS_FILE)) if s.state != st.PENDING else {})
-            for s in st.states(root, sweep)]
+    found = []
+    for s in st.states(root, sweep):
+        records = read_jsonl(storage.join(s.run_uri, METRICS_FILE)) if s.state != st.PENDING else []
+        found.append(Row(s, curves_of(records), newest_yardsticks(records).get(ASR_KEY)))
+    return found
+
+
+def yardsticks(found: list[Row]) -> list[str]:
+    """"WER/CER by ..." once when every scored experiment used the same ASR, else one line per ASR naming its
+    experiments (a WER is comparable only with one measured the same way)."""
+    by: dict[str, list[str]] = {}
+    for r in found:
+        if r.asr:
+            by.setdefault(r.asr, []).append(r.state.experiment.name)
+    lines = [line for asr in by for line in said_by({ASR_KEY: asr})]
+    if len(by) <= 1:
+        return lines
+    return [f"{line} ({', '.join(names)})" for line, names in zip(lines, by.values(), strict=True)]
 
 
 def _state_text(s: st.ExperimentState) -> str:
@@ -69,7 +89,7 @@ def table(found: list[Row]) -> str:
     ended = sum(r.state.ended for r in found)
     text.append(f"{ended} of {len(found)} ended, {sum(r.state.state == st.RUNNING for r in found)} running, "
                 f"{sum(r.state.state == st.FAILED for r in found)} failed")
-    return "\n".join(text)
+    return "\n".join(text + yardsticks(found))
 
 
 def write_plot(root: str, sweep, found: list[Row]) -> str | None:
@@ -96,6 +116,8 @@ def write_plot(root: str, sweep, found: list[Row]) -> str | None:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    if said := yardsticks(found):
+        fig.suptitle("; ".join(said), fontsize=9)
     return save_figure(fig, storage.join(st.sweep_uri(root, sweep), PLOT_FILE))
 
 
