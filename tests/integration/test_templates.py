@@ -128,7 +128,7 @@ def test_skypilot_setup_installs_the_newest_wheel_of_a_folder(path, tmp_path):
     assert res.returncode == 0, res.stderr
     installed = (tmp_path / "calls").read_text().splitlines()[-1]
     assert installed == (f"uv pip install --python {home}/voxrelay-env/bin/python "
-                         f"voxrelay[gcs,s3] @ file://{home}/voxrelay-0.2.0-py3-none-any.whl")
+                         f"voxrelay[gcs,s3,eval] @ file://{home}/voxrelay-0.2.0-py3-none-any.whl")
     empty = subprocess.run(["bash", "-c", setup], env=env | {"VOXRELAY_PIP_SPEC": f"{home}/none/"},
                            capture_output=True, text=True, timeout=60)
     assert empty.returncode == 2 and "pip wheel --no-deps . -w dist" in empty.stdout
