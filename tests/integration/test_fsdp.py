@@ -141,7 +141,7 @@ def test_export_and_synthesize_from_fsdp_shards(prepared, tmp_path):
     assert at == 4 and all(torch.equal(shards[k], v) for k, v in from_run.module.state_dict().items())
 
 
-SEED_001_ACCELERATE = Path(__file__).resolve().parents[1] / "fixtures" / "accelerate" / "seed001_fsdp.yaml"
+SEED_001_ACCELERATE = Path(__file__).resolve().parents[1] / "fixtures" / "accelerate" / "orpheus_user_fsdp.yaml"
 
 
 def test_accelerate_launch_with_seed_001s_own_config_trains_with_our_fsdp_in_its_bf16(prepared):

@@ -1,4 +1,4 @@
-"""Seed 001's own accelerate config (tests/fixtures/accelerate/seed001_fsdp.yaml): every setting accelerate's
+"""Seed 001's own accelerate config (tests/fixtures/accelerate/orpheus_user_fsdp.yaml): every setting accelerate's
 launcher passes to the processes is taken (its `mixed_precision: bf16` included: before, train.precision's default
 "no" went to the Accelerator and won), left to accelerate, done as voxrelay does anyway, or named as not applied;
 the voxrelay config's own keys win; the lines are said by the job's first process only (issue 32 item 7)."""
@@ -13,7 +13,7 @@ import pytest
 from voxrelay.config import load_config
 from voxrelay.train.launch_env import BY_ACCELERATE, MAPPED, accelerate_settings, apply_accelerate_env
 
-SEED_001 = Path(__file__).resolve().parents[2] / "fixtures" / "accelerate" / "seed001_fsdp.yaml"
+SEED_001 = Path(__file__).resolve().parents[2] / "fixtures" / "accelerate" / "orpheus_user_fsdp.yaml"
 
 
 def launched_env(config: Path, *overrides: str) -> dict[str, str]:
