@@ -226,7 +226,8 @@ def test_eval_all_prints_a_table_per_checkpoint_and_writes_the_plot(trained):
     assert lines[0].split() == ["step", "loss", "text_gain", "wer", "cer", "silent_frac", "mcd_dtw", "speaker_sim"]
     assert [line.split()[0] for line in lines[1:-1]] == ["4", "6"]  # the checkpoints kept (keep_last 2)
     assert all(len(line.split()) == 8 and "-" not in line.split()[1:] for line in lines[1:-1])
-    yardstick = "Whisper base (packaged) (faster-whisper, beam 5), language en, Whisper's English normaliser"
+    yardstick = ("Whisper base (packaged) (faster-whisper, beam 5), language en, Whisper's English normaliser "
+                 "without its spelling map")
     assert lines[-1] == f"WER/CER by {yardstick}"  # the table says what its WER/CER are measured with
     results = _jsonl(run / "eval" / "results.jsonl")
     assert [r["step"] for r in results][-2:] == [4, 6] and {r["eval/asr"] for r in results[-2:]} == {yardstick}

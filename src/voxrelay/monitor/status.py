@@ -166,10 +166,10 @@ def run_cost(s: RunStatus, cfg: dict, committed: list[Checkpoint]) -> CostReport
     )
     report = cost_report(usage_of(sessions), CostConfig.model_validate(cfg.get("cost") or {}), facts)
     if storage.is_local(s.run_uri) and (report.line("operations").so_far or report.line("stored").so_far):
-        report.notes.append("the run's root is a folder (a local disk or a mount): requests and storage are priced "
-                            "at the cost section's bucket prices (GCS Standard by default); a local disk bills neither: "
-                            "cost.class_a_per_10k=0 cost.class_b_per_10k=0 cost.storage_gb_month=0 (keep them for a "
-                            "mounted bucket, e.g. gcsfuse)")
+        report.notes.append("the run's root is a folder (a local disk or a mount): requests and storage are "
+                            "priced at the cost section's bucket prices (GCS Standard by default); a local disk bills "
+                            "neither: cost.class_a_per_10k=0 cost.class_b_per_10k=0 cost.storage_gb_month=0 (keep "
+                            "them for a mounted bucket, e.g. gcsfuse)")
     if not sessions:
         report.notes.append(f"no usage recorded yet ({USAGE_FILE} is written by `voxrelay train` at every checkpoint; "
                             "a run trained before it existed has none): GPU time and requests are unknown")

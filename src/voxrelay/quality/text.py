@@ -6,9 +6,10 @@ removed, contractions and abbreviations expanded (``didn't`` -> ``did not``, ``M
 spelled-out numbers to digits (``three hundred and forty two`` -> ``342``), punctuation to spaces,
 runs of spaces collapsed. Its British-to-American spelling map is used when ``normalizer.json`` (as the
 ``openai/whisper-*`` repositories ship it) is in the Whisper model's folder, else none (``neighbour`` and
-``neighbor`` then differ); :func:`spelling_map` says which. Texts of any other language go through Whisper's basic
-normaliser (``BasicTextNormalizer``, what Whisper's own evaluation uses for them): lower case, brackets and
-symbols removed (marks kept), runs of spaces collapsed; no English rules. :func:`normaliser` names the one used:
+``neighbor`` then differ, and the name says "without its spelling map"); :func:`spelling_map` says which.
+Texts of any other language go through Whisper's basic normaliser (``BasicTextNormalizer``, what Whisper's own
+evaluation uses for them): lower case, brackets and symbols removed (marks kept), runs of spaces collapsed; no
+English rules. :func:`normaliser` names the one used:
 every score says it beside the ASR model (see :meth:`voxrelay.quality.asr.Transcriber.describe`).
 
 The edit counts come from jiwer (rapidfuzz underneath). WER = word-level edits (substitutions, deletions,
@@ -48,7 +49,7 @@ def normaliser(language: str = "en") -> str:
     """The name of the normaliser WER/CER of ``language`` are computed after, as every score states it."""
     if language != "en":
         return "Whisper's basic normaliser"
-    return "Whisper's English normaliser" + (" with its spelling map" if _SPELLING else "")
+    return "Whisper's English normaliser" + (" with its spelling map" if _SPELLING else " without its spelling map")
 
 
 @cache

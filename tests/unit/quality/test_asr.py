@@ -160,5 +160,5 @@ def test_beam_size_is_validated():
 
 def test_the_yardstick_names_the_model_its_decoding_and_the_normaliser(whisper):
     assert whisper.describe("en") == ("Whisper base (packaged) (faster-whisper, beam 5), language en, "
-                                      "Whisper's English normaliser")
+                                      "Whisper's English normaliser without its spelling map")
     assert whisper.describe("zh").endswith("language zh, Whisper's basic normaliser")

@@ -13,7 +13,8 @@ from voxrelay.sweep import state as st
 from voxrelay.sweep.spec import Experiment
 
 pytest.importorskip("matplotlib")
-ASR = "Whisper base (packaged) (faster-whisper, beam 5), language en, Whisper's English normaliser"
+ASR = ("Whisper base (packaged) (faster-whisper, beam 5), language en, Whisper's English normaliser without its "
+       "spelling map")
 MOS = "UTMOS22 strong (utmos22_strong_step7459_v1.pt)"
 
 
