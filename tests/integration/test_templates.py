@@ -84,6 +84,7 @@ def test_the_sweep_notebook_runs_the_same_cell_over_a_sweep_and_shows_each_exper
         SWEEP_NOTEBOOK)
     assert "voxrelay: finished, nothing left to train" in shown, shown
     assert shown.count("finished") >= 3 and "lr-lr-0.001" in shown and shown.count("[image]") == 1, shown
+    assert shown.count("[audio]") == 1 and "a sample of gs://" in shown, shown  # (trained without evals)
 
 
 SKYPILOT_TASKS = sorted(EXAMPLES.glob("skypilot*.yaml"))

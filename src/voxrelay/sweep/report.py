@@ -121,6 +121,17 @@ def write_plot(root: str, sweep, found: list[Row]) -> str | None:
     return save_figure(fig, storage.join(st.sweep_uri(root, sweep), PLOT_FILE))
 
 
+def best_run(found: list[Row]) -> tuple[str, str] | None:
+    """(run folder, why) of the experiment to listen to: the lowest eval loss among those with a committed
+    checkpoint, else (no evals) the first with one; None when none has a checkpoint."""
+    saved = [r for r in found if r.state.durable_step is not None]
+    scored = [(best[1], best[0], r.state.run_uri) for r in saved if (best := r.best("eval/loss")) is not None]
+    if scored:
+        loss, step, uri = min(scored)
+        return uri, f"the lowest eval loss, {loss:.3f} at step {step}"
+    return (saved[0].state.run_uri, "no eval loss to rank by: the first with a checkpoint") if saved else None
+
+
 def report(sweep) -> tuple[str, str | None]:
     """``sweep status``: the table, and the plot's URI (None: no plot)."""
     from voxrelay.sweep.worker import settings

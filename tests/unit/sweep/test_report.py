@@ -42,3 +42,19 @@ def test_experiments_scored_by_different_asrs_are_named_with_theirs(tmp_path, mo
               _experiment(tmp_path, "c", 3e-3, [{"step": 4, "eval/loss": 5.0}])]  # trained without WER
     lines = _table(tmp_path, monkeypatch, states).splitlines()
     assert lines[-2:] == [f"WER/CER by {BASE} (a)", f"WER/CER by {LARGE} (b)"]  # b's newest ASR
+
+
+def test_the_best_run_is_the_lowest_eval_loss_with_a_committed_checkpoint(tmp_path, monkeypatch):
+    states = [_experiment(tmp_path, "a", 1e-3, [{"step": 4, "eval/loss": 5.0}]),
+              _experiment(tmp_path, "b", 2e-3, [{"step": 2, "eval/loss": 4.0}, {"step": 4, "eval/loss": 4.5}]),
+              _experiment(tmp_path, "c", 3e-3, [{"step": 2, "eval/loss": 3.0}])]
+    states[2].durable_step = None  # its lowest loss, but nothing committed to speak from yet
+    monkeypatch.setattr(st, "states", lambda root, sweep: states)
+    found = report.rows(str(tmp_path), SimpleNamespace(name="lr"))
+    assert report.best_run(found) == (states[1].run_uri, "the lowest eval loss, 4.000 at step 2")
+    assert report.best_run(found[2:]) is None
+    states[0].durable_step = None
+    unscored = report.rows(str(tmp_path), SimpleNamespace(name="lr"))
+    for r in unscored:
+        r.curves = {}  # trained without evals
+    assert report.best_run(unscored) == (states[1].run_uri, "no eval loss to rank by: the first with a checkpoint")
