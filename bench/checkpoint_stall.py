@@ -3,6 +3,7 @@ disk and uploads it) vs a synchronous save + upload, for the same state on the S
 (moto on 127.0.0.1); and how long a restart takes to its first step compared with a fresh start.
 
     .venv/bin/python bench/checkpoint_stall.py [--hidden 512] [--layers 8] [--repeats 3]
+    python3 bench/checkpoint_stall.py --device cuda --local --hidden 3072 --layers 2   # a card: device->host copy
 
 Last line: ``ratio <async blocking / sync blocking>`` (goal <= 0.05).
 """
@@ -10,6 +11,7 @@ Last line: ``ratio <async blocking / sync blocking>`` (goal <= 0.05).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -21,7 +23,6 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from tests.helpers.servers import S3Server, apply_env  # noqa: E402
 from voxrelay.checkpoint.manager import MODEL_FILE, STATE_FILE, CheckpointManager, model_writer, state_writer  # noqa: E402
 from voxrelay.config import load_config  # noqa: E402
 from voxrelay.data.shards import EncodedUtterance  # noqa: E402
@@ -29,13 +30,15 @@ from voxrelay.models.base import DataSpec  # noqa: E402
 from voxrelay.models.registry import build_model  # noqa: E402
 
 
-def make_state(hidden: int, layers: int) -> tuple[dict, dict, int]:
+def make_state(hidden: int, layers: int, device: str = "cpu") -> tuple[dict, dict, int]:
     cfg = load_config(None, [f"model.hidden_size={hidden}", f"model.num_layers={layers}",
                              f"model.intermediate_size={hidden * 3}", "model.num_heads=8"])
     model = build_model(cfg.model, DataSpec(4, 256), seed=0)
+    model.module.to(device)
     opt = torch.optim.AdamW(model.module.parameters())
     batch = model.collate([model.example(EncodedUtterance("x", "warm up", None, None, 1.0,
                                                            torch.zeros(4, 8).long().numpy()))])
+    batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
     loss = model.loss(model.module, batch)["ce"].sum
     loss.backward()
     opt.step()  # creates the AdamW moments
@@ -80,11 +83,17 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help="where the state lives (cuda: the save copies it to the host)")
+    ap.add_argument("--local", action="store_true", help="a local folder as the bucket (no S3 server, no restart "
+                    "timing): what a card without moto runs")
     args = ap.parse_args()
-    model_state, train_state, params = make_state(args.hidden, args.layers)
-    with S3Server() as s3, tempfile.TemporaryDirectory() as tmp:
-        apply_env(s3.env())
-        root = f"s3://{s3.bucket}/bench"
+    model_state, train_state, params = make_state(args.hidden, args.layers, args.device)
+    if not args.local:
+        from tests.helpers.servers import S3Server, apply_env  # moto: not on a card
+    with (contextlib.nullcontext() if args.local else S3Server()) as s3, tempfile.TemporaryDirectory() as tmp:
+        if s3 is not None:
+            apply_env(s3.env())
+        root = f"{tmp}/bucket" if s3 is None else f"s3://{s3.bucket}/bench"
         mgr = CheckpointManager(f"{root}/runs/stall", keep_last=2, staging_dir=Path(tmp) / "staging")
         size = sum(meta["size"] for meta in mgr.save(0, {
             MODEL_FILE: model_writer(model_state), STATE_FILE: state_writer(train_state)}).manifest["files"].values())
@@ -92,17 +101,19 @@ def main() -> None:
         sync = timed_saves(mgr, model_state, train_state, args.repeats, 100, sync=True)
         async_ = timed_saves(mgr, model_state, train_state, args.repeats, 200, sync=False)
         mgr.close(60)
-        print(f"state: {params / 1e6:.1f}M parameters, checkpoint {size / 2**20:.0f} MiB, S3 server on 127.0.0.1")
+        print(f"state: {params / 1e6:.1f}M parameters on {args.device}, checkpoint {size / 2**20:.0f} MiB, "
+              f"{'a local folder' if s3 is None else 'S3 server on 127.0.0.1'}")
         print(f"sync save+upload blocks training {statistics.median(sync):.2f} s (runs: "
               f"{', '.join(f'{x:.2f}' for x in sync)})")
         print(f"async save blocks training       {statistics.median(async_):.2f} s (runs: "
               f"{', '.join(f'{x:.2f}' for x in async_)})")
-        import os
+        if s3 is not None:
+            import os
 
-        env = dict(os.environ, VOXRELAY_CACHE=str(Path(tmp) / "cache"), OMP_NUM_THREADS="1")
-        fresh, restart = restart_times(f"{root}/tiny", env)
-        print(f"process start to first step: fresh {fresh:.1f} s, restart from a checkpoint {restart:.1f} s "
-              f"(ratio {restart / fresh:.2f})")
+            env = dict(os.environ, VOXRELAY_CACHE=str(Path(tmp) / "cache"), OMP_NUM_THREADS="1")
+            fresh, restart = restart_times(f"{root}/tiny", env)
+            print(f"process start to first step: fresh {fresh:.1f} s, restart from a checkpoint {restart:.1f} s "
+                  f"(ratio {restart / fresh:.2f})")
         print(f"ratio {statistics.median(async_) / statistics.median(sync):.3f}")
 
 

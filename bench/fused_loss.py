@@ -62,8 +62,11 @@ def peak(loss_fn, hidden, weight, targets, chunk) -> tuple[int, int]:
 
 
 def seconds(loss_fn, hidden, weight, targets, chunk) -> float:
+    sync = torch.cuda.synchronize if hidden.is_cuda else (lambda: None)
+    sync()
     start = time.perf_counter()
     run(loss_fn, hidden, weight, targets, chunk)
+    sync()
     return time.perf_counter() - start
 
 
@@ -95,16 +98,20 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--frozen-only", action="store_true", help="skip the trained-head case (the ratio's is frozen)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    hidden = torch.randn(args.tokens, args.hidden).requires_grad_()
-    weight = torch.randn(args.vocab, args.hidden) * args.hidden ** -0.5
-    targets = torch.randint(0, args.vocab, (args.tokens,))
+    hidden = torch.randn(args.tokens, args.hidden, device=args.device).requires_grad_()
+    weight = torch.randn(args.vocab, args.hidden, device=args.device) * args.hidden ** -0.5
+    targets = torch.randint(0, args.vocab, (args.tokens,), device=args.device)
     targets[: args.tokens // 10] = -100  # a prompt without loss
-    print(f"{args.tokens} tokens, vocab {args.vocab:,}, hidden {args.hidden}, chunk {args.chunk}, fp32, "
-          f"{torch.get_num_threads()} threads", flush=True)
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"{args.tokens} tokens, vocab {args.vocab:,}, hidden {args.hidden}, chunk {args.chunk}, fp32, {where}",
+          flush=True)
     frozen = case("frozen head", hidden, weight, targets, args)
-    case("trained head", hidden, weight.clone().requires_grad_(), targets, args)
+    if not args.frozen_only:
+        case("trained head", hidden, weight.clone().requires_grad_(), targets, args)
     print(f"ratio {frozen:.4f}")
 
 

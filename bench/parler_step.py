@@ -7,7 +7,9 @@ Musicgen is what transformers 5 has closest to Parler: it lacks the prepended tr
 pattern (BOS 1025 / PAD = EOS 1024) and the rule that only the first EOS is a target, so the two losses are
 not the same number (both are printed); the ratio compares the speed of a step over the same audio frames.
 On a GPU (when one is there) ``--preset mini-v0.1 --bf16`` times the real shape and prints tokens/s and MFU
-(6 x trained parameters x tokens per second / the GPU's bf16 peak). Last line: ratio = our tokens/s / Musicgen's.
+(6 x trained parameters x tokens per second / the GPU's bf16 peak); the preset's description encoder is a random
+one of its size, saved locally, and the transcript tokenizer the tests' small one (no hub needed). Last line:
+ratio = our tokens/s / Musicgen's.
 
     .venv/bin/python bench/parler_step.py [--steps 6] [--repeats 3] [--batch 4] [--frames 120] [--hidden 64]
 """
@@ -42,9 +44,25 @@ def ours(args, parts: dict):
                       f"model.prompt_tokenizer={parts['prompt_tokenizer']}", f"model.hidden_size={args.hidden}",
                       f"model.num_layers={args.layers}", f"model.num_heads={max(2, args.hidden // 32)}",
                       f"model.ffn_dim={4 * args.hidden}"]
-    else:
-        overrides += [f"model.preset={args.preset}"]
+    else:  # the preset's shapes; its description encoder random and local (a card has no hub)
+        overrides += [f"model.preset={args.preset}", f"model.text_encoder={parts['text_encoder']}",
+                      f"model.prompt_tokenizer={parts['prompt_tokenizer']}"]
     return build_model(load_config(None, overrides).model, DataSpec(9, 1024), seed=0)
+
+
+def preset_parts(preset: str, folder: Path) -> dict:
+    """The tests' T5-style tokenizer and a random T5 encoder of ``preset``'s description encoder's size, saved in
+    ``folder`` (no hub download: the frozen encoder's values do not change the step's cost)."""
+    from transformers import AutoTokenizer, T5Config, T5EncoderModel
+
+    from voxrelay.models.parler.config import KNOWN_T5, PRESETS
+
+    tok = save_parts(folder)["prompt_tokenizer"]
+    sizes = {k: v for k, v in KNOWN_T5[PRESETS[preset]["text_encoder"]].items() if k != "_name_or_path"}
+    t5 = folder / "t5-preset"
+    T5EncoderModel(T5Config(**sizes)).save_pretrained(str(t5))
+    AutoTokenizer.from_pretrained(str(tok)).save_pretrained(str(t5))
+    return {"text_encoder": t5, "prompt_tokenizer": tok}
 
 
 def musicgen(model):
@@ -117,7 +135,8 @@ def main() -> None:
     p.add_argument("--bf16", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(torch.get_num_threads())
-    parts = save_parts(Path(tempfile.mkdtemp())) if args.preset == "tiny" else {}
+    folder = Path(tempfile.mkdtemp())
+    parts = save_parts(folder) if args.preset == "tiny" else preset_parts(args.preset, folder)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = ours(args, parts)
     mg = musicgen(model)

@@ -41,3 +41,25 @@ def test_the_packing_bench_runs_and_its_packed_arm_trains_as_the_padded_one(tmp_
     packed = float(re.search(r"^packed\s+\S+\s+\S+\s+(\S+)", res.stdout, re.M).group(1))
     assert f"voxrelay packed / Unsloth tokens/s: {packed / 2000:.3f} (goal >= 1.0)" in ratios, ratios
     assert re.search(r"voxrelay packed / HF Trainer tokens/s: \d+\.\d{3} \(goal >= 1.5\)", ratios), ratios
+
+
+def test_the_gpu_suite_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path: Path) -> None:
+    """`GPU_SUITE_SMOKE=1 bash bench/gpu_suite.sh` (what a lent card runs, shrunk): every part starts offline with
+    the card's settings (PYTHONPATH=src, the hub offline), ends within its limit and prints its ratio line; the
+    summary names the Trainer ratio and says the Unsloth part is skipped without it."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"GPU_SUITE_SMOKE": "1"}
+    res = subprocess.run(["bash", "bench/gpu_suite.sh", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = (tmp_path / "summary.txt").read_text()
+    parts = {m.group(1): (int(m.group(2)), m.group(3)) for m in
+             re.finditer(r"^(\S+)\s+rc (\d+)\s+\d+s\s+(.*)$", summary, re.M)}
+    assert list(parts) == ["orpheus3b_pack", "parler_mini", "fused_loss", "plan_accuracy", "ckpt_stall",
+                           "orpheus3b_compile"], summary
+    assert all(rc == 0 for rc, _ in parts.values()), summary
+    assert all(re.fullmatch(r"ratio (\d+\.\d+|nan)", last) for _, last in parts.values()), summary
+    assert parts["plan_accuracy"][1] == "ratio nan"  # its rows are the CUDA ones: none on a CPU
+    assert "unsloth          skipped" in summary and "voxrelay packed / HF Trainer tokens/s: " in summary
+    assert re.search(r"^packed\+compile\s+0\.0%", res.stdout, re.M), res.stdout
