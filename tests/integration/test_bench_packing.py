@@ -59,7 +59,7 @@ def test_the_gpu_suite_runs_every_part_at_tiny_sizes_on_a_cpu(tmp_path: Path) ->
     assert list(parts) == ["orpheus3b_pack", "parler_mini", "fused_loss", "plan_accuracy", "ckpt_stall",
                            "orpheus3b_compile"], summary
     assert all(rc == 0 for rc, _ in parts.values()), summary
-    assert all(re.fullmatch(r"ratio (\d+\.\d+|nan)", last) for _, last in parts.values()), summary
+    assert all(re.fullmatch(r"ratio (\d+\.\d+|nan)( \(.+\))?", last) for _, last in parts.values()), summary
     assert parts["plan_accuracy"][1] == "ratio nan"  # its rows are the CUDA ones: none on a CPU
+    assert parts["orpheus3b_compile"][1] == "ratio nan (no arm pair to compare)"  # --arms packed, not compiled
     assert "unsloth          skipped" in summary and "voxrelay packed / HF Trainer tokens/s: " in summary
-    assert re.search(r"^packed\+compile\s+0\.0%", res.stdout, re.M), res.stdout
