@@ -13,6 +13,8 @@ import os
 # with OMP_NUM_THREADS=1): two workers on two cores each with a second thread spin against each other (measured:
 # four in-process test files 136-145 s with torch's default of 2 threads, 50-53 s with 1). Set before torch loads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# A command that dies of a signal (SIGSEGV, SIGABRT) prints the Python stack of each of its threads to its stderr.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 import re  # noqa: E402
 import uuid

@@ -26,7 +26,7 @@ def main(mode: str, out: str, overrides: list[str]) -> None:
     if run.accelerator.is_main_process:
         torch.save({"model": model, "optim": optim["state"], "step": run.loop.step, "resumed": run.resumed_from,
                     "world": run.accelerator.num_processes}, out)
-    run.checkpoints.close(60)
+    run.close(60)
     run.exit(0)
 
 

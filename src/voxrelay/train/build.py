@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,20 +19,17 @@ from voxrelay import storage
 from voxrelay.checkpoint.fence import Guard, job_guard
 from voxrelay.checkpoint.lease import RunLease, check_root_for_leases
 from voxrelay.checkpoint.manager import CheckpointManager, ResumePoint
-from voxrelay.checkpoint.shard_saver import Shards, ShardSaver
 from voxrelay.checkpoint.sharded import is_sharded
-from voxrelay.codecs.base import AudioCodec
 from voxrelay.config import RunConfig, TrainConfig, with_added_defaults
 from voxrelay.cost.usage import UsageLog
 from voxrelay.data.identity import fingerprint
-from voxrelay.data.loader import BatchStream
 from voxrelay.data.prepare import load_index
 from voxrelay.models import hub_cache
 from voxrelay.models.base import FamilyModel
 from voxrelay.models.lora_config import LoraConfig
 from voxrelay.models.qlora import compute_dtype
 from voxrelay.models.registry import codec_for_run, get_family, model_for_run
-from voxrelay.monitor.sinks import TB_DIR, WANDB_RUN_FILE, Monitor, build_monitor
+from voxrelay.monitor.sinks import TB_DIR, WANDB_RUN_FILE, build_monitor
 from voxrelay.paths import CKPT_DIR, CONFIG_SNAPSHOT, METRICS_FILE, USAGE_FILE, cache_dir, uri_key
 from voxrelay.plan.fit import check_fits, gpu_memory
 from voxrelay.precision import settle as settle_precision
@@ -47,6 +43,7 @@ from voxrelay.train.optim import build_optimizer, build_scheduler, check_availab
 from voxrelay.train.optim import lr_lambda as lr_lambda  # re-exported: bench/loop_overhead.py imports it here
 from voxrelay.train.ranks import Ranks
 from voxrelay.train.resume import check_compatible, load_weights, restore
+from voxrelay.train.run import Run
 from voxrelay.train.strategies import (
     apply_fsdp,
     apply_lora,
@@ -55,66 +52,9 @@ from voxrelay.train.strategies import (
     fsdp_mesh,
     has_frozen,
     layer_options,
-    trainable_state,
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(kw_only=True)
-class Run:
-    """A training session's parts, built by :func:`build_run` (every field) or :func:`bare_run` (a model to step,
-    with no data, checkpoints or monitor: those stay None)."""
-
-    cfg: RunConfig
-    accelerator: Accelerator
-    model: FamilyModel
-    module: torch.nn.Module  # model.module, wrapped by accelerate (DDP, precision) or sharded (FSDP2)
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    stream: BatchStream | None = None
-    eval_rows: list = field(default_factory=list)
-    codec: AudioCodec | None = None
-    checkpoints: CheckpointManager | None = None
-    monitor: Monitor | None = None
-    loop: st.LoopState = field(default_factory=st.LoopState)
-    local_dir: Path | None = None
-    data_fingerprint: dict | str = ""
-    resumed_from: int | None = None
-    base_hash: str | None = None  # some part frozen (LoRA, a frozen encoder): the model as built (strategies.base_hash)
-    sharded: bool = False  # train.strategy=fsdp: each rank holds part of the weights (a forward needs every rank)
-    index: dict | None = None  # the prepared data's index.json (the memory plan behind the advice at an OOM)
-    shard_saver: ShardSaver = field(default_factory=ShardSaver)  # fsdp: the asynchronous DCP saves
-    scorer: Scorer | None = None  # WER/CER and speaker similarity of eval samples (rank 0; loads on first use)
-    ranks: Ranks = field(default_factory=lambda: Ranks(None, 0, 1))  # the processes agreeing on CPU-side values
-    lease: RunLease | None = None  # rank 0: this session's hold on the run folder (voxrelay.checkpoint.lease)
-    usage: UsageLog | None = None  # this session's GPU time and storage requests, and cost.budget (voxrelay.cost)
-
-    def model_state(self) -> dict[str, torch.Tensor]:
-        """What a checkpoint holds: every weight, or when some part is frozen (LoRA, a frozen encoder) the
-        trained tensors only (the frozen parts are rebuilt from the config and checked against ``base_hash``)."""
-        module = self.accelerator.unwrap_model(self.module)
-        return module.state_dict() if self.base_hash is None else trainable_state(module)
-
-    def shards(self) -> Shards:
-        """What a sharded (fsdp) save writes and a sharded load fills on this rank."""
-        return Shards(self.module, self.optimizer, self.base_hash is not None, self.ranks)
-
-    def exit(self, code: int) -> None:
-        """End the process once everything is committed and every rank is done: under torch.distributed,
-        exit-time destructors of gloo's threads can abort it ("terminate called without an active
-        exception", SIGABRT) after a successful run, so streams are flushed and the interpreter's
-        finalization is skipped."""
-        import logging
-        import os
-        import sys
-
-        self.accelerator.wait_for_everyone()
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if self.accelerator.num_processes > 1:
-            os._exit(code)
 
 
 def optimizer_groups(model: FamilyModel, tc: TrainConfig) -> list[dict]:

@@ -19,9 +19,9 @@ from voxrelay.models.base import LossTerms, pop_counts, weighted_mean
 from voxrelay.monitor.gpu import gpu_stats
 from voxrelay.monitor.progress import ProgressLine, Throughput
 from voxrelay.plan.fit import gpu_memory, oom_advice
-from voxrelay.train.build import Run
 from voxrelay.train.evaluate import evaluate
 from voxrelay.train.resume import any_rank, save_checkpoint
+from voxrelay.train.run import Run
 from voxrelay.train.stops import (
     LEASE_LOST,
     NON_FINITE,
@@ -146,11 +146,7 @@ def train(run: Run) -> TrainResult:
     try:
         return _train(run)
     finally:
-        run.stream.close()  # the threads building batches ahead and fetching shards
-        if run.accelerator.is_main_process:
-            run.checkpoints.close(run.cfg.checkpoint.final_upload_timeout)  # a no-op once _finish closed it
-        if run.lease is not None:
-            run.lease.release()
+        run.close(run.cfg.checkpoint.final_upload_timeout)  # the checkpoints' part a no-op once _finish closed it
 
 
 def _train(run: Run) -> TrainResult:

@@ -27,8 +27,11 @@ def test_init_from_trains_with_dropout_on(tmp_path, monkeypatch):
         module = run.accelerator.unwrap_model(run.module)
         assert module.config.attention_dropout == 0.1
         assert run.module.training and all(m.training for m in module.modules())
+        assert run.lease._thread.is_alive()  # renewing while the run is held
     finally:
-        run.checkpoints.close(5)
+        assert run.close(5)
+    # a run built and stepped by hand, then closed: nothing of it goes on in the process (a notebook's kernel)
+    assert run.lease.released and not run.lease._thread.is_alive()
 
 
 def test_a_second_run_in_the_same_process_may_train_in_another_precision():

@@ -32,7 +32,7 @@ def run(tmp_path_factory):
         prepare(cfg)
         run = build_run(cfg)
         yield run
-        run.checkpoints.close(5)
+        run.close(5)
 
 
 def _plain(batch: dict) -> dict:

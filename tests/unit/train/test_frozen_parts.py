@@ -61,10 +61,10 @@ def test_a_frozen_part_is_rebuilt_not_checkpointed(tmp_path, monkeypatch, frozen
             train_step(run, [next(batches)])
             run.loop.advance(1, 0.0, 0.0)
         save_checkpoint(run, {}, background=False)
-        assert run.checkpoints.close(60)
+        assert run.close(60)
         trained = {k: v.detach().clone() for k, v in run.model_state().items()}
     finally:
-        run.checkpoints.close(5)
+        run.close(5)
         run.lease.release()
     folder = next((tmp_path / "root" / "runs" / cfg.name / "checkpoints").glob("step-*"))
     with safe_open(str(folder / MODEL_FILE), "pt") as f:
@@ -79,7 +79,7 @@ def test_a_frozen_part_is_rebuilt_not_checkpointed(tmp_path, monkeypatch, frozen
             assert torch.equal(value, trained[name]), name
         assert torch.equal(again.model.module.get_input_embeddings().weight, frozen)
     finally:
-        again.checkpoints.close(5)
+        again.close(5)
         again.lease.release()
     model, _, step = load_from_run(str(tmp_path / "root" / "runs" / cfg.name))
     assert step == 2 and torch.equal(model.module.get_input_embeddings().weight, frozen)
@@ -96,9 +96,9 @@ def test_a_frozen_part_whose_source_changed_is_refused(tmp_path, monkeypatch, fr
     try:
         run.loop.advance(1, 0.0, 0.0)
         save_checkpoint(run, {}, background=False)
-        assert run.checkpoints.close(60)
+        assert run.close(60)
     finally:
-        run.checkpoints.close(5)
+        run.close(5)
         run.lease.release()
     frozen_family["shift"] = 1e-3  # the encoder's source now gives other weights
     with pytest.raises(BaseModelChangedError, match="hash"):

@@ -76,4 +76,4 @@ def test_out_of_memory_saves_the_last_complete_step_and_names_the_next_best_stra
         manifest = json.loads((run.local_dir / "checkpoints/step-00000001/manifest.json").read_text())
         assert manifest.get("stopped") == OUT_OF_MEMORY
     finally:
-        run.checkpoints.close(5)
+        run.close(5)

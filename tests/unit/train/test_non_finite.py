@@ -37,7 +37,7 @@ def run(tiny_prepared):
 
     run = build_run(tiny_prepared(*SETTINGS))
     yield run
-    run.checkpoints.close(5)
+    run.close(5)
 
 
 def _poison(run):
@@ -200,7 +200,7 @@ def _worker(tmp: Path) -> None:
     digest = hashlib.sha256(b"".join(v.numpy().tobytes() for v in run.model.module.state_dict().values()))
     (tmp / f"rank{rank}.json").write_text(json.dumps({"finite": finite, "unchanged_by_bad_step": unchanged,
                                                       "bad_steps": run.loop.bad_steps, "weights": digest.hexdigest()}))
-    run.checkpoints.close(5)
+    run.close(5)
     run.exit(0)
 
 
