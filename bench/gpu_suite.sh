@@ -29,12 +29,20 @@ out=${1:-${OUT:-/tmp/gpu_suite}}
 mkdir -p "$out"
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | tee "$out/card.txt"
-{ date -u +%Y-%m-%dT%H:%MZ; "$PY" -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__)"; } \
-  | tee -a "$out/card.txt"
-if ! "$PY" -c "import voxrelay.config, voxrelay.train.build" >/dev/null 2>&1 && [ -d .gpu-wheels ]; then
+date -u +%Y-%m-%dT%H:%MZ | tee -a "$out/card.txt"
+# one interpreter: its Python and torch, the device the parts run on, and that voxrelay imports (last line "ok")
+probe='import sys, torch
+print(sys.version.split()[0], "torch", torch.__version__)
+print("device", "cuda" if torch.cuda.is_available() else "cpu")
+import voxrelay.config, voxrelay.train.build
+print("ok")'
+"$PY" -c "$probe" > "$out/probe.txt" 2>&1
+if [ "$(tail -1 "$out/probe.txt")" != ok ] && [ -d .gpu-wheels ]; then
   "$PY" -m pip install -q --no-index --no-deps .gpu-wheels/*.whl 2>&1 | tail -3 | tee -a "$out/card.txt"
+  "$PY" -c "$probe" > "$out/probe.txt" 2>&1
 fi
-"$PY" -c "import voxrelay.config, voxrelay.train.build" 2>&1 | tail -3 | tee -a "$out/card.txt"
+tail -4 "$out/probe.txt" | tee -a "$out/card.txt"
+device=$(sed -n 's/^device //p' "$out/probe.txt")
 
 part() {  # part NAME SECONDS COMMAND...  (the limit x $limit_scale)
   local name=$1 limit=$(($2 * limit_scale))
@@ -70,8 +78,7 @@ part parler_mini 60 "$PY" bench/parler_step.py "${parler[@]}" "${bf16[@]}"
 part fused_loss 30 "$PY" bench/fused_loss.py "${fused[@]}" --frozen-only
 part plan_accuracy 100 "$PY" bench/plan_accuracy.py --cuda-only "${plan[@]}" \
   --only ddp,ddp_lora_gc,fsdp,ddp_lora_gc_act_offload
-part ckpt_stall 60 "$PY" bench/checkpoint_stall.py "${stall[@]}" --local \
-  --device "$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")"
+part ckpt_stall 60 "$PY" bench/checkpoint_stall.py "${stall[@]}" --local --device "${device:-cpu}"
 if [ -n "${GPU_SUITE_SMOKE:-}" ]; then  # a CPU compile takes a minute and proves nothing about the card's
   part orpheus3b_compile 80 "$PY" bench/packing.py --only orpheus "${orpheus[@]}" "${bf16[@]}" --lora --arms packed
 else
