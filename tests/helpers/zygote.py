@@ -62,6 +62,7 @@ def _serve(path: str) -> dict | None:
         sys.stdout.flush()
         sys.stderr.flush()
         gc.freeze()  # the imported objects stay shared with the child: its collections never visit (copy) them
+        _check_one_thread()
         pid = os.fork()
         if pid == 0:
             signal.set_wakeup_fd(-1)
@@ -120,11 +121,25 @@ def _become(request: dict) -> str | None:
 def _preload() -> None:
     from voxrelay.cli.app import setup_environment
 
+    # pyarrow's jemalloc starts a background thread when it loads: a process that forks must have one thread (a
+    # child of a multi-threaded parent may only make async-signal-safe calls; CI saw forked `train` commands die
+    # of SIGSEGV). Its purging thread off: jemalloc purges in the allocating threads instead, as it does by default.
+    os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
     setup_environment()
     for name in PRELOAD:
         __import__(name)
     loaded = [name for name in NEVER if name in sys.modules]
     assert not loaded, f"the zygote's imports brought in {loaded}, which changes what commands do"
+    _check_one_thread()
+
+
+def _check_one_thread() -> None:
+    """Fork only a process with one thread: fail loudly when an import starts one (name it) rather than fork it."""
+    tasks = os.listdir("/proc/self/task")
+    if len(tasks) != 1:
+        names = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in tasks)  # noqa: SIM115
+        raise RuntimeError(f"the zygote has {len(tasks)} threads after its imports ({', '.join(names)}): forking it "
+                           "would hand children a broken copy; stop that thread from starting before the fork")
 
 
 def _run(script: str | None) -> None:
