@@ -60,6 +60,7 @@ limit_scale=1
 if [ -n "${GPU_SUITE_SMOKE:-}" ]; then  # tiny sizes: every part starts, runs and prints its ratio line on a CPU
   limit_scale=4  # a shared CPU host, not a card: room for a slow one
   bf16=()  # bf16 matmuls on a CPU are slow and test nothing the card's would
+  compile=()  # a CPU compile takes a minute and proves nothing about the card's
   orpheus=(--width 32 --layers 1 --heads 2 --kv-heads 1 --intermediate 64 --budget 1500 --steps 4 --rows 60)
   parler=(--preset tiny --steps 2 --repeats 1 --batch 2 --frames 40)
   fused=(--hidden 32 --vocab 5000 --tokens 256 --repeats 1)
@@ -72,6 +73,7 @@ else
   plan=(--tokens 2048 --layers 4)
   stall=(--hidden 3072 --layers 2 --repeats 1)
   bf16=(--bf16)
+  compile=(--compile)
 fi
 part orpheus3b_pack 170 "$PY" bench/packing.py --only orpheus "${orpheus[@]}" "${bf16[@]}" --lora --trainer
 part parler_mini 60 "$PY" bench/parler_step.py "${parler[@]}" "${bf16[@]}"
@@ -79,11 +81,8 @@ part fused_loss 30 "$PY" bench/fused_loss.py "${fused[@]}" --frozen-only
 part plan_accuracy 100 "$PY" bench/plan_accuracy.py --cuda-only "${plan[@]}" \
   --only ddp,ddp_lora_gc,fsdp,ddp_lora_gc_act_offload
 part ckpt_stall 60 "$PY" bench/checkpoint_stall.py "${stall[@]}" --local --device "${device:-cpu}"
-if [ -n "${GPU_SUITE_SMOKE:-}" ]; then  # a CPU compile takes a minute and proves nothing about the card's
-  part orpheus3b_compile 80 "$PY" bench/packing.py --only orpheus "${orpheus[@]}" "${bf16[@]}" --lora --arms packed
-else
-  part orpheus3b_compile 80 "$PY" bench/packing.py --only orpheus "${orpheus[@]}" "${bf16[@]}" --lora --arms packed --compile
-fi
+part orpheus3b_compile 80 "$PY" bench/packing.py --only orpheus "${orpheus[@]}" "${bf16[@]}" --lora --arms packed \
+  "${compile[@]}"
 if "$PY" -c "import unsloth" >/dev/null 2>&1; then
   part unsloth 120 "$PY" bench/unsloth_arm.py "${orpheus[@]}"
 else

@@ -31,6 +31,7 @@ import select
 import signal
 import socket
 import sys
+from pathlib import Path
 
 PRELOAD = ("torch", "transformers.modeling_utils", "voxrelay.cli", "voxrelay.train.build", "voxrelay.train.loop")
 NEVER = ("peft",)  # modules whose presence changes what a command does (see the module's docstring)
@@ -137,7 +138,7 @@ def _check_one_thread() -> None:
     """Fork only a process with one thread: fail loudly when an import starts one (name it) rather than fork it."""
     tasks = os.listdir("/proc/self/task")
     if len(tasks) != 1:
-        names = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in tasks)  # noqa: SIM115
+        names = sorted(Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in tasks)
         raise RuntimeError(f"the zygote has {len(tasks)} threads after its imports ({', '.join(names)}): forking it "
                            "would hand children a broken copy; stop that thread from starting before the fork")
 
